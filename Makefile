@@ -1,0 +1,43 @@
+# Two entry points do all set-up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+HOST ?= 0.0.0.0
+PORT ?= 8000
+# onnxruntime and onnxruntime-gpu overwrite each other's module: exactly one is installed.
+ORT_EXTRA ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
+
+.PHONY: serve test install-serve install-test lint-docker clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# $(1): the onnxruntime extra; $(2): further extras
+define install
+	@if $(BIN)/pip show --quiet $(call ORT_OTHER,$(1)) 2>/dev/null; then \
+		echo "replacing $(call ORT_OTHER,$(1)) with the $(1) build"; \
+		$(BIN)/pip uninstall --quiet --yes onnxruntime onnxruntime-gpu; fi
+	$(BIN)/pip install --quiet -e ".[$(1)$(2)]"
+endef
+
+install-serve: $(BIN)/python
+	$(call install,$(ORT_EXTRA),)
+
+install-test: $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH)
+	$(call install,cpu,$(comma)train$(comma)dev)
+
+serve: install-serve
+	$(BIN)/facegate models pull
+	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
+
+test: install-test
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache
+
+comma := ,

@@ -1,0 +1,168 @@
+"""The `facegate` command. Training registers its own subcommands through the `facegate.cli`
+entry-point group, so this module (and the serving image) never imports training or torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from service.errors import FacegateError, ModelError
+from service.settings import get_settings
+
+app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
+models_app = typer.Typer(help="Model files and manifests.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(bench_app, name="bench")
+console = Console(stderr=True)
+
+Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
+Aligned = Annotated[bool, typer.Option(help="The images are already aligned 112×112 crops: skip detection.")]
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2)
+
+
+def _pipeline(require_embedder: bool = True):
+    from service.pipeline import FacePipeline
+
+    try:
+        return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
+    except ModelError as exc:
+        _fail(exc)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes (each loads its own models).")] = 1,
+) -> None:
+    """Run the HTTP API."""
+    import uvicorn
+
+    uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers, log_level="info")
+
+
+@models_app.command("pull")
+def models_pull(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Manifests to pull (default: every one with a URL).")] = None,
+    source: Annotated[Optional[str], typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
+) -> None:
+    """Download model files into the model cache, checking their sha256."""
+    from service.manifest import Manifest
+    from service.model_store import manifest_path, pull
+
+    settings = get_settings()
+    paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
+    for path in paths:
+        try:
+            manifest = Manifest.load(path)
+            if not names and not manifest.file.url:
+                continue
+            target = pull(manifest, settings.model_cache, url=source)
+        except ModelError as exc:
+            _fail(exc)
+        console.print(f"[green]ok[/green] {manifest.name} → {target}")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Manifests in the models folder and whether their files are present and intact."""
+    from service.manifest import Manifest, verify_file
+    from service.model_store import find_model_file
+
+    settings = get_settings()
+    table = Table("name", "task", "version", "file", "status")
+    for path in sorted(settings.models_dir.glob("*.json")):
+        try:
+            manifest = Manifest.load(path)
+            verify_file(manifest, find_model_file(manifest, path, settings.model_cache))
+            table.add_row(path.stem, manifest.task, manifest.version, manifest.file.name, "[green]ok[/green]")
+        except ModelError as exc:
+            table.add_row(path.stem, "", "", "", f"[red]{exc}[/red]")
+    Console().print(table)
+
+
+def _face_json(face) -> dict:
+    return {
+        "box": [round(float(v), 2) for v in face.box],
+        "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in face.landmarks],
+        "score": round(face.score, 4),
+    }
+
+
+@app.command()
+def detect(image: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:
+    """Print the faces of an image as JSON: box (x1, y1, x2, y2), 5 landmarks, score."""
+    pipeline = _pipeline(require_embedder=False)
+    try:
+        faces = pipeline.detect(pipeline.decode(image.read_bytes()))
+    except FacegateError as exc:
+        _fail(exc)
+    typer.echo(json.dumps({"image": str(image), "faces": [_face_json(f) for f in faces]}, indent=2))
+
+
+@app.command()
+def embed(
+    images: Images,
+    out: Annotated[Optional[Path], typer.Option(help="Write an N×D float32 .npy instead of JSON.")] = None,
+    aligned: Aligned = False,
+) -> None:
+    """Embedding of the largest face of each image."""
+    import numpy as np
+
+    pipeline = _pipeline()
+    try:
+        results = [pipeline.embed_file(p, aligned=aligned) for p in images]
+    except FacegateError as exc:
+        _fail(exc)
+    matrix = np.stack([r.embedding for r in results])
+    if out:
+        np.save(out, matrix)
+        console.print(f"{len(results)} embeddings of dim {matrix.shape[1]} → {out}")
+    else:
+        typer.echo(json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results)]))
+
+
+@app.command()
+def compare(image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], image2: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], aligned: Aligned = False) -> None:
+    """Cosine similarity of the largest faces of two images."""
+    pipeline = _pipeline()
+    try:
+        a, b = (pipeline.embed_file(p, aligned=aligned) for p in (image1, image2))
+    except FacegateError as exc:
+        _fail(exc)
+    manifest = pipeline.embedder_model.manifest
+    result = {"similarity": round(float(a.embedding @ b.embedding), 6), "model": {"name": manifest.name, "version": manifest.version}}
+    if manifest.thresholds:
+        result["match_at_far"] = {far: bool(result["similarity"] >= t) for far, t in manifest.thresholds.items()}
+    typer.echo(json.dumps(result, indent=2))
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    images: Annotated[Optional[list[Path]], typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
+    seconds: Annotated[float, typer.Option(help="Time budget per stage.")] = 3.0,
+) -> None:
+    """Decode, detect, align and embed throughput on the active provider."""
+    from service.bench import run_pipeline_bench
+
+    pipeline = _pipeline(require_embedder=False)
+    run_pipeline_bench(pipeline, images or [], seconds, Console())
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for entry in entry_points(group="facegate.cli"):
+        entry.load()(app)
+    app()

@@ -1,0 +1,97 @@
+"""decode → detect → align → embed, wired from settings; the service and the CLI both use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.align import TEMPLATES, align_face
+from service.decode import decode_image
+from service.detect import Face, FaceDetector
+from service.embed import FaceEmbedder
+from service.errors import InvalidCrop, ModelError, NoFace
+from service.model_store import LoadedModel, load_model
+from service.settings import Settings
+
+
+@dataclass(frozen=True)
+class EmbeddedFace:
+    face: Face | None  # None when the caller sent an already-aligned crop
+    embedding: np.ndarray
+
+
+class FacePipeline:
+    def __init__(self, settings: Settings, detector: LoadedModel, embedder: LoadedModel | None):
+        self.settings = settings
+        self.detector_model = detector
+        self.embedder_model = embedder
+        self.detector = FaceDetector(
+            detector.manifest,
+            detector.session,
+            score_threshold=settings.det_score_threshold,
+            nms_threshold=settings.det_nms_threshold,
+            min_face_size=settings.min_face_size,
+        )
+        self.embedder = FaceEmbedder(embedder.manifest, embedder.session, settings.embed_max_batch) if embedder else None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:
+        def load(name: str) -> LoadedModel:
+            return load_model(name, settings.models_dir, settings.model_cache, settings.device, settings.intra_op_threads)
+
+        detector = load(settings.detector)
+        embedder = None
+        try:
+            embedder = load(settings.embedder)
+        except ModelError:
+            if require_embedder:
+                raise
+        return cls(settings, detector, embedder)
+
+    @property
+    def template(self) -> str:
+        return self.embedder_model.manifest.alignment if self.embedder_model else "arcface_112"
+
+    def decode(self, data: bytes) -> np.ndarray:
+        s = self.settings
+        return decode_image(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side)
+
+    def detect(self, image_bgr: np.ndarray) -> list[Face]:
+        return self.detector.detect(image_bgr)
+
+    def align(self, image_bgr: np.ndarray, faces: list[Face]) -> np.ndarray:
+        if not faces:
+            _, size = TEMPLATES[self.template]
+            return np.zeros((0, size, size, 3), np.uint8)
+        return np.stack([align_face(image_bgr, f.landmarks, self.template) for f in faces])
+
+    def require_embedder(self) -> FaceEmbedder:
+        if self.embedder is None:
+            raise ModelError(f"no embedder loaded: FACEGATE_EMBEDDER={self.settings.embedder!r} names no usable model")
+        return self.embedder
+
+    def aligned_crop(self, image_bgr: np.ndarray) -> np.ndarray:
+        """An image the caller says is already aligned: must be the template size, used as is."""
+        _, size = TEMPLATES[self.template]
+        if image_bgr.shape[:2] != (size, size):
+            raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
+        return image_bgr[..., ::-1][None]
+
+    def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
+        """Every face of an image (largest first), or only the largest when all_faces is False."""
+        embedder = self.require_embedder()
+        if aligned:
+            return [EmbeddedFace(None, embedder.embed(self.aligned_crop(image_bgr))[0])]
+        faces = self.detect(image_bgr)
+        if not faces:
+            raise NoFace("no face was found in the image")
+        if not all_faces:
+            faces = faces[:1]
+        embeddings = embedder.embed(self.align(image_bgr, faces))
+        return [EmbeddedFace(f, e) for f, e in zip(faces, embeddings)]
+
+    def embed_file(self, path: Path, aligned: bool = False) -> EmbeddedFace:
+        """The largest face of an image file (CLI helper)."""
+        return self.embed_image(self.decode(Path(path).read_bytes()), aligned=aligned, all_faces=False)[0]

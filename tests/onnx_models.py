@@ -1,0 +1,53 @@
+"""Small ONNX models built in the tests, so the engine is tested without a trained network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from service.manifest import Manifest, sha256_file
+
+
+def write_test_embedder(folder: Path, dim: int = 64, batch: int | str = "batch", color: str = "RGB", name: str = "test-embedder") -> Path:
+    """112×112×3 → 8×8 average pool → fixed random projection → `dim` floats.
+
+    Not a face model: it exists to test preprocessing, batching, normalization and manifests.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    projection = rng.standard_normal((3 * 8 * 8, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("AveragePool", ["input"], ["pooled"], kernel_shape=[14, 14], strides=[14, 14]),
+            helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "projection"], ["embedding"]),
+        ],
+        "test_embedder",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 112, 112])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [batch, dim])],
+        initializer=[numpy_helper.from_array(projection, "projection")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx_path = folder / f"{name}.onnx"
+    onnx.save(model, onnx_path)
+    manifest = Manifest(
+        name=name,
+        version="0",
+        task="embedder",
+        file={"name": onnx_path.name, "sha256": sha256_file(onnx_path), "bytes": onnx_path.stat().st_size},
+        input={"name": "input", "shape": [batch, 3, 112, 112], "color": color, "mean": [127.5] * 3, "std": [127.5] * 3},
+        outputs=[{"name": "embedding", "shape": [batch, dim]}],
+        embedding_dim=dim,
+        alignment="arcface_112",
+        thresholds={"1e-3": 0.9, "1e-2": 0.8},
+        license={"name": "test-only"},
+    )
+    path = folder / f"{name}.json"
+    manifest.save(path)
+    return path
