@@ -19,8 +19,10 @@ from service.settings import get_settings
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Model files and manifests.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+gallery_app = typer.Typer(help="The gallery database under FACEGATE_DATA_DIR.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
+app.add_typer(gallery_app, name="gallery")
 console = Console(stderr=True)
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
@@ -159,6 +161,27 @@ def bench_pipeline(
 
     pipeline = _pipeline(require_embedder=False)
     run_pipeline_bench(pipeline, images or [], seconds, Console())
+
+
+@gallery_app.command("reembed")
+def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per embedder run.")] = 64) -> None:
+    """Re-embed faces another model made, from the aligned crops stored with FACEGATE_STORE_CROPS.
+
+    Stop the server first (or restart it after): it rebuilds its search index at start-up.
+    """
+    from service.gallery import EmbedderKey, Gallery
+
+    pipeline = _pipeline()
+    manifest = pipeline.embedder_model.manifest
+    key = EmbedderKey(manifest.name, manifest.file.sha256, manifest.embedding_dim)
+    gallery = Gallery.open(get_settings().data_dir, key, searchable=False)
+    try:
+        done, missing = gallery.reembed(pipeline.embedder.embed, batch)
+    finally:
+        gallery.close()
+    console.print(f"[green]ok[/green] {done} faces re-embedded with {manifest.name} {manifest.version}")
+    if missing:
+        console.print(f"[yellow]{missing} faces have no stored crop[/yellow]: re-enroll them from images")
 
 
 def main() -> None:

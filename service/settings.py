@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -36,6 +36,27 @@ class Settings(BaseSettings):
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0)
     det_nms_threshold: float = Field(0.3, ge=0.0, le=1.0)
     min_face_size: int = Field(20, ge=0, description="Faces whose box is smaller on its short side are ignored (px).")
+
+    # decisions
+    default_far: str = Field("1e-3", description="FAR whose manifest threshold decides when a request names neither far nor threshold.")
+
+    # gallery
+    data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")
+    store_crops: bool = Field(False, description="Keep each enrolled face's aligned 112×112 crop (biometric data) so `facegate gallery reembed` can re-embed after a model change.")
+    enroll_min_score: float = Field(0.75, ge=0.0, le=1.0, description="Enrollment refuses faces with a lower detection score.")
+    enroll_min_face_size: int = Field(48, ge=0, description="Enrollment refuses faces whose box is smaller on its short side (px).")
+    max_bulk_images: int = Field(20, ge=1, description="Most images one bulk enrollment request may carry.")
+
+    # throughput
+    worker_threads: int = Field(4, ge=1, description="Threads that decode, detect and align (inference never runs on the event loop).")
+    search_threads: int = Field(1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host.")
+    batching: bool = Field(True, description="Collect the faces of concurrent requests into one embedder run.")
+    batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long the micro-batcher waits for more faces after the first.")
+
+    # security and limits
+    api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")
+    api_keys_file: Path | None = Field(None, description="File of API keys or sha256:<hex> hashes, one a line ('#' comments).")
+    max_request_bytes: int = Field(25_000_000, ge=1, description="Request bodies above this size get 413 before they are read.")
 
 
 @lru_cache

@@ -52,3 +52,68 @@ def pipeline(settings):
     from service.pipeline import FacePipeline
 
     return FacePipeline.from_settings(settings)
+
+
+# --- service API fixtures -------------------------------------------------------------------
+
+LFW_PEOPLE = ("George_W_Bush", "Colin_Powell", "Tony_Blair", "Donald_Rumsfeld", "Gerhard_Schroeder", "Ariel_Sharon")
+
+
+@pytest.fixture
+def api_settings(settings, tmp_path):
+    """Settings for an app on a fresh gallery under tmp_path, with the test embedder."""
+    return settings.model_copy(update={"data_dir": tmp_path / "gallery"})
+
+
+@pytest.fixture
+def make_client():
+    """Build a TestClient (lifespan run) for given Settings; closed at teardown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+        from fastapi.testclient import TestClient
+    from service.app import create_app
+
+    clients = []
+
+    def make(settings):
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def api(api_settings, make_client):
+    return make_client(api_settings)
+
+
+@pytest.fixture(scope="session")
+def lfw_faces(test_data) -> dict[str, list[bytes]]:
+    """The first two JPEG files of a few LFW people with many images: {name: [bytes, bytes]}."""
+    return {name: [p.read_bytes() for p in sorted((test_data / "lfw" / name).glob("*.jpg"))[:2]] for name in LFW_PEOPLE}
+
+
+@pytest.fixture(scope="session")
+def two_faces_jpeg(lfw_faces) -> bytes:
+    """Two different people side by side: an image with two faces."""
+    import cv2
+    import numpy as np
+
+    a, b = (cv2.imdecode(np.frombuffer(lfw_faces[n][0], np.uint8), cv2.IMREAD_COLOR) for n in LFW_PEOPLE[:2])
+    return cv2.imencode(".jpg", np.hstack([a, b]))[1].tobytes()
+
+
+def aligned_crop_png(seed: int) -> bytes:
+    """A distinct 112×112 image sent with aligned=true (the test embedder tells them apart)."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    return cv2.imencode(".png", cv2.resize(small, (112, 112), interpolation=cv2.INTER_NEAREST))[1].tobytes()

@@ -1,0 +1,1 @@
+"""The HTTP layer: request/response schemas, body parsing, middleware and routes."""

@@ -1,0 +1,30 @@
+"""Prometheus metrics, in a registry per app so several apps (tests) never share counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("facegate_requests", "HTTP requests by route template, method and status.", ["route", "method", "status"], registry=r)
+        self.latency = Histogram("facegate_request_seconds", "HTTP request latency.", ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("facegate_embed_batch_size", "Faces per embedder run.", buckets=BATCH_BUCKETS, registry=r)
+        self.queue_wait = Histogram("facegate_embed_queue_wait_seconds", "Time faces waited for their embedder run.", buckets=WAIT_BUCKETS, registry=r)
+        self.faces_embedded = Counter("facegate_faces_embedded", "Faces embedded.", registry=r)
+        self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
+        self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
+
+    def watch_gallery(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Gallery gauges read at scrape time, so they can never drift from the database."""
+        self.gallery_subjects.set_function(lambda: counts()["subjects"])
+        self.gallery_faces.labels("true").set_function(lambda: counts()["searchable_faces"])
+        self.gallery_faces.labels("false").set_function(lambda: counts()["incompatible_faces"])

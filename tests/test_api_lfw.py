@@ -1,0 +1,70 @@
+"""Identification on real LFW photos through the API.
+
+With the test embedder (a random projection, not a face model) this proves the mechanics on real
+images: detection, alignment, enrollment, index search and the unknown-person answer. "Correct top-1"
+is checked on a re-encoded copy (JPEG quality 75, 95% size) of each enrolled photo, and people who
+were never enrolled must get `match: null` at the default FAR. Once `models/facegate-default.json`
+exists, the second test checks real recognition: OTHER photos of the enrolled people.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+ENROLLED = 8
+STRANGERS = 6
+
+
+def people(test_data, count: int, skip: int = 0) -> list[tuple[str, list[bytes]]]:
+    """LFW people with at least two photos, in name order: (name, [first photo, second photo])."""
+    out = []
+    for folder in sorted((test_data / "lfw").iterdir()):
+        photos = sorted(folder.glob("*.jpg"))[:2]
+        if len(photos) == 2:
+            out.append((folder.name, [p.read_bytes() for p in photos]))
+        if len(out) == skip + count:
+            break
+    return out[skip:]
+
+
+def reencoded(jpeg: bytes) -> bytes:
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    image = cv2.resize(image, None, fx=0.95, fy=0.95, interpolation=cv2.INTER_AREA)
+    return cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 75])[1].tobytes()
+
+
+def enroll_all(api, enrolled):
+    for name, photos in enrolled:
+        assert api.post("/subjects", json={"id": name, "name": name.replace("_", " ")}).status_code == 201
+        assert api.post(f"/subjects/{name}/faces", files={"image": photos[0]}).status_code == 201
+
+
+@pytest.mark.data
+def test_lfw_identify_mechanics_with_test_embedder(api, test_data):
+    enrolled = people(test_data, ENROLLED)
+    enroll_all(api, enrolled)
+    for name, photos in enrolled:
+        result = api.post("/identify", files={"image": reencoded(photos[0])}).json()
+        assert result["candidates"][0]["subject_id"] == name
+        assert result["match"] and result["match"]["subject_id"] == name
+    for name, photos in people(test_data, STRANGERS, skip=ENROLLED):
+        result = api.post("/identify", files={"image": photos[0]}).json()
+        assert result["far"] == "1e-3" and result["match"] is None, (name, result["candidates"][:1])
+
+
+@pytest.mark.data
+@pytest.mark.skipif(not (REPO / "models" / "facegate-default.json").is_file(), reason="no default embedder shipped yet (models/facegate-default.json)")
+def test_lfw_identify_other_photos_with_default_embedder(model_cache, test_data, tmp_path, make_client):
+    from service.settings import Settings
+
+    api = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
+    enrolled = people(test_data, ENROLLED)
+    enroll_all(api, enrolled)
+    for name, photos in enrolled:
+        assert api.post("/identify", files={"image": photos[1]}).json()["candidates"][0]["subject_id"] == name
+    for _, photos in people(test_data, STRANGERS, skip=ENROLLED):
+        assert api.post("/identify", files={"image": photos[0]}).json()["match"] is None
