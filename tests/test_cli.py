@@ -84,5 +84,5 @@ def test_missing_embedder_names_the_setting(model_cache, monkeypatch, lfw):
 def test_console_script_has_every_command():
     result = subprocess.run([sys.executable, "-c", "from service.cli import main; main()", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
-    for command in ("serve", "models", "detect", "embed", "compare", "bench", "heads"):
+    for command in ("serve", "models", "detect", "embed", "compare", "bench", "heads", "align", "train", "eval", "export", "model-info"):
         assert command in result.stdout

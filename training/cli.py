@@ -6,5 +6,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     from training.cli_heads import heads_app
+    from training.cli_train import register_train_commands
 
     app.add_typer(heads_app, name="heads")
+    register_train_commands(app)

@@ -1,0 +1,98 @@
+"""Offline export: a single-file ONNX with fixed names and a dynamic batch, a parity check that
+fails loudly, a manifest the service loads unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from service.manifest import Manifest, sha256_file
+from service.model_store import load_model
+from tests.test_training_fixtures import tiny_config, write_aligned_folders
+from training.backbones import build_backbone
+from training.data.preprocess import to_input
+from training.export import ExportError, check_parity, export, parity_crops
+from training.train import Trainer
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    data = write_aligned_folders(root / "data")
+    Trainer(tiny_config(data, root / "run", steps=2)).run(progress=False)
+    return root / "run" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def exported(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "tiny-face.onnx"
+    manifest = export(checkpoint, out, license={"name": "test", "terms": "research, non-commercial"})
+    return out, manifest
+
+
+def test_single_file_fixed_names_dynamic_batch(exported):
+    out, _ = exported
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-face.json", "tiny-face.onnx"]
+    model = onnx.load(str(out))
+    assert model.opset_import[0].version >= 17
+    (inp,), (outp,) = model.graph.input, model.graph.output
+    assert inp.name == "input" and outp.name == "embedding"
+    assert inp.type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert [d.dim_value for d in inp.type.tensor_type.shape.dim[1:]] == [3, 112, 112]
+
+
+def test_manifest(exported, checkpoint):
+    out, manifest = exported
+    saved = Manifest.load(out.with_suffix(".json"))
+    assert saved == manifest
+    assert saved.name == "tiny-face" and saved.task == "embedder" and saved.alignment == "arcface_112"
+    assert saved.file.sha256 == sha256_file(out) and saved.embedding_dim == 32
+    assert saved.input.mean == [127.5] * 3 and saved.input.std == [127.5] * 3 and saved.input.color == "RGB"
+    assert saved.thresholds == {} and saved.license["terms"] == "research, non-commercial"
+    p = saved.provenance
+    assert p["head"]["name"] == "arcface" and p["step"] == 2 and p["checkpoint_sha256"] == sha256_file(checkpoint)
+    assert p["export"]["parity_min_cosine"] >= 0.9999 and "git_commit" in p
+
+
+def test_service_loads_it_and_embeds_like_torch(exported, checkpoint):
+    from service.embed import FaceEmbedder
+    from training.checkpoint import load_backbone
+
+    out, _ = exported
+    loaded = load_model(str(out.with_suffix(".json")), out.parent, out.parent, device="cpu")
+    embedder = FaceEmbedder(loaded.manifest, loaded.session)
+    crops, _ = parity_crops(load_backbone(checkpoint)[1], 5)
+    got = embedder.embed(crops)
+    backbone = load_backbone(checkpoint)[0]
+    with torch.no_grad():
+        want = torch.nn.functional.normalize(backbone(torch.from_numpy(to_input(crops))), dim=1).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_parity_failure_is_loud(exported, checkpoint):
+    from training.checkpoint import load_backbone
+
+    out, _ = exported
+    backbone, config, _ = load_backbone(checkpoint)
+    crops, _ = parity_crops(config, 4)
+    other = build_backbone("mobilefacenet", 32, blocks=(1, 1, 1, 1), width=0.25).eval()  # not the exported weights
+    with pytest.raises(ExportError, match="parity"):
+        check_parity(other, out, crops, fp16=False)
+    assert check_parity(backbone, out, crops, fp16=False) >= 0.9999
+
+
+def test_refuses_low_opset_and_leaves_nothing(checkpoint, tmp_path):
+    with pytest.raises(ExportError, match="opset"):
+        export(checkpoint, tmp_path / "m.onnx", opset=13)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fp16_export_keeps_float32_io(checkpoint, tmp_path):
+    manifest = export(checkpoint, tmp_path / "half.onnx", fp16=True)
+    assert manifest.provenance["export"]["fp16"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.999
+    model = onnx.load(str(tmp_path / "half.onnx"))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT

@@ -1,0 +1,48 @@
+"""Checkpoints: written atomically (temp file in the same folder, fsync, rename), so a crash never
+leaves a truncated `last.pt`; read with `torch.load(weights_only=True)`, so a checkpoint cannot run
+code. The config travels inside as plain JSON-able data."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    return torch.load(Path(path), map_location=map_location, weights_only=True)
+
+
+def shard_path(path: Path, rank: int) -> Path:
+    """Where rank's part of a sharded head lives beside the main checkpoint."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.head{rank}{path.suffix}")
+
+
+def load_backbone(path: Path, map_location: str | torch.device = "cpu"):
+    """Checkpoint → (backbone in eval mode, config dict, checkpoint dict)."""
+    from training.backbones import build_backbone
+
+    state = load_checkpoint(path, map_location)
+    config = state["config"]
+    backbone = build_backbone(config["backbone"], config["embedding_dim"], **config.get("backbone_params", {}))
+    backbone.load_state_dict(state["backbone"])
+    return backbone.eval(), config, state

@@ -1,0 +1,1 @@
+"""Training data: aligned face folders, InsightFace RecordIO, augmentation, and `facegate align`."""

@@ -1,0 +1,167 @@
+"""Offline export: checkpoint → a single-file ONNX embedder + its manifest (the service's schema).
+
+The export is not trusted until onnxruntime agrees with torch: a parity check at batch 1 and 16 on
+real aligned crops (from the run's training data when readable) must give cosine ≥ 0.9999 between
+the normalized embeddings (0.999 for --fp16), or the command fails and leaves no model behind.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from service.embed import l2_normalize
+from service.manifest import Manifest, sha256_file
+from training.checkpoint import load_backbone
+from training.data.preprocess import ALIGNMENT, INPUT_SPEC, OUTPUT_NAME, SIZE, to_input
+
+MIN_OPSET = 17
+PARITY = {False: 0.9999, True: 0.999}  # fp16 → threshold
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+class _Float16(nn.Module):
+    """float32 in and out, float16 inside, so the manifest's preprocessing stays the same."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone.half()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x.half()).float()
+
+
+def git_commit() -> str | None:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return f"{sha}{'-dirty' if dirty else ''}"
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def parity_crops(config: dict, n: int = 16) -> tuple[np.ndarray, str]:
+    """n aligned crops from the run's training data, or smooth synthetic images when it is gone."""
+    from training.data.datasets import open_source
+
+    try:
+        source = open_source(Path(config["data"]["train"]))
+        picks = np.linspace(0, len(source) - 1, n).astype(int)
+        return np.stack([source.load(int(i))[0] for i in picks]), "training data"
+    except (OSError, ValueError):
+        rng = np.random.default_rng(0)
+        small = rng.integers(0, 256, size=(n, 7, 7, 3)).astype(np.float32)
+        import cv2
+
+        crops = np.stack([cv2.resize(s, (SIZE, SIZE), interpolation=cv2.INTER_CUBIC) for s in small])
+        return np.clip(crops, 0, 255).astype(np.uint8), "synthetic"
+
+
+def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool) -> float:
+    """The smallest cosine between float32 torch's and onnxruntime's normalized embeddings over batch 1 and
+    batch len(crops); raises ExportError below the threshold."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    worst = 1.0
+    for batch in (crops[:1], crops):
+        x = to_input(batch)
+        with torch.no_grad():
+            expected = l2_normalize(backbone(torch.from_numpy(x)).float().numpy())
+        got = l2_normalize(session.run([OUTPUT_NAME], {INPUT_SPEC.name: x})[0].astype(np.float32))
+        if got.shape != expected.shape:
+            raise ExportError(f"onnxruntime returned {got.shape}, torch {expected.shape}")
+        worst = min(worst, float(np.sum(got * expected, axis=1).min()))
+    if not worst >= PARITY[fp16]:
+        raise ExportError(f"parity check failed: cosine(torch, onnxruntime) = {worst:.6f} < {PARITY[fp16]}")
+    return worst
+
+
+def export(
+    checkpoint: Path,
+    out: Path,
+    fp16: bool = False,
+    opset: int = MIN_OPSET,
+    metrics: dict | None = None,
+    license: dict[str, str] | None = None,
+    version: str | None = None,
+) -> Manifest:
+    if opset < MIN_OPSET:
+        raise ExportError(f"opset {opset} < {MIN_OPSET}")
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise ExportError(f"--out must name an .onnx file, got {out}")
+    backbone, config, state = load_backbone(checkpoint)
+    backbone = backbone.float()
+    reference = _Float16(load_backbone(checkpoint)[0]).eval() if fp16 else backbone
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp.onnx")
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter, chosen on purpose
+            torch.onnx.export(
+                reference,
+                (torch.zeros(1, 3, SIZE, SIZE),),
+                str(tmp),
+                input_names=[INPUT_SPEC.name],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_SPEC.name: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,  # the dynamo exporter needs onnxscript, which the project does not install
+            )
+        import onnx
+
+        onnx.checker.check_model(str(tmp))
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(tmp), load_external_data=False).graph.initializer):
+            raise ExportError("the export uses external data; a model must be a single file")
+        crops, crops_from = parity_crops(config)
+        worst = check_parity(backbone, tmp, crops, fp16)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    dim = int(config["embedding_dim"])
+    manifest = Manifest(
+        name=out.stem,
+        version=version or f"{config['backbone']}-{config['head']['name']}-step{state['step']}",
+        task="embedder",
+        file={"name": out.name, "sha256": sha256_file(out), "bytes": out.stat().st_size},
+        input=INPUT_SPEC,
+        outputs=[{"name": OUTPUT_NAME, "shape": ["batch", dim]}],
+        embedding_dim=dim,
+        alignment=ALIGNMENT,
+        thresholds={},
+        metrics=metrics or {},
+        provenance={
+            "backbone": config["backbone"],
+            "head": config["head"],
+            "data": {"train": config["data"]["train"], "num_classes": state["num_classes"]},
+            "config": config,
+            "step": state["step"],
+            "checkpoint_sha256": sha256_file(checkpoint),
+            "git_commit": git_commit(),
+            "export": {
+                "opset": opset,
+                "fp16": fp16,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "parity_min_cosine": round(worst, 7),
+                "parity_inputs": crops_from,
+            },
+        },
+        license=license or config["data"]["license"],
+    )
+    manifest.save(out.with_suffix(".json"))
+    return manifest
