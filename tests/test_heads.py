@@ -1,4 +1,4 @@
-"""Training heads (training/heads): each table row of docs/heads.md against a direct computation,
+"""Training heads (training/heads): each table row of README.md ("Training heads") against a direct computation,
 the numerics the heads promise (float32 logits, finite gradients at the edges), their schedules and
 running statistics, and the seed papers' claim on a toy problem."""
 

@@ -1,4 +1,4 @@
-"""`facegate heads …`: the two pictures of docs/heads.md. torch and matplotlib are imported inside the
+"""`facegate heads …`: the two pictures of README.md ("Training heads"). torch and matplotlib are imported inside the
 commands, so `facegate` starts without them."""
 
 from __future__ import annotations
