@@ -15,7 +15,7 @@ import numpy as np
 from service.api_errors import InvalidParameters, ModelUnavailable, UnknownFar
 from service.batcher import MicroBatcher
 from service.detect import Face
-from service.errors import ModelError, MultipleFaces, NoFace
+from service.errors import ModelError
 from service.gallery import EmbedderKey
 from service.manifest import far_key
 from service.metrics import Metrics
@@ -124,17 +124,7 @@ class Inference:
 
     def _find(self, data: bytes, aligned: bool, policy: FacePolicy) -> list[FoundFace]:
         pipeline = self.pipeline
-        image = pipeline.decode(data)
-        if aligned:
-            return [FoundFace(None, pipeline.aligned_crop(image)[0])]
-        faces = pipeline.detect(image)
-        if not faces:
-            raise NoFace("no face was found in the image")
-        if policy == "reject_multiple" and len(faces) > 1:
-            raise MultipleFaces(f"{len(faces)} faces were found and face_policy=reject_multiple; send an image of one face")
-        if policy != "all":
-            faces = faces[:1]
-        return [FoundFace(f, c) for f, c in zip(faces, pipeline.align(image, faces))]
+        return [FoundFace(face, crop) for face, crop in pipeline.find_faces(pipeline.decode(data), aligned, policy)]
 
     def _embed_now(self, crops: np.ndarray) -> np.ndarray:
         embeddings = self.pipeline.embedder.embed(crops)

@@ -11,7 +11,7 @@ from service.align import TEMPLATES, align_face
 from service.decode import decode_image
 from service.detect import Face, FaceDetector
 from service.embed import FaceEmbedder
-from service.errors import InvalidCrop, ModelError, NoFace
+from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace
 from service.model_store import LoadedModel, load_model
 from service.settings import Settings
 
@@ -79,18 +79,28 @@ class FacePipeline:
             raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
         return image_bgr[..., ::-1][None]
 
-    def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
-        """Every face of an image (largest first), or only the largest when all_faces is False."""
-        embedder = self.require_embedder()
+    def find_faces(self, image_bgr: np.ndarray, aligned: bool = False, policy: str = "largest") -> list[tuple[Face | None, np.ndarray]]:
+        """The faces to embed, largest first, each with its aligned RGB crop.
+
+        policy: `largest` (one face), `reject_multiple` (one face, else MultipleFaces) or `all`.
+        """
         if aligned:
-            return [EmbeddedFace(None, embedder.embed(self.aligned_crop(image_bgr))[0])]
+            return [(None, self.aligned_crop(image_bgr)[0])]
         faces = self.detect(image_bgr)
         if not faces:
             raise NoFace("no face was found in the image")
-        if not all_faces:
+        if policy == "reject_multiple" and len(faces) > 1:
+            raise MultipleFaces(f"{len(faces)} faces were found and face_policy=reject_multiple; send an image of one face")
+        if policy != "all":
             faces = faces[:1]
-        embeddings = embedder.embed(self.align(image_bgr, faces))
-        return [EmbeddedFace(f, e) for f, e in zip(faces, embeddings)]
+        return list(zip(faces, self.align(image_bgr, faces)))
+
+    def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
+        """Every face of an image (largest first), or only the largest when all_faces is False."""
+        embedder = self.require_embedder()
+        found = self.find_faces(image_bgr, aligned, "all" if all_faces else "largest")
+        embeddings = embedder.embed(np.stack([crop for _, crop in found]))
+        return [EmbeddedFace(face, e) for (face, _), e in zip(found, embeddings)]
 
     def embed_file(self, path: Path, aligned: bool = False) -> EmbeddedFace:
         """The largest face of an image file (CLI helper)."""
