@@ -62,10 +62,14 @@ def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: floa
         table.add_row(name, "1", f"{rate:.1f}", f"{ms:.2f}")
     if pipeline.embedder is not None:
         crops = np.concatenate([pipeline.align(img, f) for img, f in with_face])
+        manifest = pipeline.embedder_model.manifest
+        gflops = manifest.provenance.get("export", {}).get("gflops_per_face")
         for batch in (1, 8, 32):
             chunk = np.resize(crops, (batch, *crops.shape[1:]))
             rate, ms = _rate(lambda: pipeline.embedder.embed(chunk), seconds, batch)
-            table.add_row(f"embed ({pipeline.embedder_model.manifest.name})", str(batch), f"{rate:.1f}", f"{ms:.2f}")
+            table.add_row(f"embed ({manifest.name})", str(batch), f"{rate:.1f}", f"{ms:.2f}")
+        if gflops:
+            console.print(f"embedder: {gflops:.3f} GFLOP per face (manifest) → {gflops * rate:.1f} GFLOP/s at batch 32")
     else:
         console.print("[yellow]no embedder loaded (FACEGATE_EMBEDDER): embed stage skipped[/yellow]")
     console.print(table)

@@ -44,6 +44,17 @@ def test_counts_match_arcface_torch(name, params_m, gflops):
     assert info.gmacs == pytest.approx(gflops, rel=0.04)
 
 
+def test_mobilefacenet_downsampled_input_costs_a_quarter():
+    model = build_backbone("mobilefacenet", 128, downsample=2).eval()
+    gdc = model.features[0][0]
+    assert gdc.kernel_size == (4, 4)  # 112 → 56 → 28, 14, 7, 4: the GDC covers the whole 4×4 map
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 112, 112)).shape == (2, 128)  # the input stays 112×112
+    full, small = model_info("mobilefacenet"), model_info("mobilefacenet", downsample=2)
+    assert small.gmacs / full.gmacs == pytest.approx(0.25, abs=0.02)
+    assert small.params < full.params  # the GDC kernel shrinks from 7×7 to 4×4
+
+
 def test_unknown_backbone():
     with pytest.raises(ValueError, match="mobilefacenet"):
         build_backbone("resnet9000")

@@ -96,3 +96,22 @@ def test_fp16_export_keeps_float32_io(checkpoint, tmp_path):
     assert manifest.provenance["export"]["fp16"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.999
     model = onnx.load(str(tmp_path / "half.onnx"))
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_flip_tta_export_embeds_crop_plus_mirror(checkpoint, tmp_path):
+    import onnxruntime as ort
+
+    from training.checkpoint import load_backbone
+
+    manifest = export(checkpoint, tmp_path / "tta.onnx", flip_tta=True)
+    assert manifest.provenance["export"]["flip_tta"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.9999
+    backbone = load_backbone(checkpoint)[0]
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 112, 112)).astype(np.float32)
+    x[:, :, :, :56] = 1.0  # left half bright: the mirror is a different input
+    with torch.no_grad():
+        want = (backbone(torch.from_numpy(x)) + backbone(torch.from_numpy(x).flip(3))).numpy()
+        plain = backbone(torch.from_numpy(x)).numpy()
+    got = ort.InferenceSession(str(tmp_path / "tta.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    error = np.abs(got - want).max()
+    assert error < 1e-4 * np.abs(want).max()
+    assert np.abs(got - 2 * plain).max() > 100 * error

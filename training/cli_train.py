@@ -1,4 +1,4 @@
-"""`facegate align | train | eval | export | model-info`. torch is imported inside the commands, so
+"""`facegate align | train | eval | export | calibrate | model-info`. torch is imported inside the commands, so
 registering them costs `facegate serve` nothing."""
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def export(
     checkpoint: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option(help="models/NAME.onnx; the manifest goes to models/NAME.json.")],
     fp16: Annotated[bool, typer.Option(help="float16 weights and arithmetic (float32 input and output).")] = False,
+    flip_tta: Annotated[bool, typer.Option(help="Embed each crop plus its mirror inside the model (twice the compute).")] = False,
     opset: Annotated[int, typer.Option(help="ONNX opset (≥ 17).")] = 17,
     eval_: Annotated[Optional[Path], typer.Option("--eval", help="Results JSON of `facegate eval --out`, recorded in the manifest.")] = None,
     license_name: Annotated[Optional[str], typer.Option(help="License name for the manifest (default: the config's data.license).")] = None,
@@ -123,10 +124,37 @@ def export(
     license = {"name": license_name, **({"terms": license_terms} if license_terms else {})} if license_name else None
     metrics = json.loads(eval_.read_text()) if eval_ else None
     try:
-        manifest = run(checkpoint, out, fp16=fp16, opset=opset, metrics=metrics, license=license, version=version)
+        manifest = run(checkpoint, out, fp16=fp16, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
     except ExportError as exc:
         _fail(exc)
     console.print(f"[green]ok[/green] {out} (parity cosine ≥ {manifest.provenance['export']['parity_min_cosine']}) + {out.with_suffix('.json')}")
+
+
+def calibrate(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An exported model's manifest (.json) or its .onnx.")],
+    data: Annotated[Optional[Path], typer.Option(help="Aligned identity folders the model never trained on (default: its run's held-out identities).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the thresholds without writing them into the manifest.")] = False,
+) -> None:
+    """Cosine thresholds for FAR 1e-2 … 1e-5 from impostor pairs of unseen identities, into the manifest."""
+    from rich.table import Table
+
+    from service.errors import ModelError
+    from training.calibrate import calibrate as run
+
+    manifest_path = model.with_suffix(".json")
+    try:
+        result, origin = run(manifest_path, data, write=not dry_run)
+    except (ModelError, ValueError, OSError) as exc:
+        _fail(exc)
+    table = Table("FAR", "threshold", "realized FAR", "TAR", title=f"{result.identities} identities, {result.images} images: "
+                  f"{result.impostor_pairs:,} impostor / {result.genuine_pairs:,} genuine pairs")
+    for key, t in result.thresholds.items():
+        r = result.realized[key]
+        table.add_row(key, f"{t:.6f}", f"{r['far']:.2e}", "—" if r["tar"] is None else f"{r['tar']:.4f}")
+    for key, why in result.omitted.items():
+        table.add_row(key, "omitted", why, "")
+    Console().print(table)
+    console.print(f"calibrated on the {origin}" + ("" if dry_run else f"; thresholds written to {manifest_path}"))
 
 
 def model_info(
@@ -153,6 +181,7 @@ def register_train_commands(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("eval")(eval_)
     app.command("export")(export)
+    app.command("calibrate")(calibrate)
     app.command("model-info")(model_info)
 
 

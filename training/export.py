@@ -42,6 +42,19 @@ class _Float16(nn.Module):
         return self.backbone(x.half()).float()
 
 
+class _FlipSum(nn.Module):
+    """Flip test-time augmentation inside the graph: the embedding of a crop plus that of its mirror,
+    so the service gets the better embedding without a second call (at twice the compute)."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        both = self.backbone(torch.cat([x, x.flip(3)]))
+        return both[: x.shape[0]] + both[x.shape[0] :]
+
+
 def git_commit() -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
@@ -92,6 +105,7 @@ def export(
     checkpoint: Path,
     out: Path,
     fp16: bool = False,
+    flip_tta: bool = False,
     opset: int = MIN_OPSET,
     metrics: dict | None = None,
     license: dict[str, str] | None = None,
@@ -105,6 +119,8 @@ def export(
     backbone, config, state = load_backbone(checkpoint)
     backbone = backbone.float()
     reference = _Float16(load_backbone(checkpoint)[0]).eval() if fp16 else backbone
+    if flip_tta:  # the parity reference is the float32 model with the same augmentation
+        backbone, reference = _FlipSum(backbone).eval(), _FlipSum(reference).eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.onnx")
     try:
@@ -133,6 +149,10 @@ def export(
         tmp.unlink(missing_ok=True)
 
     dim = int(config["embedding_dim"])
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        backbone(torch.zeros(1, 3, SIZE, SIZE))
     manifest = Manifest(
         name=out.stem,
         version=version or f"{config['backbone']}-{config['head']['name']}-step{state['step']}",
@@ -155,10 +175,12 @@ def export(
             "export": {
                 "opset": opset,
                 "fp16": fp16,
+                "flip_tta": flip_tta,
                 "torch": torch.__version__,
                 "python": platform.python_version(),
                 "parity_min_cosine": round(worst, 7),
                 "parity_inputs": crops_from,
+                "gflops_per_face": round(counter.get_total_flops() / 1e9, 4),  # multiply and add counted apart
             },
         },
         license=license or config["data"]["license"],

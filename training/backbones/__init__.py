@@ -42,11 +42,11 @@ class ModelInfo:
         return self.flops / 2e9
 
 
-def model_info(name: str, embedding_dim: int = 512) -> ModelInfo:
+def model_info(name: str, embedding_dim: int = 512, **params: object) -> ModelInfo:
     """Parameter count and the FLOPs of one 112×112 forward pass in eval mode."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = build_backbone(name, embedding_dim).eval()
+    model = build_backbone(name, embedding_dim, **params).eval()
     params = sum(p.numel() for p in model.parameters())
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.zeros(1, 3, INPUT_SIZE, INPUT_SIZE))

@@ -44,10 +44,19 @@ def residual(channels: int, blocks: int, groups: int) -> nn.Sequential:
 
 class MobileFaceNet(nn.Module):
     """`blocks` and `scale` as arcface_torch's get_mbf (defaults = its `mbf`); `width` multiplies every
-    channel count (1.0 = arcface_torch's layout; tests use a narrow net to stay fast on a CPU)."""
+    channel count (1.0 = arcface_torch's layout; tests use a narrow net to stay fast on a CPU).
+
+    `downsample` > 1 average-pools the 112×112 input first, so every layer runs at 112/downsample:
+    downsample 2 costs a quarter of the FLOPs, which is what lets a CPU train and serve it. The input
+    and the alignment stay the service's 112×112, so the model is a drop-in for the full-size one."""
 
     def __init__(
-        self, embedding_dim: int = 512, blocks: tuple[int, int, int, int] = (1, 4, 6, 2), scale: int = 2, width: float = 1.0
+        self,
+        embedding_dim: int = 512,
+        blocks: tuple[int, int, int, int] = (1, 4, 6, 2),
+        scale: int = 2,
+        width: float = 1.0,
+        downsample: int = 1,
     ) -> None:
         super().__init__()
 
@@ -55,7 +64,11 @@ class MobileFaceNet(nn.Module):
             return max(8, int(round(n * width / 8)) * 8)
 
         c64, c128, g64, g128, g256, g512, top = (ch(n) for n in (64 * scale, 128 * scale, 64, 128, 256, 512, 512))
+        side = 112 // downsample
+        for _ in range(4):  # four stride-2 3×3 convs with padding 1: ceil(side / 2) each
+            side = (side + 1) // 2
         self.layers = nn.Sequential(
+            *([nn.AvgPool2d(downsample)] if downsample > 1 else []),
             ConvBlock(3, c64, 3, 2, 1),
             ConvBlock(c64, c64, 3, 1, 1, groups=g64) if blocks[0] == 1 else residual(c64, blocks[0], g128),
             DepthWise(c64, c64, groups=g128, stride=2),
@@ -66,9 +79,10 @@ class MobileFaceNet(nn.Module):
             residual(c128, blocks[3], g256),
             ConvBlock(c128, top),
         )
-        # GDC: a 7×7 depthwise conv weights each position of the final map, then a linear projection.
+        # GDC: a depthwise conv as large as the final map (7×7 at 112) weights each of its positions,
+        # then a linear projection.
         self.features = nn.Sequential(
-            LinearBlock(top, top, 7, 1, 0, groups=top),
+            LinearBlock(top, top, side, 1, 0, groups=top),
             nn.Flatten(),
             nn.Linear(top, embedding_dim, bias=False),
             nn.BatchNorm1d(embedding_dim),

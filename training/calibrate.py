@@ -1,0 +1,125 @@
+"""`facegate calibrate`: the cosine threshold for each target false-accept rate, from impostor pairs
+of identities the model never trained on (by default the held-out split of its own training run),
+never from the benchmark it is reported on — so LFW's realized FAR is an honest check of it.
+
+A FAR is calibrated only when the impostor pairs are numerous enough that at least
+MIN_FALSE_ACCEPTS of them lie above its threshold; a rarer FAR would be fitted to a handful of
+pairs, so it is left out of the manifest and the report says how many pairs it would need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from service.manifest import Manifest, far_key
+
+FARS = (1e-2, 1e-3, 1e-4, 1e-5)
+MIN_FALSE_ACCEPTS = 10
+DIGITS = 6  # thresholds are rounded up to this many decimals, which can only lower the FAR
+
+
+@dataclass
+class Calibration:
+    identities: int
+    images: int
+    genuine_pairs: int
+    impostor_pairs: int
+    thresholds: dict[str, float] = field(default_factory=dict)
+    realized: dict[str, dict[str, float | None]] = field(default_factory=dict)  # FAR → {far, tar} on these pairs
+    omitted: dict[str, str] = field(default_factory=dict)  # FAR → why
+
+    def as_dict(self) -> dict:
+        return {
+            "identities": self.identities,
+            "images": self.images,
+            "genuine_pairs": self.genuine_pairs,
+            "impostor_pairs": self.impostor_pairs,
+            "min_false_accepts": MIN_FALSE_ACCEPTS,
+            "thresholds": self.thresholds,
+            "realized": self.realized,
+            "omitted": self.omitted,
+        }
+
+
+def pair_scores(embeddings: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every unordered pair of unit embeddings → (genuine cosines, impostor cosines)."""
+    e = np.asarray(embeddings, np.float32)
+    labels = np.asarray(labels)
+    i, j = np.triu_indices(len(e), k=1)
+    scores = (e @ e.T)[i, j]
+    same = labels[i] == labels[j]
+    return scores[same], scores[~same]
+
+
+def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
+    """The smallest threshold t (score ≥ t accepts) with at most ⌊far·N⌋ impostor scores accepted,
+    rounded up to DIGITS decimals; None when that allows fewer than MIN_FALSE_ACCEPTS."""
+    allowed = math.floor(far * len(impostor) + 1e-9)
+    if allowed < MIN_FALSE_ACCEPTS:
+        return None
+    # the (allowed+1)-th highest score must be rejected: t goes strictly above it
+    boundary = float(np.partition(np.asarray(impostor, np.float64), len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
+    scale = 10**DIGITS
+    t = math.ceil(boundary * scale) / scale
+    return t if t > boundary else (math.ceil(boundary * scale) + 1) / scale
+
+
+def calibrate_scores(genuine: np.ndarray, impostor: np.ndarray, fars=FARS, identities: int = 0, images: int = 0) -> Calibration:
+    genuine, impostor = np.asarray(genuine, np.float64), np.asarray(impostor, np.float64)
+    if len(impostor) == 0:
+        raise ValueError("no impostor pairs: calibration needs at least two identities")
+    result = Calibration(identities, images, len(genuine), len(impostor))
+    for far in sorted(fars, reverse=True):
+        key = far_key(far)
+        t = threshold_for_far(impostor, far)
+        if t is None:
+            need = math.ceil(MIN_FALSE_ACCEPTS / far)
+            result.omitted[key] = f"needs ≥ {need:,} impostor pairs for {MIN_FALSE_ACCEPTS} false accepts, have {len(impostor):,}"
+            continue
+        result.thresholds[key] = t
+        result.realized[key] = {
+            "far": float((impostor >= t).mean()),
+            "tar": float((genuine >= t).mean()) if len(genuine) else None,
+        }
+    return result
+
+
+def heldout_source(manifest: Manifest, data: Path | None):
+    """The identities to calibrate on: all of `data` when given, else the held-out identities of the
+    model's training run (its config in the manifest's provenance: data.train, val_fraction, seed)."""
+    from training.data.datasets import Subset, open_source, split_identities
+
+    if data is not None:
+        return open_source(data), f"all identities of {data}"
+    config = manifest.provenance.get("config")
+    if not config or not config["data"].get("val_fraction"):
+        raise ValueError(f"{manifest.name}: no held-out split in its provenance; give --data with identities it never trained on")
+    train = Path(config["data"]["train"])
+    source = open_source(train)
+    _, held = split_identities(source.labels, config["data"]["val_fraction"], config["seed"])
+    return Subset(source, held), f"held-out identities of {train} (val_fraction {config['data']['val_fraction']}, seed {config['seed']})"
+
+
+def calibrate(manifest_path: Path, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:
+    """Embed the calibration identities with the model as the service runs it, fit the thresholds,
+    and (unless write=False) store them and the calibration report in the manifest."""
+    from training.evaluate import OnnxEmbedder
+
+    embedder = OnnxEmbedder(manifest_path)
+    source, origin = heldout_source(embedder.model.manifest, data)
+    crops = np.stack([source.load(i)[0] for i in range(len(source))])
+    labels = np.asarray(source.labels)
+    raw = embedder.raw(crops)
+    embeddings = raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+    genuine, impostor = pair_scores(embeddings, labels)
+    result = calibrate_scores(genuine, impostor, fars, identities=len(np.unique(labels)), images=len(labels))
+    if write:
+        manifest = Manifest.load(manifest_path)
+        manifest.thresholds = result.thresholds
+        manifest.metrics = {**manifest.metrics, "calibration": {"source": origin, **result.as_dict()}}
+        manifest.save(manifest_path)
+    return result, origin
