@@ -13,7 +13,7 @@ import torch
 from tests.test_training_fixtures import tiny_config, write_aligned_folders
 from training.train import Trainer
 from training.evaluate import embed, evaluate, load_bin, load_embedder, read_lfw_pairs
-from training.verification import best_threshold, kfold_accuracy, verification_metrics
+from training.verification import at_thresholds, best_threshold, kfold_accuracy, verification_metrics
 
 torch.set_num_threads(2)
 
@@ -46,6 +46,15 @@ def test_eer_and_tar_on_overlapping_scores():
     # two unit-variance-scaled normals 4σ apart: EER = Φ(−2) ≈ 0.0228
     assert m["eer"] == pytest.approx(0.0228, abs=0.004)
     assert m["tar_at_far"]["1e-1"] > m["tar_at_far"]["1e-2"] > m["tar_at_far"]["1e-3"]
+
+
+def test_realized_far_and_tar_at_calibrated_thresholds():
+    scores = np.array([0.9, 0.7, 0.5, 0.3] + [0.6, 0.4, 0.2, 0.1, 0.0])
+    issame = np.array([1, 1, 1, 1] + [0, 0, 0, 0, 0], bool)
+    got = at_thresholds(scores, issame, {"1e-3": 0.65, "1e-2": 0.45})
+    assert list(got) == ["1e-2", "1e-3"]
+    assert got["1e-2"] == {"threshold": 0.45, "far": 0.2, "false_accepts": 1, "impostor_pairs": 5, "tar": 0.75}
+    assert got["1e-3"]["far"] == 0.0 and got["1e-3"]["tar"] == 0.5
 
 
 def test_lfw_pairs_file(tmp_path):

@@ -80,8 +80,10 @@ def eval_(
     out: Annotated[Optional[Path], typer.Option(help="Write the JSON results here too.")] = None,
     roc: Annotated[Optional[Path], typer.Option(help="ROC curve PNG.")] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned evaluation crops.")] = Path("~/.cache/facegate/eval"),
+    record: Annotated[bool, typer.Option(help="Store the results in the exported model's manifest metrics.")] = False,
 ) -> None:
-    """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON."""
+    """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
+    exported model also the FAR and TAR its calibrated thresholds realize on these pairs."""
     from training.evaluate import evaluate, load_bin, load_csv, load_embedder, load_lfw
 
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
@@ -100,7 +102,18 @@ def eval_(
             _fail(exc)
         vset = load_lfw(pairs, images, pipeline, cache) if pairs else load_csv(csv, pipeline, cache)
     embedder, kind = load_embedder(model)
-    results = {"model": str(model), "kind": kind, **evaluate(embedder, vset, roc)}
+    if record and kind != "onnx":
+        _fail("--record needs an exported model (its .json manifest)")
+    thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None
+    metrics = evaluate(embedder, vset, roc, thresholds)
+    results = {"model": str(model), "kind": kind, **metrics}
+    if record:
+        from service.manifest import Manifest
+
+        manifest_path = model.with_suffix(".json")
+        manifest = Manifest.load(manifest_path)
+        manifest.metrics = {**manifest.metrics, **metrics}
+        manifest.save(manifest_path)
     text = json.dumps(results, indent=2)
     if out:
         out.write_text(text + "\n")

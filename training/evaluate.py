@@ -22,7 +22,7 @@ import numpy as np
 from service.align import ARCFACE_112, align_face
 from service.embed import l2_normalize, preprocess
 from training.data.preprocess import SIZE, to_input
-from training.verification import plot_roc, verification_metrics
+from training.verification import at_thresholds, plot_roc, verification_metrics
 
 
 @dataclass
@@ -98,13 +98,17 @@ def embed(embedder: Embedder, crops: np.ndarray, flip: bool) -> np.ndarray:
     return l2_normalize(e)
 
 
-def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None) -> dict:
+def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None) -> dict:
+    """10-fold metrics with and without flip-TTA; with `thresholds` (a manifest's FAR → cosine), also
+    the FAR and TAR those thresholds realize here."""
     results, curves = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks}, {}
     for flip in (False, True):
         e = embed(embedder, vset.crops, flip)
         scores = np.sum(e[vset.pairs[:, 0]] * e[vset.pairs[:, 1]], axis=1)
         key = "flip" if flip else "no_flip"
         results[key] = verification_metrics(scores, vset.issame, vset.folds)
+        if thresholds:
+            results[key]["at_thresholds"] = at_thresholds(scores, vset.issame, thresholds)
         curves[key] = (scores, vset.issame)
     if roc_png is not None:
         plot_roc(curves, roc_png)

@@ -51,6 +51,24 @@ def verification_metrics(scores: np.ndarray, issame: np.ndarray, folds: np.ndarr
     }
 
 
+def at_thresholds(scores: np.ndarray, issame: np.ndarray, thresholds: dict[str, float]) -> dict:
+    """What a model's calibrated thresholds (FAR → cosine) realize on these pairs: the FAR and TAR
+    measured here, with the counts behind them (a FAR below 1/impostors cannot be resolved)."""
+    scores, issame = np.asarray(scores, np.float64), np.asarray(issame, bool)
+    impostor, genuine = scores[~issame], scores[issame]
+    out = {}
+    for key, t in sorted(thresholds.items(), key=lambda kv: float(kv[0]), reverse=True):
+        accepted = int((impostor >= t).sum())
+        out[key] = {
+            "threshold": t,
+            "far": accepted / len(impostor),
+            "false_accepts": accepted,
+            "impostor_pairs": int(len(impostor)),
+            "tar": float((genuine >= t).mean()),
+        }
+    return out
+
+
 def plot_roc(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Path) -> None:
     """curves: label → (scores, issame). Log-scale FAR, as face verification is read."""
     import matplotlib
