@@ -24,6 +24,14 @@ def _rate(fn, seconds: float, items_per_call: int = 1) -> tuple[float, float]:
     return calls * items_per_call / elapsed, 1000 * elapsed / calls
 
 
+def gemm_peak_gflops(seconds: float, n: int = 1024) -> float:
+    """fp32 matrix-multiply throughput with numpy's BLAS on all cores: the ceiling a convolutional
+    embedder can approach on a CPU, so its rate is reported as a fraction of it."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    rate, _ = _rate(lambda: a @ a, seconds)
+    return rate * 2 * n**3 / 1e9
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -69,7 +77,12 @@ def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: floa
             rate, ms = _rate(lambda: pipeline.embedder.embed(chunk), seconds, batch)
             table.add_row(f"embed ({manifest.name})", str(batch), f"{rate:.1f}", f"{ms:.2f}")
         if gflops:
-            console.print(f"embedder: {gflops:.3f} GFLOP per face (manifest) → {gflops * rate:.1f} GFLOP/s at batch 32")
+            line = f"embedder: {gflops:.3f} GFLOP per face (manifest) → {gflops * rate:.1f} GFLOP/s at batch 32"
+            if pipeline.embedder_model.session.get_providers()[0] == "CPUExecutionProvider":
+                peak = gemm_peak_gflops(seconds)
+                line += (f", {100 * gflops * rate / peak:.0f}% of this CPU's fp32 GEMM peak ({peak:.0f} GFLOP/s, "
+                         f"which bounds it at {peak / gflops:.0f} faces/s)")
+            console.print(line)
     else:
         console.print("[yellow]no embedder loaded (FACEGATE_EMBEDDER): embed stage skipped[/yellow]")
     console.print(table)
