@@ -334,13 +334,13 @@ def test_batching_off_gives_the_same_answers(api_settings, make_client, lfw_face
 def test_starts_without_models_and_says_why(tmp_path, make_client):
     from service.settings import Settings
 
-    settings = Settings(model_cache=tmp_path / "empty-cache", embedder="facegate-default", data_dir=tmp_path / "gallery", device="cpu")
+    settings = Settings(model_cache=tmp_path / "empty-cache", embedder="my-face", data_dir=tmp_path / "gallery", device="cpu")
     api = make_client(settings)
     assert api.get("/healthz").json() == {"status": "ok"}
     ready = api.get("/readyz")
     assert ready.status_code == 503
     problems = {p["model"]: p for p in ready.json()["problems"]}
-    assert problems["embedder"]["name"] == "facegate-default" and "FACEGATE_EMBEDDER" in problems["embedder"]["fix"]
+    assert problems["embedder"]["name"] == "my-face" and "FACEGATE_EMBEDDER" in problems["embedder"]["fix"]
     assert "facegate models pull" in problems["detector"]["fix"]
     error(api.post("/verify", files={"image1": _png(200), "image2": _png(200)}), 503, "model_unavailable")
     error(api.post("/identify", json={"image": b64(_png(200))}), 503, "model_unavailable")
