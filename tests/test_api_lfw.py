@@ -3,8 +3,8 @@
 With the test embedder (a random projection, not a face model) this proves the mechanics on real
 images: detection, alignment, enrollment, index search and the unknown-person answer. "Correct top-1"
 is checked on a re-encoded copy (JPEG quality 75, 95% size) of each enrolled photo, and people who
-were never enrolled must get `match: null` at the default FAR. Once `models/facegate-default.json`
-exists, the second test checks real recognition: OTHER photos of the enrolled people.
+were never enrolled must get `match: null` at the default FAR. The second test checks real
+recognition with the shipped default model: OTHER photos of the enrolled people.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
 
 ENROLLED = 8
 STRANGERS = 6
@@ -57,7 +56,6 @@ def test_lfw_identify_mechanics_with_test_embedder(api, test_data):
 
 
 @pytest.mark.data
-@pytest.mark.skipif(not (REPO / "models" / "facegate-default.json").is_file(), reason="no default embedder shipped yet (models/facegate-default.json)")
 def test_lfw_identify_other_photos_with_default_embedder(model_cache, test_data, tmp_path, make_client):
     from service.settings import Settings
 
