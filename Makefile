@@ -11,7 +11,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test install-serve install-test lint-docker clean
+.PHONY: serve test install-serve install-test lint-docker docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ test: install-test
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test
 	$(BIN)/pytest tests/test_docker.py
+
+# The documentation site (mkdocs.yml, docs/) into ./site; --strict: a broken link fails the build.
+docs: install-test
+	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache
