@@ -13,7 +13,7 @@
 # the CUDA 13 runtime libraries and cuDNN 9 as NVIDIA's pip wheels, which service/runtime.py loads
 # with onnxruntime.preload_dlls(); the driver (libcuda.so) is mounted from the host by the NVIDIA
 # Container Toolkit. An nvidia/cuda:*-cudnn-runtime base would add a second copy of the same
-# libraries (several GB) that onnxruntime would not use. See README.md ("Deploy") for the size trade-off.
+# libraries (several GB) that onnxruntime would not use. See docs/deployment.md ("The image") for the size trade-off.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -48,7 +48,7 @@ RUN make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" EDITABLE= \
 
 # Models: the manifests (and any shipped model file) from models/; files with a URL in their
 # manifest (the detector) are downloaded now, each checked against the manifest's size and sha256.
-# With PULL_MODELS=0 the cache stays empty and the files are mounted at run time (README.md ("Deploy"));
+# With PULL_MODELS=0 the cache stays empty and the files are mounted at run time (docs/deployment.md, "Models: pulled at build time, or mounted");
 # loading checks them against their manifests either way.
 ARG PULL_MODELS=1
 ENV FACEGATE_MODELS_DIR=/opt/facegate/models \
