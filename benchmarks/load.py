@@ -54,7 +54,7 @@ def spawned(batching: bool, embedder: str, extra_env: dict[str, str]):
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix="facegate-load-")
     env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, "FACEGATE_EMBEDDER": embedder, "FACEGATE_BATCHING": str(batching).lower(), **extra_env}
-    command = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    command = [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

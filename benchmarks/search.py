@@ -17,7 +17,7 @@ import time
 import faiss
 import numpy as np
 
-from service.index import FaissIndex, set_search_threads
+from service.gallery.index import FaissIndex, set_search_threads
 
 
 def rss_mib() -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,18 +31,21 @@ Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help=
 Aligned = Annotated[bool, typer.Option(help="The images are already aligned 112×112 crops: skip detection.")]
 
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(2)
+@contextmanager
+def _fail_on_error() -> Iterator[None]:
+    """Bad input or an unusable model: one red line and exit status 2, never a traceback."""
+    try:
+        yield
+    except FacegateError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 def _pipeline(require_embedder: bool = True):
     from service.pipeline import FacePipeline
 
-    try:
+    with _fail_on_error():
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
-    except ModelError as exc:
-        _fail(exc)
 
 
 @app.command()
@@ -52,7 +57,7 @@ def serve(
     """Run the HTTP API."""
     import uvicorn
 
-    uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers, log_level="info")
+    uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level="info")
 
 
 @models_app.command("pull")
@@ -61,27 +66,25 @@ def models_pull(
     source: Annotated[Optional[str], typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
 ) -> None:
     """Download model files into the model cache, checking their sha256."""
-    from service.manifest import Manifest
-    from service.model_store import manifest_path, pull
+    from service.models.manifest import Manifest
+    from service.models.store import manifest_path, pull
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
     for path in paths:
-        try:
+        with _fail_on_error():
             manifest = Manifest.load(path)
             if not names and not manifest.file.url:
                 continue
             target = pull(manifest, settings.model_cache, url=source)
-        except ModelError as exc:
-            _fail(exc)
         console.print(f"[green]ok[/green] {manifest.name} → {target}")
 
 
 @models_app.command("list")
 def models_list() -> None:
     """Manifests in the models folder and whether their files are present and intact."""
-    from service.manifest import Manifest, verify_file
-    from service.model_store import find_model_file
+    from service.models.manifest import Manifest
+    from service.models.store import find_model_file, verify_file
 
     settings = get_settings()
     table = Table("name", "task", "version", "file", "status")
@@ -95,23 +98,13 @@ def models_list() -> None:
     Console().print(table)
 
 
-def _face_json(face) -> dict:
-    return {
-        "box": [round(float(v), 2) for v in face.box],
-        "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in face.landmarks],
-        "score": round(face.score, 4),
-    }
-
-
 @app.command()
 def detect(image: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:
     """Print the faces of an image as JSON: box (x1, y1, x2, y2), 5 landmarks, score."""
     pipeline = _pipeline(require_embedder=False)
-    try:
+    with _fail_on_error():
         faces = pipeline.detect(pipeline.decode(image.read_bytes()))
-    except FacegateError as exc:
-        _fail(exc)
-    typer.echo(json.dumps({"image": str(image), "faces": [_face_json(f) for f in faces]}, indent=2))
+    typer.echo(json.dumps({"image": str(image), "faces": [f.as_json() for f in faces]}, indent=2))
 
 
 @app.command()
@@ -124,10 +117,8 @@ def embed(
     import numpy as np
 
     pipeline = _pipeline()
-    try:
+    with _fail_on_error():
         results = [pipeline.embed_file(p, aligned=aligned) for p in images]
-    except FacegateError as exc:
-        _fail(exc)
     matrix = np.stack([r.embedding for r in results])
     if out:
         np.save(out, matrix)
@@ -140,10 +131,8 @@ def embed(
 def compare(image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], image2: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], aligned: Aligned = False) -> None:
     """Cosine similarity of the largest faces of two images."""
     pipeline = _pipeline()
-    try:
+    with _fail_on_error():
         a, b = (pipeline.embed_file(p, aligned=aligned) for p in (image1, image2))
-    except FacegateError as exc:
-        _fail(exc)
     manifest = pipeline.embedder_model.manifest
     result = {"similarity": round(float(a.embedding @ b.embedding), 6), "model": {"name": manifest.name, "version": manifest.version}}
     if manifest.thresholds:
@@ -169,12 +158,12 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
 
     Stop the server first (or restart it after): it rebuilds its search index at start-up.
     """
-    from service.gallery import EmbedderKey, Gallery
+    from service.gallery.store import SqliteGallery
+    from service.models.manifest import EmbedderKey
 
     pipeline = _pipeline()
     manifest = pipeline.embedder_model.manifest
-    key = EmbedderKey(manifest.name, manifest.file.sha256, manifest.embedding_dim)
-    gallery = Gallery.open(get_settings().data_dir, key, searchable=False)
+    gallery = SqliteGallery.open(get_settings().data_dir, EmbedderKey.of(manifest), searchable=False)
     try:
         done, missing = gallery.reembed(pipeline.embedder.embed, batch)
     finally:

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from service.errors import ImageTooLarge, ImageTooSmall, InvalidImage, UnsupportedImage
+from service.errors import ImageTooLarge, ImageTooSmall, InvalidImage, UnsupportedMediaType
 
 # Formats Pillow can identify from the header and OpenCV decodes well. MPO is how many phones
 # label their JPEGs (a JPEG plus a preview frame): OpenCV decodes its first, full image.
@@ -34,9 +34,9 @@ def probe(data: bytes, max_bytes: int, max_pixels: int, min_side: int) -> tuple[
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
         raise InvalidImage("the data is not a readable image (JPEG, PNG, WebP, BMP, GIF or TIFF)") from None
     if fmt not in FORMATS:
-        raise UnsupportedImage(f"{fmt} images are not supported; send JPEG, PNG, WebP, BMP, GIF or TIFF")
+        raise UnsupportedMediaType(f"{fmt} images are not supported; send JPEG, PNG, WebP, BMP, GIF or TIFF")
     if frames > 1 and fmt not in STILL_MULTIFRAME:
-        raise UnsupportedImage(f"animated or multi-page {fmt} ({frames} frames) is not supported; send a single frame")
+        raise UnsupportedMediaType(f"animated or multi-page {fmt} ({frames} frames) is not supported; send a single frame")
     if width * height > max_pixels:
         raise ImageTooLarge(f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}")
     if min(width, height) < min_side:

@@ -1,57 +1,182 @@
-"""Typed errors for bad input and unusable models.
+"""Every error the service answers with, in one tree rooted at `FacegateError`.
 
-Input errors carry the machine-readable `code` and HTTP status the API answers with, so the
-pipeline decides what is the caller's fault and the API only translates.
+Each class carries its HTTP status and its machine-readable `code`, so code anywhere (pipeline,
+gallery, request parsing) says what went wrong and the API only translates: no handler or
+middleware spells a code. `error_for_status` names the class for a bare HTTP status (routing
+errors, the body limit), and `all_errors` lists the tree for the docs' error table.
 """
+
+from __future__ import annotations
 
 
 class FacegateError(Exception):
-    """Base of all errors caused by the caller's input."""
+    """Root of the tree. A 4xx is the caller's fault; a 5xx for bad input is a bug."""
 
-    code = "bad_request"
-    status = 400
+    code: str
+    status: int
+    details: list[dict] | None = None  # per-item errors (bulk enrollment)
 
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
 
 
+# 400
+
+
+class BadRequest(FacegateError):
+    """A request the HTTP layer could not read (e.g. a malformed multipart body)."""
+
+    code, status = "bad_request", 400
+
+
 class InvalidImage(FacegateError):
-    code = "invalid_image"
-    status = 400
+    code, status = "invalid_image", 400
 
 
-class ImageTooSmall(FacegateError):
-    code = "image_too_small"
-    status = 422
+class InvalidJson(FacegateError):
+    code, status = "invalid_json", 400
+
+
+# 401, 404, 405, 409
+
+
+class Unauthorized(FacegateError):
+    code, status = "unauthorized", 401
+
+
+class NotFound(FacegateError):
+    """No such route."""
+
+    code, status = "not_found", 404
+
+
+class SubjectNotFound(FacegateError):
+    code, status = "subject_not_found", 404
+
+
+class FaceNotFound(FacegateError):
+    code, status = "face_not_found", 404
+
+
+class MethodNotAllowed(FacegateError):
+    code, status = "method_not_allowed", 405
+
+
+class SubjectExists(FacegateError):
+    code, status = "subject_exists", 409
+
+
+# 413, 415
+
+
+class BodyTooLarge(FacegateError):
+    code, status = "body_too_large", 413
 
 
 class ImageTooLarge(FacegateError):
-    code = "image_too_large"
-    status = 413
+    code, status = "image_too_large", 413
 
 
-class UnsupportedImage(FacegateError):
-    code = "unsupported_image"
-    status = 415
+class UnsupportedMediaType(FacegateError):
+    """A body that is neither multipart nor JSON, or an image format the decoder refuses."""
+
+    code, status = "unsupported_media_type", 415
+
+
+# 422
+
+
+class InvalidParameters(FacegateError):
+    code, status = "invalid_parameters", 422
+
+
+class UnknownFar(FacegateError):
+    code, status = "unknown_far", 422
+
+
+class InvalidBase64(FacegateError):
+    code, status = "invalid_base64", 422
+
+
+class ImageTooSmall(FacegateError):
+    code, status = "image_too_small", 422
 
 
 class InvalidCrop(FacegateError):
     """An image sent as already aligned does not have the template's size."""
 
-    code = "invalid_aligned_crop"
-    status = 422
+    code, status = "invalid_aligned_crop", 422
 
 
 class NoFace(FacegateError):
-    code = "no_face"
-    status = 422
+    code, status = "no_face", 422
 
 
 class MultipleFaces(FacegateError):
-    code = "multiple_faces"
-    status = 422
+    code, status = "multiple_faces", 422
 
 
-class ModelError(RuntimeError):
-    """A model file is missing, corrupt or does not match its manifest: a start-up error."""
+class LowQualityFace(FacegateError):
+    code, status = "low_quality_face", 422
+
+
+class NoEnrolledFaces(FacegateError):
+    """Verification against a subject that has no face made by the active embedder."""
+
+    code, status = "no_enrolled_faces", 422
+
+
+class EnrollmentFailed(FacegateError):
+    """Bulk enrollment where no image gave a face; `details` says why per image."""
+
+    code, status = "enrollment_failed", 422
+
+    def __init__(self, message: str, details: list[dict]):
+        super().__init__(message)
+        self.details = details
+
+
+# 5xx: the server's condition, never the caller's input
+
+
+class InternalError(FacegateError):
+    """An unexpected exception (logged)."""
+
+    code, status = "internal_error", 500
+
+
+class ModelError(FacegateError):
+    """A model file is missing, corrupt or does not match its manifest: raised at start-up and by
+    the CLI, which say why; the service then starts without the model (see ModelUnavailable)."""
+
+    code, status = "model_error", 503
+
+
+class ModelUnavailable(FacegateError):
+    """A request that needs a model while none usable is loaded."""
+
+    code, status = "model_unavailable", 503
+
+
+_FOR_STATUS = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: NotFound,
+    405: MethodNotAllowed,
+    413: BodyTooLarge,
+    415: UnsupportedMediaType,
+    422: InvalidParameters,
+    500: InternalError,
+    503: ModelUnavailable,
+}
+
+
+def error_for_status(status: int) -> type[FacegateError]:
+    """The class answering a bare HTTP status; another 4xx is a bad request, another 5xx internal."""
+    return _FOR_STATUS.get(status, BadRequest if status < 500 else InternalError)
+
+
+def all_errors() -> list[type[FacegateError]]:
+    """Every concrete error class, in the order they are declared here."""
+    return [c for c in globals().values() if isinstance(c, type) and issubclass(c, FacegateError) and c is not FacegateError]

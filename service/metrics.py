@@ -23,6 +23,11 @@ class Metrics:
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
 
+    def embedder_ran(self, faces: int) -> None:
+        """One embedder run of `faces` faces (batched or not)."""
+        self.batch_size.observe(faces)
+        self.faces_embedded.inc(faces)
+
     def watch_gallery(self, counts: Callable[[], dict[str, int]]) -> None:
         """Gallery gauges read at scrape time, so they can never drift from the database."""
         self.gallery_subjects.set_function(lambda: counts()["subjects"])

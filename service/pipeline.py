@@ -1,54 +1,62 @@
-"""decode → detect → align → embed, wired from settings; the service and the CLI both use it."""
+"""decode → detect → align → embed over an already-loaded model set; the service's engine and the
+CLI (and training's alignment) all run faces through it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from service.align import TEMPLATES, align_face
 from service.decode import decode_image
-from service.detect import Face, FaceDetector
-from service.embed import FaceEmbedder
 from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace
-from service.model_store import LoadedModel, load_model
+from service.models.detector import Face, FaceDetector
+from service.models.embedder import FaceEmbedder
+from service.models.model_set import ModelSet, load_models
 from service.settings import Settings
+
+FacePolicy = Literal["largest", "reject_multiple", "all"]
 
 
 @dataclass(frozen=True)
-class EmbeddedFace:
-    face: Face | None  # None when the caller sent an already-aligned crop
+class FoundFace:
+    """A face ready to embed: its detection (None for an aligned upload) and its aligned RGB crop."""
+
+    face: Face | None
+    crop: np.ndarray
+
+    def embedded(self, embedding: np.ndarray) -> EmbeddedFace:
+        return EmbeddedFace(self.face, self.crop, embedding)
+
+
+@dataclass(frozen=True)
+class EmbeddedFace(FoundFace):
     embedding: np.ndarray
 
 
 class FacePipeline:
-    def __init__(self, settings: Settings, detector: LoadedModel, embedder: LoadedModel | None):
+    def __init__(self, settings: Settings, models: ModelSet):
+        """Needs the detector; the embedder may be missing (detect-only use)."""
         self.settings = settings
-        self.detector_model = detector
-        self.embedder_model = embedder
+        self.detector_model = models.detector
+        self.embedder_model = models.embedder
         self.detector = FaceDetector(
-            detector.manifest,
-            detector.session,
+            models.detector.manifest,
+            models.detector.session,
             score_threshold=settings.det_score_threshold,
             nms_threshold=settings.det_nms_threshold,
             min_face_size=settings.min_face_size,
         )
-        self.embedder = FaceEmbedder(embedder.manifest, embedder.session, settings.embed_max_batch) if embedder else None
+        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, settings.embed_max_batch) if models.embedder else None
 
     @classmethod
     def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:
-        def load(name: str) -> LoadedModel:
-            return load_model(name, settings.models_dir, settings.model_cache, settings.device, settings.intra_op_threads)
-
-        detector = load(settings.detector)
-        embedder = None
-        try:
-            embedder = load(settings.embedder)
-        except ModelError:
-            if require_embedder:
-                raise
-        return cls(settings, detector, embedder)
+        """Load the models settings name (ModelError when one needed is unusable) and wire them."""
+        models = load_models(settings)
+        models.require("detector", *(("embedder",) if require_embedder else ()))
+        return cls(settings, models)
 
     @property
     def template(self) -> str:
@@ -79,13 +87,13 @@ class FacePipeline:
             raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
         return image_bgr[..., ::-1][None]
 
-    def find_faces(self, image_bgr: np.ndarray, aligned: bool = False, policy: str = "largest") -> list[tuple[Face | None, np.ndarray]]:
+    def find_faces(self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest") -> list[FoundFace]:
         """The faces to embed, largest first, each with its aligned RGB crop.
 
         policy: `largest` (one face), `reject_multiple` (one face, else MultipleFaces) or `all`.
         """
         if aligned:
-            return [(None, self.aligned_crop(image_bgr)[0])]
+            return [FoundFace(None, self.aligned_crop(image_bgr)[0])]
         faces = self.detect(image_bgr)
         if not faces:
             raise NoFace("no face was found in the image")
@@ -93,14 +101,14 @@ class FacePipeline:
             raise MultipleFaces(f"{len(faces)} faces were found and face_policy=reject_multiple; send an image of one face")
         if policy != "all":
             faces = faces[:1]
-        return list(zip(faces, self.align(image_bgr, faces)))
+        return [FoundFace(face, crop) for face, crop in zip(faces, self.align(image_bgr, faces))]
 
     def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
         """Every face of an image (largest first), or only the largest when all_faces is False."""
         embedder = self.require_embedder()
         found = self.find_faces(image_bgr, aligned, "all" if all_faces else "largest")
-        embeddings = embedder.embed(np.stack([crop for _, crop in found]))
-        return [EmbeddedFace(face, e) for (face, _), e in zip(found, embeddings)]
+        embeddings = embedder.embed(np.stack([f.crop for f in found]))
+        return [f.embedded(e) for f, e in zip(found, embeddings)]
 
     def embed_file(self, path: Path, aligned: bool = False) -> EmbeddedFace:
         """The largest face of an image file (CLI helper)."""

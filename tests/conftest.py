@@ -73,7 +73,7 @@ def make_client():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
         from fastapi.testclient import TestClient
-    from service.app import create_app
+    from service.api.app import create_app
 
     clients = []
 

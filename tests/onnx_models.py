@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.manifest import Manifest, sha256_file
+from service.models.manifest import Manifest
+from service.models.store import sha256_file
 
 
 def write_test_embedder(folder: Path, dim: int = 64, batch: int | str = "batch", color: str = "RGB", name: str = "test-embedder") -> Path:

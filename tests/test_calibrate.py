@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from service.manifest import Manifest
-from service.model_store import load_model
+from service.models.manifest import Manifest
+from service.models.store import load_model
 from tests.onnx_models import write_test_embedder
 from training.calibrate import MIN_FALSE_ACCEPTS, calibrate_scores, pair_scores, threshold_for_far
 from training.cli_train import register_train_commands

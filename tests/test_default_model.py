@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.manifest import Manifest, sha256_file
+from service.models.manifest import Manifest
+from service.models.store import sha256_file
 from tests.conftest import REPO
 from training.evaluate import read_lfw_pairs
 

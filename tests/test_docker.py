@@ -267,7 +267,7 @@ class Block:
         if name.split(".")[0] in {blocked!r}:
             raise ImportError(f"{{name}} is not in the serving image")
 sys.meta_path.insert(0, Block())
-import service.app, service.pipeline
+import service.api.app, service.pipeline
 from service.cli import main
 sys.argv = ["facegate", "serve", "--help"]
 main()

@@ -8,8 +8,9 @@ import onnx
 import pytest
 import torch
 
-from service.manifest import Manifest, sha256_file
-from service.model_store import load_model
+from service.models.manifest import Manifest
+from service.models.store import sha256_file
+from service.models.store import load_model
 from tests.test_training_fixtures import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input
@@ -59,7 +60,7 @@ def test_manifest(exported, checkpoint):
 
 
 def test_service_loads_it_and_embeds_like_torch(exported, checkpoint):
-    from service.embed import FaceEmbedder
+    from service.models.embedder import FaceEmbedder
     from training.checkpoint import load_backbone
 
     out, _ = exported

@@ -79,7 +79,7 @@ def test_raw_photos_to_served_model(cli, test_data, tmp_path):
         assert onnx[key]["accuracy"] == pytest.approx(ckpt[key]["accuracy"], abs=2 / 20 + 1e-9)
         assert onnx[key]["auc"] == pytest.approx(ckpt[key]["auc"], abs=2 / 20 + 1e-9)
 
-    from service.manifest import Manifest
+    from service.models.manifest import Manifest
     from service.pipeline import FacePipeline
     from service.settings import Settings
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.manifest import Manifest, far_key
+from service.models.manifest import Manifest, far_key
 
 FARS = (1e-2, 1e-3, 1e-4, 1e-5)
 MIN_FALSE_ACCEPTS = 10

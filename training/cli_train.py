@@ -108,7 +108,7 @@ def eval_(
     metrics = evaluate(embedder, vset, roc, thresholds)
     results = {"model": str(model), "kind": kind, **metrics}
     if record:
-        from service.manifest import Manifest
+        from service.models.manifest import Manifest
 
         manifest_path = model.with_suffix(".json")
         manifest = Manifest.load(manifest_path)

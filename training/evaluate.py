@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from service.align import ARCFACE_112, align_face
-from service.embed import l2_normalize, preprocess
+from service.models.embedder import l2_normalize, preprocess
 from training.data.preprocess import SIZE, to_input
 from training.verification import at_thresholds, plot_roc, verification_metrics
 
@@ -63,7 +63,7 @@ class OnnxEmbedder:
     """An exported model loaded exactly as the service loads it (manifest, sha256, I/O check)."""
 
     def __init__(self, manifest_path: Path, batch_size: int = 64) -> None:
-        from service.model_store import load_model
+        from service.models.store import load_model
 
         self.model = load_model(str(manifest_path), Path(manifest_path).parent, Path(manifest_path).parent, device="cpu")
         self.batch_size = batch_size

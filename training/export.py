@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.embed import l2_normalize
-from service.manifest import Manifest, sha256_file
+from service.models.embedder import l2_normalize
+from service.models.manifest import Manifest
+from service.models.store import sha256_file
 from training.checkpoint import load_backbone
 from training.data.preprocess import ALIGNMENT, INPUT_SPEC, OUTPUT_NAME, SIZE, to_input
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from service.manifest import far_key
+from service.models.manifest import far_key
 
 FARS = (1e-1, 1e-2, 1e-3)
 

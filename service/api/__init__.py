@@ -1,1 +1,1 @@
-"""The HTTP layer: request/response schemas, body parsing, middleware and routes."""
+"""The HTTP layer: the app factory, middleware, request parsing, schemas and routes."""

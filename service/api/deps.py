@@ -1,15 +1,19 @@
-"""What routes share: the process-wide service objects, built in the app's lifespan."""
+"""What routes share: the process-wide service objects, built in the app's lifespan, as one
+`ServiceDep` dependency."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
-from service.auth import ApiKeys
-from service.gallery import Gallery
-from service.inference import Inference
+from service.api.auth import ApiKeys
+from service.engine import Engine
+from service.gallery.interface import GalleryStore
 from service.metrics import Metrics
+from service.models.model_set import ModelSet
+from service.readiness import Readiness
 from service.settings import Settings
 
 
@@ -18,9 +22,14 @@ class Service:
     settings: Settings
     metrics: Metrics
     keys: ApiKeys
-    inference: Inference
-    gallery: Gallery
+    models: ModelSet
+    readiness: Readiness
+    engine: Engine | None  # None unless ready: routes reach it only past readiness.require()
+    gallery: GalleryStore
 
 
 def get_service(request: Request) -> Service:
     return request.app.state.service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]

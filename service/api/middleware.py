@@ -10,8 +10,9 @@ import time
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import error_response
-from service.auth import ApiKeys
+from service.api.auth import ApiKeys
+from service.api.error_handlers import error_response
+from service.errors import BodyTooLarge, Unauthorized
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}
@@ -50,7 +51,7 @@ class ApiKeyAuth:
         if scope["type"] == "http" and self.keys.enabled and scope["path"] not in PUBLIC_PATHS:
             presented = dict(scope["headers"]).get(b"x-api-key", b"").decode("latin-1")
             if not self.keys.check(presented):
-                response = error_response(401, "unauthorized", "a valid X-API-Key header is required")
+                response = error_response(Unauthorized("a valid X-API-Key header is required"))
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -67,7 +68,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = error_response(413, "body_too_large", self._too_large(), headers={"Connection": "close"})
+            response = error_response(BodyTooLarge(self._too_large()), headers={"Connection": "close"})
             return await response(scope, receive, send)
         seen = 0
 
@@ -77,7 +78,9 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise HTTPException(413, self._too_large())  # answered by the HTTPException handler
+                    # An HTTPException, not BodyTooLarge: FastAPI turns any other error while it reads a
+                    # body into a 400; the handler answers 413 with BodyTooLarge's code.
+                    raise HTTPException(BodyTooLarge.status, self._too_large())
             return message
 
         await self.app(scope, capped, send)

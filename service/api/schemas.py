@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from service.detect import Face
-from service.gallery import Candidate, FaceRecord, Subject
+from service.gallery.interface import Candidate, FaceRecord, Subject
+from service.models.detector import Face
+from service.models.manifest import Manifest
+from service.strict import StrictModel
 
+INT64_MAX = 2**63 - 1  # SQLite's and FAISS's id range: larger numbers are bad input, not a crash
 SUBJECT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
 
 FarField = Field(None, description="False-accept rate whose manifest threshold decides (e.g. 1e-3 or \"1e-3\"); default FACEGATE_DEFAULT_FAR.", examples=["1e-3"])
@@ -18,11 +21,7 @@ AlignedField = Field(False, description="The images are already aligned 112×112
 PolicyField = Field("largest", description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one.")
 
 
-class _Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class VerifyOptions(_Options):
+class VerifyOptions(StrictModel):
     subject_id: str | None = Field(None, description="Compare image1 with this subject's enrolled faces (instead of image2).")
     far: float | str | None = FarField
     threshold: float | None = ThresholdField
@@ -30,7 +29,7 @@ class VerifyOptions(_Options):
     aligned: bool = AlignedField
 
 
-class IdentifyOptions(_Options):
+class IdentifyOptions(StrictModel):
     top_k: int = Field(5, ge=1, le=100, description="Candidates to return, one per subject.")
     far: float | str | None = FarField
     threshold: float | None = ThresholdField
@@ -39,11 +38,11 @@ class IdentifyOptions(_Options):
     aligned: bool = AlignedField
 
 
-class EmbedOptions(_Options):
+class EmbedOptions(StrictModel):
     aligned: bool = AlignedField
 
 
-class EnrollOptions(_Options):
+class EnrollOptions(StrictModel):
     face_policy: Literal["largest", "reject_multiple"] = PolicyField
     aligned: bool = AlignedField
 
@@ -58,6 +57,23 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+ERROR_STATUSES = {
+    400: "Undecodable image or JSON",
+    401: "Missing or invalid X-API-Key (when keys are configured)",
+    404: "Unknown subject or face",
+    409: "A subject with this id exists",
+    413: "Body or image too large",
+    415: "Unsupported content type or image format",
+    422: "Bad parameters, no face, multiple faces, low quality, unknown FAR",
+    503: "Model unavailable",
+}
+
+
+def error_responses(*statuses: int) -> dict:
+    """`responses=` entries for a route's error statuses, all in the one error schema."""
+    return {s: {"model": ErrorResponse, "description": ERROR_STATUSES[s]} for s in statuses}
+
+
 class FaceOut(BaseModel):
     box: list[float] = Field(description="x1, y1, x2, y2 in image pixels.", examples=[[61.2, 72.9, 183.4, 221.0]])
     landmarks: list[list[float]] = Field(description="5 (x, y) points: right eye, left eye, nose, right and left mouth corner.")
@@ -65,19 +81,17 @@ class FaceOut(BaseModel):
 
     @classmethod
     def of(cls, face: Face | None) -> FaceOut | None:
-        if face is None:
-            return None
-        return cls(
-            box=[round(float(v), 2) for v in face.box],
-            landmarks=[[round(float(x), 2), round(float(y), 2)] for x, y in face.landmarks],
-            score=round(face.score, 4),
-        )
+        return cls(**face.as_json()) if face is not None else None
 
 
 class ModelOut(BaseModel):
     name: str = Field(examples=["facegate-default"])
     version: str = Field(examples=["1.0"])
     sha256: str
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> ModelOut:
+        return cls(name=manifest.name, version=manifest.version, sha256=manifest.file.sha256)
 
 
 class VerifyResponse(BaseModel):
@@ -124,15 +138,13 @@ class EmbedResponse(BaseModel):
     model: ModelOut
 
 
-class SubjectIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SubjectIn(StrictModel):
     id: str | None = Field(None, pattern=SUBJECT_ID_PATTERN, description="Client-chosen id; a random one when omitted.", examples=["emp-1042"])
     name: str = Field(min_length=1, max_length=256, examples=["Ada Lovelace"])
     metadata: dict[str, Any] = Field(default_factory=dict, examples=[{"department": "R&D"}])
 
 
-class SubjectPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SubjectPatch(StrictModel):
     name: str | None = Field(None, min_length=1, max_length=256)
     metadata: dict[str, Any] | None = Field(None, description="Replaces the stored metadata.")
 

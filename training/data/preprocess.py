@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from service.align import TEMPLATES
-from service.embed import preprocess
-from service.manifest import InputSpec
+from service.models.embedder import preprocess
+from service.models.manifest import InputSpec
 
 ALIGNMENT = "arcface_112"
 SIZE = TEMPLATES[ALIGNMENT][1]

@@ -1,0 +1,87 @@
+"""The HTTP API: `create_app()` is a uvicorn factory (`service.api.app:create_app`, as `facegate
+serve` runs it) and takes explicit Settings in tests. Models and the gallery are opened in the
+lifespan, closed on shutdown."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from service import __version__
+from service.api import error_handlers
+from service.api.auth import ApiKeys
+from service.api.deps import Service
+from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestMetrics
+from service.api.routes import ROUTERS
+from service.engine import Engine
+from service.gallery.index import set_search_threads
+from service.gallery.store import SqliteGallery
+from service.metrics import Metrics
+from service.models.model_set import load_models
+from service.pipeline import FacePipeline
+from service.readiness import Readiness
+from service.settings import Settings
+
+log = logging.getLogger("facegate.app")
+
+DESCRIPTION = """Self-hosted face verification and identification.
+
+Image parameters take a multipart file part, or a base64 string under the same name in a JSON body.
+Every error answers `{"error": {"code": "...", "message": "..."}}`. When API keys are configured,
+every route but /healthz and /readyz needs an `X-API-Key` header."""
+
+
+def _openapi_with_api_key(app: FastAPI):
+    """Declare the X-API-Key scheme on every route the key middleware guards."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {"ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
+            for path, operations in schema["paths"].items():
+                if path not in PUBLIC_PATHS:
+                    for operation in operations.values():
+                        operation["security"] = [{"ApiKey": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    keys = ApiKeys.from_settings(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        set_search_threads(settings.search_threads)
+        models = load_models(settings)
+        for problem in models.problems:
+            log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
+        readiness = Readiness(models)
+        engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.ready else None
+        gallery = SqliteGallery.open(settings.data_dir, models.embedder_key)
+        metrics.watch_gallery(gallery.counts)
+        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
+        log.info("facegate ready=%s, api keys %s", readiness.ready, "on" if keys.enabled else "off")
+        try:
+            yield
+        finally:
+            if engine:
+                engine.close()
+            gallery.close()
+
+    app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    error_handlers.install(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.openapi = _openapi_with_api_key(app)
+    # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(ApiKeyAuth, keys=keys)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    return app

@@ -1,0 +1,137 @@
+"""Image requests in either encoding: multipart/form-data (files plus text fields) or a JSON object
+whose image fields hold base64 strings under the same names. Both end as the same options model
+and raw image bytes (`read_image_request`, the opening every image route shares), and
+`request_body` documents both in the OpenAPI schema."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+
+from service.errors import InvalidBase64, InvalidJson, InvalidParameters, UnsupportedMediaType
+from service.readiness import Readiness
+
+IMAGE = "An image (JPEG, PNG, WebP, BMP, GIF, TIFF): a file part, or base64 in a JSON body."
+Options = TypeVar("Options", bound=BaseModel)
+
+
+def validation_message(exc: ValidationError | Any) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def _b64(name: str, value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidParameters(f"{name}: a base64 string is expected in a JSON body")
+    if value.startswith("data:") and "base64," in value:
+        value = value.split("base64,", 1)[1]  # a data: URL as browsers make them
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidBase64(f"{name} is not valid base64") from None
+
+
+@dataclass(frozen=True)
+class ImageRequest(Generic[Options]):
+    options: Options
+    images: dict[str, bytes]  # by field name
+    many: list[bytes]  # the `multi` field's images, in order
+
+
+async def read_image_request(
+    request: Request,
+    readiness: Readiness,
+    options: type[Options],
+    required: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
+    multi: str | None = None,
+) -> ImageRequest[Options]:
+    """Parse the body, refuse while no model is usable (503), then require the `required` images."""
+    parsed, found, many = await _parse(request, options, required + optional, multi)
+    readiness.require()
+    for name in required:
+        if name not in found:
+            raise InvalidParameters(f"{name} is required")
+    return ImageRequest(parsed, found, many)
+
+
+async def _parse(request: Request, options: type[Options], images: tuple[str, ...], multi: str | None):
+    """(options, {field: bytes}, [bytes of the `multi` field]) from a multipart or JSON body."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    fields: dict[str, Any] = {}
+    found: dict[str, bytes] = {}
+    many: list[bytes] = []
+    if media == "multipart/form-data":
+        async with request.form() as form:
+            for name, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    if name == multi:
+                        many.append(await value.read())
+                    elif name in images:
+                        found[name] = await value.read()
+                    else:
+                        raise InvalidParameters(f"unexpected file field {name!r}; image fields are {', '.join(images + ((multi,) if multi else ()))}")
+                elif name in images or name == multi:
+                    raise InvalidParameters(f"{name} must be a file part in a multipart body (base64 strings belong in a JSON body)")
+                else:
+                    fields[name] = value
+    elif media == "application/json" or media.endswith("+json"):
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidJson(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidParameters("the JSON body must be an object")
+        for name, value in body.items():
+            if name == multi:
+                if not isinstance(value, list):
+                    raise InvalidParameters(f"{name}: a list of base64 strings is expected")
+                many.extend(_b64(f"{name}[{i}]", v) for i, v in enumerate(value))
+            elif name in images:
+                found[name] = _b64(name, value)
+            else:
+                fields[name] = value
+    else:
+        raise UnsupportedMediaType(f"unsupported content type {media or '(none)'!r}; send multipart/form-data or application/json")
+    try:
+        parsed = options.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidParameters(validation_message(exc)) from None
+    return parsed, found, many
+
+
+def request_body(options: type[BaseModel], images: dict[str, str], required: list[str], multi: tuple[str, str] | None = None, example: dict | None = None) -> dict:
+    """`openapi_extra` documenting a route's body in both encodings."""
+
+    def schema(image_type: dict) -> dict:
+        base = options.model_json_schema()
+        props = {name: {**image_type, "description": text} for name, text in images.items()}
+        if multi:
+            props[multi[0]] = {"type": "array", "items": image_type, "description": multi[1]}
+        out = {**base, "properties": {**props, **base.get("properties", {})}}
+        if required:
+            out["required"] = required
+        return out
+
+    json_schema = schema({"type": "string", "contentEncoding": "base64"})
+    if example:
+        json_schema["example"] = example
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {"schema": schema({"type": "string", "format": "binary"})},
+                "application/json": {"schema": json_schema},
+            },
+        }
+    }

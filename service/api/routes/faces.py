@@ -1,0 +1,111 @@
+"""A subject's enrolled faces: enroll (one image or bulk), list, delete. Every write is committed
+before its 2xx."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import Service, ServiceDep
+from service.api.requests import read_image_request, request_body
+from service.api.schemas import (
+    INT64_MAX,
+    EnrollBulkResponse,
+    EnrollItem,
+    EnrollOptions,
+    ErrorBody,
+    FaceOut,
+    FacePage,
+    StoredFaceOut,
+    error_responses,
+)
+from service.errors import EnrollmentFailed, FacegateError, InvalidParameters, LowQualityFace
+from service.gallery.interface import NewFace
+
+router = APIRouter(tags=["gallery"])
+
+
+@router.get("/subjects/{subject_id}/faces", response_model=FacePage, responses=error_responses(401, 404))
+def list_faces(subject_id: str, service: ServiceDep) -> FacePage:
+    key = service.models.embedder_key
+    records = service.gallery.list_faces(subject_id)
+    return FacePage(faces=[StoredFaceOut.of(r, key.sha256 if key else None) for r in records])
+
+
+@router.delete("/faces/{face_id}", status_code=204, response_class=Response, responses=error_responses(401, 404, 422))
+def delete_face(face_id: Annotated[int, Path(ge=1, le=INT64_MAX)], service: ServiceDep) -> Response:
+    service.gallery.delete_face(face_id)
+    return Response(status_code=204)
+
+
+async def _prepare(service: Service, data: bytes, options: EnrollOptions) -> NewFace:
+    """Detect, gate on quality, embed: a face ready to store (nothing is written here)."""
+    settings = service.settings
+    (found,) = await service.engine.faces(data, options.aligned, options.face_policy)
+    face = FaceOut.of(found.face)
+    if face is not None:
+        side = min(found.face.width, found.face.height)
+        if face.score < settings.enroll_min_score:
+            raise LowQualityFace(f"the face's detection score {face.score:.2f} is below the enrollment minimum {settings.enroll_min_score}")
+        if side < settings.enroll_min_face_size:
+            raise LowQualityFace(f"the face is {side:.0f} px on its short side; enrollment needs at least {settings.enroll_min_face_size}")
+    return NewFace(
+        embedding=found.embedding,
+        box=face.box if face else None,
+        landmarks=face.landmarks if face else None,
+        score=face.score if face else None,
+        crop_rgb=found.crop if settings.store_crops else None,
+    )
+
+
+@router.post(
+    "/subjects/{subject_id}/faces",
+    status_code=201,
+    response_model=StoredFaceOut | EnrollBulkResponse,
+    summary="Enroll faces of a subject",
+    description=(
+        "`image` enrolls its largest face (or 422 multiple_faces with face_policy=reject_multiple). "
+        "Several `images` enroll one face each and answer a per-image result; those that fail are skipped, "
+        "and 422 enrollment_failed says why when none succeeds. A quality gate refuses faces below "
+        "FACEGATE_ENROLL_MIN_SCORE or FACEGATE_ENROLL_MIN_FACE_SIZE (low_quality_face)."
+    ),
+    responses=error_responses(400, 401, 404, 413, 415, 422, 503),
+    openapi_extra=request_body(
+        EnrollOptions,
+        {"image": "One image: a file part, or base64 in a JSON body."},
+        [],
+        multi=("images", "Several images for bulk enrollment (repeat the file part, or a JSON list of base64 strings)."),
+        example={"image": "<base64>"},
+    ),
+)
+async def enroll(subject_id: str, request: Request, service: ServiceDep):
+    body = await read_image_request(request, service.readiness, EnrollOptions, optional=("image",), multi="images")
+    options, images, many, gallery = body.options, body.images, body.many, service.gallery
+    if bool(images) == bool(many):
+        raise InvalidParameters("give image, or images for bulk enrollment (not both)")
+    if len(many) > service.settings.max_bulk_images:
+        raise InvalidParameters(f"{len(many)} images; one request enrolls at most {service.settings.max_bulk_images} (FACEGATE_MAX_BULK_IMAGES)")
+    await run_in_threadpool(gallery.get_subject, subject_id)  # 404 before any model work
+    sha = service.models.embedder_key.sha256
+    if images:
+        prepared = await _prepare(service, images["image"], options)
+        (record,) = await run_in_threadpool(gallery.add_faces, subject_id, [prepared])
+        return StoredFaceOut.of(record, sha)
+    outcomes = await asyncio.gather(*(_prepare(service, data, options) for data in many), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, FacegateError):
+            raise outcome
+    ready = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, NewFace)]
+    errors = {i: ErrorBody(code=o.code, message=o.message) for i, o in enumerate(outcomes) if isinstance(o, FacegateError)}
+    if not ready:
+        details = [{"index": i, "code": e.code, "message": e.message} for i, e in errors.items()]
+        raise EnrollmentFailed(f"none of the {len(many)} images could be enrolled", details)
+    records = await run_in_threadpool(gallery.add_faces, subject_id, [o for _, o in ready])
+    stored = {i: StoredFaceOut.of(r, sha) for (i, _), r in zip(ready, records)}
+    return EnrollBulkResponse(
+        enrolled=len(records),
+        results=[EnrollItem(index=i, face=stored.get(i), error=errors.get(i)) for i in range(len(many))],
+    )

@@ -1,0 +1,42 @@
+"""POST /identify: who is this? A 1:N search of the gallery."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import ServiceDep
+from service.api.requests import IMAGE, read_image_request, request_body
+from service.api.schemas import CandidateOut, FaceOut, IdentifyOptions, IdentifyResponse, IdentifyResult, ModelOut, error_responses
+from service.decision import decide
+
+router = APIRouter(tags=["recognition"])
+
+
+@router.post(
+    "/identify",
+    response_model=IdentifyResponse,
+    summary="Who is this? (1:N search of the gallery)",
+    description="Candidates ranked by subject; `match` is null when the best one is below the threshold: the person is unknown.",
+    responses=error_responses(400, 401, 413, 415, 422, 503),
+    openapi_extra=request_body(IdentifyOptions, {"image": IMAGE}, ["image"], example={"image": "<base64>", "top_k": 5}),
+)
+async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
+    body = await read_image_request(request, service.readiness, IdentifyOptions, required=("image",))
+    options = body.options
+    manifest = service.models.embedder.manifest
+    decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
+    policy = "all" if options.faces == "all" else options.face_policy
+    found = await service.engine.faces(body.images["image"], options.aligned, policy)
+    results = []
+    for face in found:
+        ranked = [CandidateOut.of(c) for c in await run_in_threadpool(service.gallery.search, face.embedding, options.top_k)]
+        match = ranked[0] if ranked and decision.matches(ranked[0].similarity) else None
+        results.append(IdentifyResult(face=FaceOut.of(face.face), candidates=ranked, match=match))
+    return IdentifyResponse(
+        **results[0].model_dump(),
+        threshold=decision.threshold,
+        far=decision.far,
+        model=ModelOut.of(manifest),
+        results=results if options.faces == "all" else None,
+    )

@@ -1,0 +1,37 @@
+"""Operations: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from service.api.deps import ServiceDep
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    """The process is alive (says nothing about models)."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
+)
+async def readyz(service: ServiceDep) -> JSONResponse:
+    """Models loaded (names, sha256, active onnxruntime providers) and gallery size; 503 until the embedder is usable."""
+    report = service.readiness.report()
+    report["gallery"] = await run_in_threadpool(service.gallery.counts)
+    report["gallery"]["incompatible_models"] = service.gallery.incompatible
+    return JSONResponse(report, status_code=200 if report["ready"] else 503)
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+def metrics(service: ServiceDep) -> Response:
+    """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size."""
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,60 @@
+"""POST /verify: are two faces (or a face and an enrolled subject) the same person?"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import ServiceDep
+from service.api.requests import IMAGE, read_image_request, request_body
+from service.api.schemas import FaceOut, ModelOut, VerifyOptions, VerifyResponse, error_responses
+from service.decision import decide
+from service.errors import InvalidParameters, NoEnrolledFaces
+
+router = APIRouter(tags=["recognition"])
+
+
+@router.post(
+    "/verify",
+    response_model=VerifyResponse,
+    summary="Are two faces the same person?",
+    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = max over the subject's enrolled faces).",
+    responses=error_responses(400, 401, 404, 413, 415, 422, 503),
+    openapi_extra=request_body(
+        VerifyOptions,
+        {"image1": IMAGE, "image2": IMAGE + " Omit when subject_id is given."},
+        ["image1"],
+        example={"image1": "<base64>", "image2": "<base64>", "far": "1e-3"},
+    ),
+)
+async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
+    body = await read_image_request(request, service.readiness, VerifyOptions, required=("image1",), optional=("image2",))
+    options, images, engine = body.options, body.images, service.engine
+    if ("image2" in images) == (options.subject_id is not None):
+        raise InvalidParameters("give exactly one of image2 and subject_id")
+    manifest = service.models.embedder.manifest
+    decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
+    policy = options.face_policy
+    if options.subject_id is not None:
+        enrolled = await run_in_threadpool(service.gallery.subject_embeddings, options.subject_id)
+        if len(enrolled) == 0:
+            raise NoEnrolledFaces(f"subject {options.subject_id!r} has no face enrolled with the active embedder")
+        (probe,) = await engine.faces(images["image1"], options.aligned, policy)
+        similarity = float(np.max(enrolled @ probe.embedding))
+        faces = [FaceOut.of(probe.face)]
+    else:
+        (a,), (b,) = await asyncio.gather(engine.faces(images["image1"], options.aligned, policy), engine.faces(images["image2"], options.aligned, policy))
+        similarity = float(a.embedding @ b.embedding)
+        faces = [FaceOut.of(a.face), FaceOut.of(b.face)]
+    return VerifyResponse(
+        match=decision.matches(similarity),
+        similarity=round(similarity, 6),
+        threshold=decision.threshold,
+        far=decision.far,
+        faces=faces,
+        subject_id=options.subject_id,
+        model=ModelOut.of(manifest),
+    )

@@ -1,0 +1,83 @@
+"""What a gallery store offers the API and the CLI: the records it returns and the methods it
+implements. `SqliteGallery` (store.py) is the one store today; another (PostgreSQL) implements the
+same protocol beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Subject:
+    id: str
+    name: str
+    metadata: dict[str, Any]
+    created: float
+    updated: float
+    face_count: int
+
+
+@dataclass(frozen=True)
+class NewFace:
+    embedding: np.ndarray
+    box: list[float] | None = None
+    landmarks: list[list[float]] | None = None
+    score: float | None = None
+    crop_rgb: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class FaceRecord:
+    id: int
+    subject_id: str
+    box: list[float] | None
+    landmarks: list[list[float]] | None
+    score: float | None
+    model_name: str
+    model_sha256: str
+    created: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    subject_id: str
+    name: str
+    similarity: float
+    face_id: int
+
+
+class GalleryStore(Protocol):
+    """Every write is durable before it returns; faces made by another embedder than the active one
+    are stored but never compared (`incompatible` counts them by model)."""
+
+    incompatible: dict[str, int]
+
+    def close(self) -> None: ...
+
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject: ...
+
+    def get_subject(self, subject_id: str) -> Subject: ...
+
+    def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]: ...
+
+    def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject: ...
+
+    def delete_subject(self, subject_id: str) -> int: ...
+
+    def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]: ...
+
+    def list_faces(self, subject_id: str) -> list[FaceRecord]: ...
+
+    def delete_face(self, face_id: int) -> None: ...
+
+    def subject_embeddings(self, subject_id: str) -> np.ndarray: ...
+
+    def search(self, query: np.ndarray, top_k: int) -> list[Candidate]: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], batch: int = 64) -> tuple[int, int]: ...

@@ -1,0 +1,326 @@
+"""The SQLite gallery store: SQLite is the source of truth (WAL, synchronous=FULL, committed before any 2xx);
+an in-memory vector index mirrors the faces made by the active embedder and is rebuilt at start-up.
+
+One lock serializes the connection and keeps the index in step with the database: a face enters
+the index only after its row is committed, and leaves it as soon as its delete is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.gallery.index import FaissIndex, VectorIndex
+from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
+from service.models.manifest import EmbedderKey
+
+log = logging.getLogger("facegate.gallery")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS subjects (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS subjects_created ON subjects (created, id);
+CREATE TABLE IF NOT EXISTS faces (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: an id in flight cannot alias a new face
+    subject_id TEXT NOT NULL REFERENCES subjects (id) ON DELETE CASCADE,
+    embedding BLOB NOT NULL,               -- float32 little-endian, L2-normalized
+    model_name TEXT NOT NULL,
+    model_sha256 TEXT NOT NULL,
+    box TEXT,                              -- JSON [x1, y1, x2, y2]; NULL for an aligned upload
+    landmarks TEXT,
+    score REAL,
+    crop BLOB,                             -- PNG of the aligned crop, only with FACEGATE_STORE_CROPS
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS faces_subject ON faces (subject_id);
+CREATE INDEX IF NOT EXISTS faces_model ON faces (model_sha256);
+"""
+
+DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
+LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
+
+
+def encode_crop(crop_rgb: np.ndarray) -> bytes:
+    ok, png = cv2.imencode(".png", np.ascontiguousarray(crop_rgb[..., ::-1]))
+    if not ok:
+        raise ValueError("cannot encode the aligned crop")
+    return png.tobytes()
+
+
+def decode_crop(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+
+
+def _blob(embedding: np.ndarray) -> bytes:
+    return np.asarray(embedding, dtype="<f4").tobytes()
+
+
+class SqliteGallery(GalleryStore):
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: VectorIndex | None):
+        """`index` mirrors the embedder's faces for search; None where nothing is searched (no
+        embedder loaded, or a CLI maintenance command)."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.embedder = embedder
+        self._lock = threading.RLock()
+        # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+            self._db.execute(f"PRAGMA {pragma}")
+        self._db.executescript(SCHEMA)
+        self.index = index
+        self.incompatible: dict[str, int] = {}
+        self._load_index()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A transaction committed (durably: synchronous=FULL) before the caller answers."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:  # also after a failed COMMIT (disk full): leave no open transaction
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _load_index(self) -> None:
+        """Fill the index from SQLite; report faces another model made (they are never compared)."""
+        with self._lock:
+            rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
+            for name, sha, count in rows:
+                if self.embedder is None or sha != self.embedder.sha256:
+                    self.incompatible[f"{name}@{sha[:12]}"] = count
+            if self.incompatible:
+                log.warning(
+                    "%d enrolled faces were made by another embedder than the active one and are not searched: %s; "
+                    "re-embed them with `facegate gallery reembed` (needs FACEGATE_STORE_CROPS at enrollment) or re-enroll",
+                    sum(self.incompatible.values()),
+                    self.incompatible,
+                )
+            if self.index is None:
+                return
+            cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
+            while rows := cursor.fetchmany(10_000):
+                ids = np.array([r[0] for r in rows], np.int64)
+                vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+                self.index.add(ids, vectors)
+        log.info("gallery %s: %d faces searchable", self.path, self.index.size)
+
+    @classmethod
+    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True) -> SqliteGallery:
+        """The gallery under FACEGATE_DATA_DIR, with an exact FAISS index when an embedder is active."""
+        index = FaissIndex(embedder.dim) if embedder and searchable else None
+        return cls(Path(data_dir) / DATABASE, embedder, index)
+
+    # subjects
+
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject:
+        subject_id = subject_id or uuid.uuid4().hex
+        now = time.time()
+        try:
+            with self._write() as db:
+                db.execute(
+                    "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, ?, ?, ?)",
+                    (subject_id, name, json.dumps(metadata), now, now),
+                )
+        except sqlite3.IntegrityError:
+            raise SubjectExists(f"a subject with id {subject_id!r} already exists") from None
+        return Subject(subject_id, name, metadata, now, now, 0)
+
+    def _subject_rows(self, where: str, params: tuple) -> list[Subject]:
+        sql = (
+            "SELECT s.id, s.name, s.metadata, s.created, s.updated, "
+            "(SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s " + where
+        )
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [Subject(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5]) for r in rows]
+
+    def get_subject(self, subject_id: str) -> Subject:
+        rows = self._subject_rows("WHERE s.id = ?", (subject_id,))
+        if not rows:
+            raise SubjectNotFound(f"no subject with id {subject_id!r}")
+        return rows[0]
+
+    def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
+        with self._lock:
+            total = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
+            return self._subject_rows("ORDER BY s.created, s.id LIMIT ? OFFSET ?", (limit, offset)), total
+
+    def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
+        with self._write() as db:
+            current = db.execute("SELECT name, metadata FROM subjects WHERE id = ?", (subject_id,)).fetchone()
+            if current is None:
+                raise SubjectNotFound(f"no subject with id {subject_id!r}")
+            db.execute(
+                "UPDATE subjects SET name = ?, metadata = ?, updated = ? WHERE id = ?",
+                (name if name is not None else current[0], json.dumps(metadata) if metadata is not None else current[1], time.time(), subject_id),
+            )
+        return self.get_subject(subject_id)
+
+    def delete_subject(self, subject_id: str) -> int:
+        """Delete a subject and its faces from the database and the index; the number of faces."""
+        with self._lock:
+            with self._write() as db:
+                ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ?", (subject_id,))]
+                if db.execute("DELETE FROM subjects WHERE id = ?", (subject_id,)).rowcount == 0:
+                    raise SubjectNotFound(f"no subject with id {subject_id!r}")
+            if self.index is not None:
+                self.index.remove(np.array(ids, np.int64))
+        return len(ids)
+
+    # faces
+
+    def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:
+        """Commit the faces, then make them searchable; all or none."""
+        if self.embedder is None:
+            raise RuntimeError("faces cannot be enrolled without an embedder")
+        now = time.time()
+        rows = [
+            (
+                subject_id,
+                _blob(face.embedding),
+                self.embedder.name,
+                self.embedder.sha256,
+                json.dumps(face.box) if face.box is not None else None,
+                json.dumps(face.landmarks) if face.landmarks is not None else None,
+                face.score,
+                encode_crop(face.crop_rgb) if face.crop_rgb is not None else None,
+                now,
+            )
+            for face in faces
+        ]
+        with self._lock:  # held past the commit, so no delete runs between the commit and the index add
+            with self._write() as db:
+                if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
+                    raise SubjectNotFound(f"no subject with id {subject_id!r}")
+                insert = (
+                    "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                )
+                ids = [db.execute(insert, row).lastrowid for row in rows]
+            if self.index is not None:
+                self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
+        key = self.embedder
+        return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces)]
+
+    def list_faces(self, subject_id: str) -> list[FaceRecord]:
+        self.get_subject(subject_id)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces WHERE subject_id = ? ORDER BY id",
+                (subject_id,),
+            ).fetchall()
+        return [
+            FaceRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, json.loads(r[3]) if r[3] else None, r[4], r[5], r[6], r[7]) for r in rows
+        ]
+
+    def delete_face(self, face_id: int) -> None:
+        with self._lock:
+            with self._write() as db:
+                if db.execute("DELETE FROM faces WHERE id = ?", (face_id,)).rowcount == 0:
+                    raise FaceNotFound(f"no face with id {face_id}")
+            if self.index is not None:
+                self.index.remove(np.array([face_id], np.int64))
+
+    def subject_embeddings(self, subject_id: str) -> np.ndarray:
+        """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
+        self.get_subject(subject_id)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT embedding FROM faces WHERE subject_id = ? AND model_sha256 = ?", (subject_id, self.embedder.sha256)
+            ).fetchall()
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
+
+    # search
+
+    def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
+        """The top_k subjects by their best face's similarity, best first; each subject once.
+
+        The index ranks faces, so it is asked for more neighbours until top_k distinct subjects
+        are found or the whole index has been seen. Faces deleted while the search ran are dropped.
+        """
+        if self.index is None:
+            return []
+        k = max(4 * top_k, 16)
+        while True:
+            size = self.index.size
+            scores, ids = self.index.search(query[None], min(k, size))
+            names = self._subjects_of([int(i) for i in ids[0] if i >= 0])
+            best: dict[str, Candidate] = {}
+            for score, face_id in zip(scores[0], ids[0]):
+                owner = names.get(int(face_id))
+                if owner and owner[0] not in best:
+                    best[owner[0]] = Candidate(owner[0], owner[1], float(score), int(face_id))
+            if len(best) >= top_k or k >= size:
+                return list(best.values())[:top_k]
+            k *= 4
+
+    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
+        out: dict[int, tuple[str, str]] = {}
+        with self._lock:
+            for start in range(0, len(face_ids), LOOKUP_CHUNK):
+                chunk = face_ids[start : start + LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT f.id, s.id, s.name FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id IN ({marks})", chunk
+                )
+                out.update((r[0], (r[1], r[2])) for r in rows)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            subjects = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
+            faces = self._db.execute("SELECT COUNT(*) FROM faces").fetchone()[0]
+        searchable = self.index.size if self.index is not None else 0
+        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+
+    # maintenance
+
+    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], batch: int = 64) -> tuple[int, int]:
+        """Re-embed, from their stored crops, faces another model made: (re-embedded, without a crop).
+
+        Run it while no server uses this database; the server rebuilds its index at start-up.
+        """
+        key = self.embedder
+        done = 0
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT id, crop FROM faces WHERE model_sha256 != ? AND crop IS NOT NULL LIMIT ?", (key.sha256, batch)
+                ).fetchall()
+            if not rows:
+                break
+            vectors = embed(np.stack([decode_crop(r[1]) for r in rows]))
+            with self._write() as db:
+                db.executemany(
+                    "UPDATE faces SET embedding = ?, model_name = ?, model_sha256 = ? WHERE id = ?",
+                    [(_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors)],
+                )
+            done += len(rows)
+        with self._lock:
+            missing = self._db.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != ? AND crop IS NULL", (key.sha256,)).fetchone()[0]
+        return done, missing

@@ -1,0 +1,126 @@
+"""YuNet face detection through onnxruntime (not cv2.FaceDetectorYN), so the GPU provider logic
+serves the detector too. The output decoding is hand-written: no library exposes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+
+from service.models.manifest import Manifest
+
+STRIDES = (8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Face:
+    """One detection in image pixels.
+
+    box: x1, y1, x2, y2. landmarks: 5×2 (x, y) — subject's right eye, left eye, nose tip, right
+    mouth corner, left mouth corner; on an upright face the first eye and first mouth corner have
+    the smaller x (the ArcFace template's order).
+    """
+
+    box: np.ndarray
+    landmarks: np.ndarray
+    score: float
+
+    @property
+    def width(self) -> float:
+        return float(self.box[2] - self.box[0])
+
+    @property
+    def height(self) -> float:
+        return float(self.box[3] - self.box[1])
+
+    @property
+    def area(self) -> float:
+        return self.width * self.height
+
+    def as_json(self) -> dict:
+        """box, landmarks and score as rounded JSON numbers, as the API and the CLI print them."""
+        return {
+            "box": [round(float(v), 2) for v in self.box],
+            "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in self.landmarks],
+            "score": round(self.score, 4),
+        }
+
+
+class FaceDetector:
+    def __init__(
+        self,
+        manifest: Manifest,
+        session: ort.InferenceSession,
+        score_threshold: float = 0.6,
+        nms_threshold: float = 0.3,
+        min_face_size: int = 20,
+        top_k: int = 5000,
+    ):
+        self.manifest = manifest
+        self.session = session
+        self.score_threshold = score_threshold
+        self.nms_threshold = nms_threshold
+        self.min_face_size = min_face_size
+        self.top_k = top_k
+        self.input_name = manifest.input.name
+        self.width, self.height = manifest.input.width, manifest.input.height
+        self.output_names = [f"{kind}_{s}" for s in STRIDES for kind in ("cls", "obj", "bbox", "kps")]
+        # Anchor-free grid: each output row is the cell (col, row) of its stride, row-major.
+        self._grid = {}
+        for stride in STRIDES:
+            cols, rows = self.width // stride, self.height // stride
+            xs, ys = np.meshgrid(np.arange(cols, dtype=np.float32), np.arange(rows, dtype=np.float32))
+            self._grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
+
+    def _letterbox(self, image: np.ndarray) -> tuple[np.ndarray, float]:
+        """Scale to fit the fixed network input keeping the aspect ratio; pad right/bottom."""
+        h, w = image.shape[:2]
+        scale = min(self.width / w, self.height / h)
+        new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
+        interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
+        canvas = np.zeros((self.height, self.width, 3), dtype=np.uint8)
+        canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
+        return canvas, scale
+
+    def _decode(self, outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        boxes, landmarks, scores = [], [], []
+        for stride in STRIDES:
+            cls = outputs[f"cls_{stride}"][0, :, 0]
+            obj = outputs[f"obj_{stride}"][0, :, 0]
+            score = np.sqrt(np.clip(cls, 0, 1) * np.clip(obj, 0, 1))
+            keep = score >= self.score_threshold
+            if not keep.any():
+                continue
+            grid = self._grid[stride][keep]
+            bbox = outputs[f"bbox_{stride}"][0][keep]
+            kps = outputs[f"kps_{stride}"][0][keep].reshape(-1, 5, 2)
+            centre = (grid + bbox[:, :2]) * stride
+            size = np.exp(bbox[:, 2:4]) * stride
+            boxes.append(np.concatenate([centre - size / 2, size], axis=1))  # x, y, w, h
+            landmarks.append((kps + grid[:, None, :]) * stride)
+            scores.append(score[keep])
+        if not boxes:
+            return np.zeros((0, 4), np.float32), np.zeros((0, 5, 2), np.float32), np.zeros((0,), np.float32)
+        return np.concatenate(boxes), np.concatenate(landmarks), np.concatenate(scores)
+
+    def detect(self, image_bgr: np.ndarray) -> list[Face]:
+        """Faces sorted by box area, largest first."""
+        canvas, scale = self._letterbox(image_bgr)
+        blob = canvas.transpose(2, 0, 1)[None].astype(np.float32)
+        values = self.session.run(self.output_names, {self.input_name: blob})
+        boxes, landmarks, scores = self._decode(dict(zip(self.output_names, values)))
+        if len(scores) == 0:
+            return []
+        keep = cv2.dnn.NMSBoxes(boxes.tolist(), scores.tolist(), self.score_threshold, self.nms_threshold, top_k=self.top_k)
+        h, w = image_bgr.shape[:2]
+        faces = []
+        for i in np.asarray(keep).reshape(-1):
+            x, y, bw, bh = boxes[i] / scale
+            box = np.array([max(0.0, x), max(0.0, y), min(float(w), x + bw), min(float(h), y + bh)], dtype=np.float32)
+            face = Face(box=box, landmarks=(landmarks[i] / scale).astype(np.float32), score=float(scores[i]))
+            if min(face.width, face.height) >= self.min_face_size:
+                faces.append(face)
+        faces.sort(key=lambda f: f.area, reverse=True)
+        return faces

@@ -1,0 +1,138 @@
+"""The model manifest: the one contract between training (which writes it) and serving (which
+refuses any model file that does not match it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from service.errors import ModelError
+from service.strict import StrictModel
+
+ALIGNMENTS = ("arcface_112",)
+
+
+def far_key(far: float | str) -> str:
+    """Canonical text of a false-accept rate, e.g. 0.001 → "1e-3", so lookups never miss on spelling."""
+    value = float(far)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"FAR must be in (0, 1), got {far}")
+    exponent = math.floor(math.log10(value))
+    mantissa = round(value / 10**exponent, 6)
+    if mantissa == 10:
+        mantissa, exponent = 1, exponent + 1
+    mantissa_text = f"{mantissa:g}"
+    return f"{mantissa_text}e{exponent}"
+
+
+class FileSpec(StrictModel):
+    name: str = Field(description="File name, looked up beside the manifest, then in the model cache.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(gt=0)
+    url: str | None = Field(None, description="Official download location for `facegate models pull`.")
+
+
+class TensorSpec(StrictModel):
+    name: str
+    shape: list[int | str] = Field(description="Dimensions; a string (e.g. 'batch') is a dynamic axis.")
+
+
+class InputSpec(TensorSpec):
+    layout: Literal["NCHW"] = "NCHW"
+    color: Literal["RGB", "BGR"]
+    mean: list[float] | None = Field(None, description="Per-channel mean subtracted from 0–255 values; None = raw.")
+    std: list[float] | None = Field(None, description="Per-channel divisor after the mean; None = raw.")
+
+    @model_validator(mode="after")
+    def _mean_std_together(self) -> InputSpec:
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("mean and std are given together, or neither (raw 0–255 input)")
+        for values in (self.mean, self.std):
+            if values is not None and len(values) != 3:
+                raise ValueError("mean and std have one value per colour channel")
+        if len(self.shape) != 4:
+            raise ValueError("input shape is [batch, channels, height, width]")
+        return self
+
+    @property
+    def height(self) -> int:
+        return int(self.shape[2])
+
+    @property
+    def width(self) -> int:
+        return int(self.shape[3])
+
+
+class Manifest(StrictModel):
+    schema_version: Literal[1] = 1
+    name: str
+    version: str
+    task: Literal["detector", "embedder"]
+    file: FileSpec
+    input: InputSpec
+    outputs: list[TensorSpec] = Field(min_length=1)
+    embedding_dim: int | None = Field(None, gt=0)
+    alignment: str | None = Field(None, description="Face alignment the embedder expects, e.g. arcface_112.")
+    thresholds: dict[str, float] = Field(default_factory=dict, description="FAR → cosine threshold.")
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    license: dict[str, str] = Field(description="At least 'name'; 'terms' for usage restrictions.")
+
+    @field_validator("thresholds")
+    @classmethod
+    def _canonical_far(cls, value: dict[str, float]) -> dict[str, float]:
+        return {far_key(k): float(v) for k, v in value.items()}
+
+    @field_validator("license")
+    @classmethod
+    def _license_named(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value.get("name"):
+            raise ValueError("license needs a 'name'")
+        return value
+
+    @model_validator(mode="after")
+    def _embedder_fields(self) -> Manifest:
+        if self.task == "embedder":
+            if self.embedding_dim is None:
+                raise ValueError("an embedder manifest needs embedding_dim")
+            if self.alignment not in ALIGNMENTS:
+                raise ValueError(f"an embedder manifest needs alignment, one of {ALIGNMENTS}")
+            if len(self.outputs) != 1:
+                raise ValueError("an embedder has exactly one output")
+        return self
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        try:
+            return cls.model_validate_json(Path(path).read_bytes())
+        except FileNotFoundError:
+            raise ModelError(f"model manifest not found: {path}") from None
+        except ValueError as exc:
+            raise ModelError(f"invalid model manifest {path}: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+
+    def threshold(self, far: float | str) -> float:
+        key = far_key(far)
+        if key not in self.thresholds:
+            raise KeyError(key)
+        return self.thresholds[key]
+
+
+@dataclass(frozen=True)
+class EmbedderKey:
+    """Which model made an embedding: only embeddings of the same embedder are compared."""
+
+    name: str
+    sha256: str
+    dim: int
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> EmbedderKey:
+        return cls(manifest.name, manifest.file.sha256, manifest.embedding_dim)

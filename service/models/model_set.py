@@ -1,0 +1,53 @@
+"""The service's two models, loaded once from settings. A model that cannot be loaded is recorded
+as a problem with its fix instead of stopping the process: the service starts and /readyz says why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.errors import ModelError
+from service.models.manifest import EmbedderKey
+from service.models.store import LoadedModel, load_model
+from service.settings import Settings
+
+FIXES = {
+    "detector": "run `facegate models pull` (downloads it into FACEGATE_MODEL_CACHE) or point FACEGATE_MODEL_CACHE at a folder holding it",
+    "embedder": "set FACEGATE_EMBEDDER to an embedder manifest (a name in FACEGATE_MODELS_DIR or a path to its .json) whose model file sits beside it or in FACEGATE_MODEL_CACHE",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    model: str  # the role: detector or embedder
+    name: str
+    error: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    detector: LoadedModel | None
+    embedder: LoadedModel | None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def embedder_key(self) -> EmbedderKey | None:
+        return EmbedderKey.of(self.embedder.manifest) if self.embedder else None
+
+    def require(self, *roles: str) -> None:
+        """Raise the load error of the first of `roles` that is missing (the CLI's start-up check)."""
+        for problem in self.problems:
+            if problem.model in roles:
+                raise ModelError(problem.error)
+
+
+def load_models(settings: Settings) -> ModelSet:
+    loaded: dict[str, LoadedModel | None] = {}
+    problems = []
+    for role, name in (("detector", settings.detector), ("embedder", settings.embedder)):
+        try:
+            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, settings.device, settings.intra_op_threads)
+        except ModelError as exc:
+            loaded[role] = None
+            problems.append(Problem(role, name, str(exc), FIXES[role]))
+    return ModelSet(loaded["detector"], loaded["embedder"], problems)

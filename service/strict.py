@@ -1,0 +1,8 @@
+"""The one strict pydantic base: an unknown field is an error, never silently dropped (manifests,
+request options and bodies alike)."""
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")

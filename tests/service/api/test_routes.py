@@ -1,0 +1,360 @@
+"""Every route through the app (httpx TestClient, lifespan run), both image encodings, every error
+code, pagination, FAR choices and deletes leaving search. Uses the test embedder (not a face model:
+similarities here prove the mechanics, not recognition) and the real YuNet detector on LFW images."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+from pydantic import SecretStr
+
+from tests.conftest import LFW_PEOPLE, aligned_crop_png
+
+BUSH, POWELL, BLAIR = LFW_PEOPLE[:3]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def error(response, status: int, code: str) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and body["error"]["code"] == code, body
+    return body["error"]["message"]
+
+
+def new_subject(api, subject_id: str, name: str | None = None) -> dict:
+    response = api.post("/subjects", json={"id": subject_id, "name": name or subject_id})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def enroll(api, subject_id: str, image: bytes, **fields) -> dict:
+    response = api.post(f"/subjects/{subject_id}/faces", files={"image": image}, data=fields)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+# recognition routes
+
+
+def test_verify_both_encodings_agree(api, lfw_faces):
+    a, b = lfw_faces[BUSH][0], lfw_faces[POWELL][0]
+    multipart = api.post("/verify", files={"image1": a, "image2": b})
+    as_json = api.post("/verify", json={"image1": b64(a), "image2": b64(b)})
+    assert multipart.status_code == as_json.status_code == 200
+    m, j = multipart.json(), as_json.json()
+    assert m["similarity"] == pytest.approx(j["similarity"], abs=1e-6)
+    assert m["far"] == "1e-3" and m["threshold"] == 0.9  # the default FAR's manifest threshold
+    assert m["match"] is (m["similarity"] >= m["threshold"])
+    assert len(m["faces"]) == 2 and len(m["faces"][0]["landmarks"]) == 5 and len(m["faces"][0]["box"]) == 4
+    assert m["model"]["name"] == "test-embedder"
+
+
+def test_verify_same_image_matches_and_far_choices(api, lfw_faces):
+    image = lfw_faces[BUSH][0]
+    same = api.post("/verify", files={"image1": image, "image2": image}).json()
+    assert same["match"] and same["similarity"] > 0.999
+    at_1e2 = api.post("/verify", files={"image1": image, "image2": image}, data={"far": "0.01"}).json()
+    assert (at_1e2["far"], at_1e2["threshold"]) == ("1e-2", 0.8)
+    explicit = api.post("/verify", json={"image1": b64(image), "image2": b64(image), "threshold": 1.0}).json()
+    assert explicit["far"] is None and explicit["threshold"] == 1.0
+    message = error(api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-5"}), 422, "unknown_far")
+    assert "1e-3" in message and "1e-2" in message
+    error(api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-3", "threshold": "0.5"}), 422, "invalid_parameters")
+
+
+def test_verify_against_a_subject_uses_the_best_enrolled_face(api, lfw_faces):
+    new_subject(api, "bush")
+    enroll(api, "bush", lfw_faces[POWELL][0])  # a poor face for this subject: the max must ignore it
+    enroll(api, "bush", lfw_faces[BUSH][0])
+    result = api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "bush"}).json()
+    assert result["match"] and result["similarity"] > 0.999 and result["subject_id"] == "bush" and len(result["faces"]) == 1
+    error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "nobody"}), 404, "subject_not_found")
+    new_subject(api, "empty")
+    error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "empty"}), 422, "no_enrolled_faces")
+    error(api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][0]}, data={"subject_id": "bush"}), 422, "invalid_parameters")
+    error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}), 422, "invalid_parameters")
+
+
+def test_face_policy_and_multiple_faces(api, two_faces_jpeg, lfw_faces):
+    largest = api.post("/verify", files={"image1": two_faces_jpeg, "image2": lfw_faces[BUSH][0]})
+    assert largest.status_code == 200
+    error(
+        api.post("/verify", files={"image1": two_faces_jpeg, "image2": lfw_faces[BUSH][0]}, data={"face_policy": "reject_multiple"}),
+        422,
+        "multiple_faces",
+    )
+    error(api.post("/verify", files={"image1": two_faces_jpeg, "image2": two_faces_jpeg}, data={"face_policy": "sometimes"}), 422, "invalid_parameters")
+
+
+def test_identify_ranks_subjects_and_says_unknown(api, lfw_faces):
+    for name in (BUSH, POWELL, BLAIR):
+        new_subject(api, name.lower(), name)
+        enroll(api, name.lower(), lfw_faces[name][0])
+    enroll(api, "george_w_bush", lfw_faces[BUSH][1])  # a second face: the subject must still appear once
+    found = api.post("/identify", files={"image": lfw_faces[POWELL][0]}).json()
+    assert found["match"]["subject_id"] == "colin_powell" and found["match"]["name"] == POWELL
+    ids = [c["subject_id"] for c in found["candidates"]]
+    assert sorted(ids) == sorted({"george_w_bush", "colin_powell", "tony_blair"}) and ids[0] == "colin_powell"
+    sims = [c["similarity"] for c in found["candidates"]]
+    assert sims == sorted(sims, reverse=True)
+    assert found["far"] == "1e-3" and found["face"]["score"] > 0.5 and found["results"] is None
+    top1 = api.post("/identify", json={"image": b64(lfw_faces[POWELL][0]), "top_k": 1}).json()
+    assert [c["subject_id"] for c in top1["candidates"]] == ["colin_powell"]
+    unknown = api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"threshold": "1.0001"})
+    assert unknown.status_code == 422  # thresholds are cosines in [-1, 1]
+    strict = api.post("/identify", files={"image": lfw_faces[LFW_PEOPLE[4]][0]}).json()
+    assert strict["match"] is None and strict["candidates"]  # not enrolled: candidates, but no match
+    for top_k in ("0", "101"):
+        error(api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"top_k": top_k}), 422, "invalid_parameters")
+
+
+def test_identify_every_face(api, two_faces_jpeg, lfw_faces):
+    new_subject(api, "powell")
+    enroll(api, "powell", lfw_faces[POWELL][0])
+    result = api.post("/identify", files={"image": two_faces_jpeg}, data={"faces": "all"}).json()
+    assert len(result["results"]) == 2
+    assert result["results"][0]["face"] == result["face"]
+    best = max(result["results"], key=lambda r: r["candidates"][0]["similarity"])
+    assert best["candidates"][0]["subject_id"] == "powell"
+
+
+def test_identify_on_an_empty_gallery(api, lfw_faces):
+    result = api.post("/identify", files={"image": lfw_faces[BUSH][0]}).json()
+    assert result["candidates"] == [] and result["match"] is None
+
+
+def test_embed_returns_unit_vectors_for_every_face(api, two_faces_jpeg):
+    result = api.post("/embed", json={"image": b64(two_faces_jpeg)}).json()
+    assert len(result["faces"]) == 2 and result["dim"] == 64
+    for face in result["faces"]:
+        assert np.linalg.norm(face["embedding"]) == pytest.approx(1.0, abs=1e-4)
+        assert face["face"]["score"] > 0.5
+    areas = [(f["face"]["box"][2] - f["face"]["box"][0]) * (f["face"]["box"][3] - f["face"]["box"][1]) for f in result["faces"]]
+    assert areas == sorted(areas, reverse=True)
+
+
+def test_aligned_crops_skip_detection(api):
+    crop = aligned_crop_png(1)
+    embedded = api.post("/embed", files={"image": crop}, data={"aligned": "true"}).json()
+    assert embedded["faces"][0]["face"] is None and len(embedded["faces"][0]["embedding"]) == 64
+    new_subject(api, "crop")
+    stored = enroll(api, "crop", crop, aligned="true")
+    assert stored["box"] is None and stored["score"] is None
+    assert api.post("/identify", json={"image": b64(crop), "aligned": True}).json()["match"]["subject_id"] == "crop"
+    assert api.post("/verify", json={"image1": b64(crop), "subject_id": "crop", "aligned": True}).json()["match"]
+    error(api.post("/embed", files={"image": aligned_crop_png(1)[:0] or _png(100)}, data={"aligned": "true"}), 422, "invalid_aligned_crop")
+
+
+def _png(side: int, value: int = 128) -> bytes:
+    return cv2.imencode(".png", np.full((side, side, 3), value, np.uint8))[1].tobytes()
+
+
+# gallery routes
+
+
+def test_subject_crud_and_pagination(api):
+    created = new_subject(api, "emp-1", "Ada")
+    assert created["face_count"] == 0 and created["metadata"] == {}
+    generated = api.post("/subjects", json={"name": "No id", "metadata": {"team": "x"}}).json()
+    assert len(generated["id"]) == 32 and generated["metadata"] == {"team": "x"}
+    error(api.post("/subjects", json={"id": "emp-1", "name": "again"}), 409, "subject_exists")
+    error(api.post("/subjects", json={"id": "bad id!", "name": "x"}), 422, "invalid_parameters")
+    error(api.post("/subjects", json={"name": ""}), 422, "invalid_parameters")
+    error(api.post("/subjects", json={"name": "x", "unknown": 1}), 422, "invalid_parameters")
+    for i in range(3):
+        new_subject(api, f"p{i}")
+    page = api.get("/subjects", params={"limit": 2, "offset": 1}).json()
+    assert page["total"] == 5 and page["limit"] == 2 and [s["id"] for s in page["subjects"]] == [generated["id"], "p0"]
+    everyone = [s["id"] for s in api.get("/subjects", params={"limit": 2, "offset": 0}).json()["subjects"]]
+    everyone += [s["id"] for s in page["subjects"]] + [s["id"] for s in api.get("/subjects", params={"offset": 3}).json()["subjects"]]
+    assert everyone[:1] + everyone[2:] == ["emp-1", generated["id"], "p0", "p1", "p2"]
+    error(api.get("/subjects", params={"limit": 0}), 422, "invalid_parameters")
+    patched = api.patch("/subjects/emp-1", json={"metadata": {"level": 3}}).json()
+    assert patched["name"] == "Ada" and patched["metadata"] == {"level": 3}
+    assert api.get("/subjects/emp-1").json()["metadata"] == {"level": 3}
+    error(api.patch("/subjects/ghost", json={"name": "x"}), 404, "subject_not_found")
+    error(api.get("/subjects/ghost"), 404, "subject_not_found")
+    assert api.delete("/subjects/emp-1").status_code == 204
+    error(api.delete("/subjects/emp-1"), 404, "subject_not_found")
+
+
+def test_enroll_list_and_delete_faces(api, lfw_faces):
+    new_subject(api, "bush")
+    stored = enroll(api, "bush", lfw_faces[BUSH][0])
+    assert stored["face_id"] > 0 and stored["searchable"] and stored["score"] > 0.75 and len(stored["box"]) == 4
+    second = api.post("/subjects/bush/faces", json={"image": b64(lfw_faces[BUSH][1])})
+    assert second.status_code == 201
+    faces = api.get("/subjects/bush/faces").json()["faces"]
+    assert [f["face_id"] for f in faces] == [stored["face_id"], second.json()["face_id"]]
+    assert api.get("/subjects/bush").json()["face_count"] == 2
+    assert api.delete(f"/faces/{stored['face_id']}").status_code == 204
+    error(api.delete(f"/faces/{stored['face_id']}"), 404, "face_not_found")
+    error(api.delete("/faces/not-a-number"), 422, "invalid_parameters")
+    error(api.delete(f"/faces/{2**70}"), 422, "invalid_parameters")
+    error(api.get("/subjects", params={"offset": 2**70}), 422, "invalid_parameters")
+    error(api.get("/subjects/ghost/faces"), 404, "subject_not_found")
+    error(api.post("/subjects/ghost/faces", files={"image": lfw_faces[BUSH][0]}), 404, "subject_not_found")
+
+
+def test_deletes_remove_faces_from_search(api, lfw_faces):
+    new_subject(api, "bush")
+    new_subject(api, "powell")
+    face = enroll(api, "bush", lfw_faces[BUSH][0])
+    enroll(api, "powell", lfw_faces[POWELL][0])
+    assert api.post("/identify", files={"image": lfw_faces[BUSH][0]}).json()["match"]["subject_id"] == "bush"
+    api.delete(f"/faces/{face['face_id']}")
+    after_face = api.post("/identify", files={"image": lfw_faces[BUSH][0]}).json()
+    assert after_face["match"] is None and all(c["subject_id"] != "bush" for c in after_face["candidates"])
+    api.delete("/subjects/powell")
+    assert api.post("/identify", files={"image": lfw_faces[POWELL][0]}).json()["candidates"] == []
+    assert api.get("/readyz").json()["gallery"]["faces"] == 0
+
+
+def test_bulk_enrollment_reports_each_image(api, lfw_faces):
+    new_subject(api, "bush")
+    response = api.post("/subjects/bush/faces", files=[("images", lfw_faces[BUSH][0]), ("images", b"not an image"), ("images", _png(200))])
+    assert response.status_code == 201
+    body = response.json()
+    assert body["enrolled"] == 1
+    assert [r["index"] for r in body["results"]] == [0, 1, 2]
+    assert body["results"][0]["face"]["face_id"] > 0
+    assert body["results"][1]["error"]["code"] == "invalid_image" and body["results"][2]["error"]["code"] == "no_face"
+    as_json = api.post("/subjects/bush/faces", json={"images": [b64(lfw_faces[BUSH][1])]})
+    assert as_json.status_code == 201 and as_json.json()["enrolled"] == 1
+    failed = api.post("/subjects/bush/faces", json={"images": [b64(_png(200))]})
+    error(failed, 422, "enrollment_failed")
+    assert failed.json()["error"]["details"][0]["code"] == "no_face"
+    error(api.post("/subjects/bush/faces", files=[("images", lfw_faces[BUSH][0]), ("image", lfw_faces[BUSH][0])]), 422, "invalid_parameters")
+    error(api.post("/subjects/bush/faces", json={"images": [b64(_png(20))] * 21}), 422, "invalid_parameters")
+    assert api.get("/subjects/bush").json()["face_count"] == 2
+
+
+def test_quality_gate(api_settings, make_client, lfw_faces):
+    api = make_client(api_settings.model_copy(update={"enroll_min_face_size": 400}))
+    new_subject(api, "bush")
+    assert "short side" in error(api.post("/subjects/bush/faces", files={"image": lfw_faces[BUSH][0]}), 422, "low_quality_face")
+    api = make_client(api_settings.model_copy(update={"enroll_min_score": 0.99, "data_dir": api_settings.data_dir / "2"}))
+    new_subject(api, "bush")
+    assert "score" in error(api.post("/subjects/bush/faces", files={"image": lfw_faces[BUSH][0]}), 422, "low_quality_face")
+    assert api.get("/subjects/bush").json()["face_count"] == 0
+
+
+# bad input: one error schema, never a 5xx, nothing changed
+
+
+def test_image_errors(api, lfw_faces):
+    for route, field in (("/embed", "image"), ("/identify", "image")):
+        error(api.post(route, files={field: b"definitely not an image"}), 400, "invalid_image")
+        error(api.post(route, json={field: "%%%not base64"}), 422, "invalid_base64")
+        error(api.post(route, files={field: _png(200)}), 422, "no_face")
+        error(api.post(route, files={field: _png(8)}), 422, "image_too_small")
+    ppm = io.BytesIO()
+    Image.new("RGB", (64, 64)).save(ppm, format="PPM")
+    error(api.post("/embed", files={"image": ppm.getvalue()}), 415, "unsupported_media_type")
+    error(api.post("/embed", json={"image": 123}), 422, "invalid_parameters")
+    message = error(api.post("/embed", data={"image": "text"}, files={"images": b"x"}), 422, "invalid_parameters")
+    assert "file part" in message
+    error(api.post("/embed", data={"image": "a form field"}), 415, "unsupported_media_type")
+    error(api.post("/embed", files={"picture": lfw_faces[BUSH][0]}), 422, "invalid_parameters")
+    error(api.post("/embed", json={}), 422, "invalid_parameters")
+    error(api.post("/embed", json=[1, 2]), 422, "invalid_parameters")
+    error(api.post("/embed", json={"image": None}), 422, "invalid_parameters")
+    error(api.post("/embed", files={"image": lfw_faces[BUSH][0]}, data={"aligned": ""}), 422, "invalid_parameters")
+    for far in ("", "abc", "1e400", "2", "nan"):
+        error(api.post("/identify", files={"image": lfw_faces[BUSH][0]}, data={"far": far}), 422, "invalid_parameters")
+
+
+def test_body_errors(api_settings, make_client, lfw_faces):
+    api = make_client(api_settings.model_copy(update={"max_request_bytes": 50_000}))
+    error(api.post("/embed", content=b"{not json", headers={"content-type": "application/json"}), 400, "invalid_json")
+    error(api.post("/embed", content=b"x", headers={"content-type": "text/plain"}), 415, "unsupported_media_type")
+    error(api.post("/embed", content=b"x"), 415, "unsupported_media_type")
+    big = b"x" * 60_000
+    error(api.post("/embed", content=big, headers={"content-type": "application/json"}), 413, "body_too_large")
+
+    def chunks():  # no Content-Length: the streaming cap answers
+        for _ in range(10):
+            yield b"x" * 10_000
+
+    error(api.post("/embed", content=chunks(), headers={"content-type": "application/json"}), 413, "body_too_large")
+    error(api.post("/subjects", content=chunks(), headers={"content-type": "application/json"}), 413, "body_too_large")
+    error(api.get("/nowhere"), 404, "not_found")
+    error(api.put("/verify"), 405, "method_not_allowed")
+    assert api.get("/subjects").json()["total"] == 0
+
+
+def test_image_limit_inside_the_body(api_settings, make_client, lfw_faces):
+    api = make_client(api_settings.model_copy(update={"max_image_bytes": 1000}))
+    error(api.post("/embed", files={"image": lfw_faces[BUSH][0]}), 413, "image_too_large")
+
+
+# operations
+
+
+def test_readyz_metrics_and_docs(api, lfw_faces):
+    ready = api.get("/readyz")
+    assert ready.status_code == 200
+    body = ready.json()
+    assert body["ready"] and body["models"]["embedder"]["name"] == "test-embedder"
+    assert body["models"]["detector"]["providers"] == ["CPUExecutionProvider"] and len(body["models"]["embedder"]["sha256"]) == 64
+    assert body["gallery"] == {"subjects": 0, "faces": 0, "searchable_faces": 0, "incompatible_faces": 0, "incompatible_models": {}}
+    api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][1]})
+    api.get("/subjects/ghost")
+    text = api.get("/metrics").text
+    assert 'facegate_requests_total{method="POST",route="/verify",status="200"} 1.0' in text
+    assert 'facegate_requests_total{method="GET",route="/subjects/{subject_id}",status="404"} 1.0' in text
+    assert "facegate_embed_batch_size_count" in text and "facegate_faces_embedded_total 2.0" in text
+    assert 'facegate_gallery_faces{searchable="true"} 0.0' in text
+    assert api.get("/docs").status_code == 200
+    schema = api.get("/openapi.json").json()
+    body = schema["paths"]["/verify"]["post"]["requestBody"]["content"]
+    assert body["multipart/form-data"]["schema"]["properties"]["image1"]["format"] == "binary"
+    assert body["application/json"]["schema"]["properties"]["image1"]["contentEncoding"] == "base64"
+    assert "far" in body["application/json"]["schema"]["properties"]
+    assert "422" in schema["paths"]["/verify"]["post"]["responses"]
+    for path in ("/verify", "/identify", "/embed", "/subjects", "/subjects/{subject_id}", "/subjects/{subject_id}/faces", "/faces/{face_id}", "/healthz", "/readyz", "/metrics"):
+        assert path in schema["paths"]
+
+
+def test_batching_off_gives_the_same_answers(api_settings, make_client, lfw_faces):
+    on = make_client(api_settings)
+    off = make_client(api_settings.model_copy(update={"batching": False, "data_dir": api_settings.data_dir / "off"}))
+    files = {"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BLAIR][0]}
+    assert on.post("/verify", files=files).json()["similarity"] == pytest.approx(off.post("/verify", files=files).json()["similarity"], abs=1e-6)
+
+
+def test_starts_without_models_and_says_why(tmp_path, make_client):
+    from service.settings import Settings
+
+    settings = Settings(model_cache=tmp_path / "empty-cache", embedder="my-face", data_dir=tmp_path / "gallery", device="cpu")
+    api = make_client(settings)
+    assert api.get("/healthz").json() == {"status": "ok"}
+    ready = api.get("/readyz")
+    assert ready.status_code == 503
+    problems = {p["model"]: p for p in ready.json()["problems"]}
+    assert problems["embedder"]["name"] == "my-face" and "FACEGATE_EMBEDDER" in problems["embedder"]["fix"]
+    assert "facegate models pull" in problems["detector"]["fix"]
+    error(api.post("/verify", files={"image1": _png(200), "image2": _png(200)}), 503, "model_unavailable")
+    error(api.post("/identify", json={"image": b64(_png(200))}), 503, "model_unavailable")
+    error(api.post("/embed", files={"image": _png(200)}), 503, "model_unavailable")
+    assert api.post("/subjects", json={"id": "a", "name": "A"}).status_code == 201
+    error(api.post("/subjects/a/faces", files={"image": _png(200)}), 503, "model_unavailable")
+    assert api.patch("/subjects/a", json={"name": "B"}).json()["name"] == "B"
+    assert api.get("/subjects").json()["total"] == 1
+    assert api.get("/subjects/a/faces").json()["faces"] == []
+    assert api.delete("/subjects/a").status_code == 204
+
+
+def test_api_key_settings_from_env(monkeypatch, api_settings):
+    monkeypatch.setenv("FACEGATE_API_KEYS", "k1,k2")
+    from service.settings import Settings
+
+    assert Settings().api_keys == SecretStr("k1,k2") and "k1" not in repr(Settings())

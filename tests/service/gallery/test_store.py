@@ -1,0 +1,120 @@
+"""The SQLite gallery and its index: durability across reopen, subject-level ranking, deletes,
+embedder compatibility and re-embedding from stored crops. Synthetic embeddings, no models."""
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.gallery.interface import NewFace
+from service.gallery.store import SqliteGallery
+from service.models.manifest import EmbedderKey
+
+KEY = EmbedderKey("model-a", "a" * 64, 8)
+OTHER = EmbedderKey("model-b", "b" * 64, 8)
+
+
+def unit(seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
+    return x / np.linalg.norm(x)
+
+
+@pytest.fixture
+def gallery(tmp_path):
+    g = SqliteGallery.open(tmp_path, KEY)
+    yield g
+    g.close()
+
+
+def test_pragmas_make_commits_durable(gallery):
+    db = sqlite3.connect(gallery.path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+    assert gallery._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_subject_crud_and_pagination(gallery):
+    for i in range(5):
+        gallery.create_subject(f"person {i}", {"i": i}, f"s{i}")
+    with pytest.raises(SubjectExists):
+        gallery.create_subject("dup", {}, "s0")
+    page, total = gallery.list_subjects(limit=2, offset=2)
+    assert total == 5 and [s.id for s in page] == ["s2", "s3"]
+    updated = gallery.update_subject("s1", None, {"k": "v"})
+    assert updated.name == "person 1" and updated.metadata == {"k": "v"}
+    gallery.delete_subject("s1")
+    with pytest.raises(SubjectNotFound):
+        gallery.get_subject("s1")
+    with pytest.raises(SubjectNotFound):
+        gallery.delete_subject("s1")
+
+
+def test_search_ranks_subjects_by_their_best_face(gallery):
+    gallery.create_subject("A", {}, "a")
+    gallery.create_subject("B", {}, "b")
+    query = unit(0)
+    near = query + 0.05 * unit(1)
+    gallery.add_faces("a", [NewFace(unit(2)), NewFace(near / np.linalg.norm(near))])
+    gallery.add_faces("b", [NewFace(unit(3)), NewFace(unit(4)), NewFace(unit(5))])
+    ranked = gallery.search(query, top_k=5)
+    assert [c.subject_id for c in ranked] == ["a", "b"]  # each subject once, best first
+    assert ranked[0].similarity > 0.99
+    assert gallery.search(query, top_k=1)[0].subject_id == "a"
+
+
+def test_deletes_leave_search_and_database(gallery):
+    gallery.create_subject("A", {}, "a")
+    (face,) = gallery.add_faces("a", [NewFace(unit(0))])
+    gallery.create_subject("B", {}, "b")
+    gallery.add_faces("b", [NewFace(unit(1)), NewFace(unit(2))])
+    gallery.delete_face(face.id)
+    assert all(c.subject_id != "a" for c in gallery.search(unit(0), 5))
+    with pytest.raises(FaceNotFound):
+        gallery.delete_face(face.id)
+    assert gallery.delete_subject("b") == 2
+    assert gallery.search(unit(1), 5) == [] and gallery.index.size == 0
+    assert gallery.counts()["faces"] == 0
+
+
+def test_add_to_unknown_subject_writes_nothing(gallery):
+    with pytest.raises(SubjectNotFound):
+        gallery.add_faces("ghost", [NewFace(unit(0))])
+    assert gallery.counts()["faces"] == 0 and gallery.index.size == 0
+
+
+def test_reopen_rebuilds_the_index_and_ignores_other_models(tmp_path):
+    g = SqliteGallery.open(tmp_path, KEY)
+    g.create_subject("A", {}, "a")
+    g.add_faces("a", [NewFace(unit(0)), NewFace(unit(1))])
+    g.close()
+    other = SqliteGallery.open(tmp_path, OTHER)  # a different embedder is active now
+    assert other.index.size == 0 and other.search(unit(0), 5) == []
+    assert other.incompatible == {f"model-a@{'a' * 12}": 2}
+    assert other.counts()["incompatible_faces"] == 2
+    assert len(other.subject_embeddings("a")) == 0
+    other.close()
+    again = SqliteGallery.open(tmp_path, KEY)
+    assert again.index.size == 2 and again.search(unit(1), 1)[0].subject_id == "a"
+    again.close()
+
+
+def test_reembed_from_stored_crops(tmp_path):
+    g = SqliteGallery.open(tmp_path, KEY)
+    g.create_subject("A", {}, "a")
+    crop = np.full((112, 112, 3), 7, np.uint8)
+    g.add_faces("a", [NewFace(unit(0), crop_rgb=crop), NewFace(unit(1))])
+    g.close()
+    g = SqliteGallery.open(tmp_path, OTHER, searchable=False)
+    seen = []
+
+    def embed(crops):
+        seen.append(crops.copy())
+        return np.stack([unit(9)] * len(crops))
+
+    assert g.reembed(embed) == (1, 1)  # one re-embedded, one had no crop
+    assert np.array_equal(seen[0][0], crop)  # the crop survived its PNG round trip
+    g.close()
+    g = SqliteGallery.open(tmp_path, OTHER)
+    assert g.index.size == 1 and g.search(unit(9), 1)[0].similarity > 0.999
+    g.close()
