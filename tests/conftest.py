@@ -11,6 +11,7 @@ import pytest
 from tests.onnx_models import write_test_embedder
 
 REPO = Path(__file__).resolve().parent.parent
+YUNET = "face_detection_yunet_2023mar.onnx"
 
 
 def _env_dir(name: str) -> Path | None:
@@ -27,11 +28,26 @@ def test_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def model_cache() -> Path:
-    path = _env_dir("FACEGATE_MODEL_CACHE")
-    if path is None or not (path / "face_detection_yunet_2023mar.onnx").is_file():
+def dlib_model() -> Path:
+    """The default embedder's ONNX file, converted from dlib's published weights by the project's
+    own `pull` (downloaded once per machine into the user's model cache, then reused)."""
+    from service.models.manifest import Manifest
+    from service.models.store import pull
+    from service.settings import Settings
+
+    return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), Settings.model_fields["model_cache"].default)
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory, dlib_model) -> Path:
+    """A model cache with the detector (from FACEGATE_MODEL_CACHE) and the default embedder."""
+    shared = _env_dir("FACEGATE_MODEL_CACHE")
+    if shared is None or not (shared / YUNET).is_file():
         pytest.skip("FACEGATE_MODEL_CACHE is unset or lacks the YuNet detector (set it to ../shared/models)")
-    return path
+    cache = tmp_path_factory.mktemp("model-cache")
+    (cache / YUNET).symlink_to(shared / YUNET)
+    (cache / dlib_model.name).symlink_to(dlib_model)
+    return cache
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +133,11 @@ def aligned_crop_png(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     small = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
     return cv2.imencode(".png", cv2.resize(small, (112, 112), interpolation=cv2.INTER_NEAREST))[1].tobytes()
+
+
+@pytest.fixture
+def pipeline_with(settings):
+    """A pipeline with a shipped embedder, by manifest name."""
+    from service.pipeline import FacePipeline
+
+    return lambda embedder: FacePipeline.from_settings(settings.model_copy(update={"embedder": embedder}))

@@ -36,6 +36,10 @@ class FaceEmbedder:
 
     def embed(self, crops_rgb: np.ndarray) -> np.ndarray:
         """N aligned crops (uint8 RGB) → N×D float32 unit vectors."""
+        return l2_normalize(self.raw(crops_rgb))
+
+    def raw(self, crops_rgb: np.ndarray) -> np.ndarray:
+        """N aligned crops (uint8 RGB) → the model's N×D float32 output, not normalized."""
         crops_rgb = np.asarray(crops_rgb)
         if crops_rgb.ndim == 3:
             crops_rgb = crops_rgb[None]
@@ -47,4 +51,4 @@ class FaceEmbedder:
         for start in range(0, len(crops_rgb), self.max_batch):
             batch = preprocess(crops_rgb[start : start + self.max_batch], self.manifest)
             out.append(self.session.run([self.output_name], {self.input_name: batch})[0])
-        return l2_normalize(np.concatenate(out).astype(np.float32))
+        return np.concatenate(out).astype(np.float32)

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from service.errors import ModelError
 from service.strict import StrictModel
 
-ALIGNMENTS = ("arcface_112",)
+from service.align import TEMPLATES
 
 
 def far_key(far: float | str) -> str:
@@ -30,11 +30,50 @@ def far_key(far: float | str) -> str:
     return f"{mantissa_text}e{exponent}"
 
 
+class ImportSource(StrictModel):
+    """Weights published in another framework's format, converted on the user's machine: the
+    converted file is never redistributed, and both ends of the conversion are pinned by sha256."""
+
+    importer: Literal["dlib_resnet"]
+    url: str = Field(description="Where the published file (or the archive holding it) is downloaded from.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(gt=0)
+    member: str | None = Field(None, description="Path of the weights inside a .tar.gz archive; None: the download is the weights file.")
+    member_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    member_bytes: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _member_pinned(self) -> ImportSource:
+        if (self.member is None) != (self.member_sha256 is None) or (self.member is None) != (self.member_bytes is None):
+            raise ValueError("an archive member is given with its sha256 and bytes")
+        return self
+
+    @property
+    def weights_name(self) -> str:
+        """The weights file's name in the model cache."""
+        return Path(self.member or self.url).name
+
+    @property
+    def weights_sha256(self) -> str:
+        return self.member_sha256 or self.sha256
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.member_bytes or self.bytes
+
+
 class FileSpec(StrictModel):
     name: str = Field(description="File name, looked up beside the manifest, then in the model cache.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(gt=0)
     url: str | None = Field(None, description="Official download location for `facegate models pull`.")
+    source: ImportSource | None = Field(None, description="Published weights `facegate models pull` converts into this file.")
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> FileSpec:
+        if self.url and self.source:
+            raise ValueError("a model file is downloaded (url) or imported (source), not both")
+        return self
 
 
 class TensorSpec(StrictModel):
@@ -100,8 +139,8 @@ class Manifest(StrictModel):
         if self.task == "embedder":
             if self.embedding_dim is None:
                 raise ValueError("an embedder manifest needs embedding_dim")
-            if self.alignment not in ALIGNMENTS:
-                raise ValueError(f"an embedder manifest needs alignment, one of {ALIGNMENTS}")
+            if self.alignment not in TEMPLATES:
+                raise ValueError(f"an embedder manifest needs alignment, one of {tuple(TEMPLATES)}")
             if len(self.outputs) != 1:
                 raise ValueError("an embedder has exactly one output")
         return self

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import io
 import logging
 import os
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import onnxruntime as ort
 
 from service.errors import ModelError
-from service.models.manifest import Manifest
+from service.models.manifest import ImportSource, Manifest
 from service.models.providers import create_session
 
 log = logging.getLogger("facegate.models")
@@ -40,55 +43,118 @@ def find_model_file(manifest: Manifest, manifest_file: Path, cache: Path) -> Pat
         path = folder / manifest.file.name
         if path.is_file():
             return path
-    hint = "run `facegate models pull`" if manifest.file.url else "put the file beside its manifest"
+    hint = "run `facegate models pull`" if manifest.file.url or manifest.file.source else "put the file beside its manifest"
     raise ModelError(
         f"model file {manifest.file.name} for {manifest.name} is missing "
         f"(looked in {Path(manifest_file).parent} and {cache}); {hint}"
     )
 
 
-def pull(manifest: Manifest, cache: Path, url: str | None = None, timeout: float = 60.0) -> Path:
-    """Download a model file into the cache, checking size and sha256 before it takes its name.
+def _store(stream: BinaryIO, target: Path, sha256: str, size: int, origin: str) -> Path:
+    """Copy a stream into `target`, checking size and sha256 before the file takes its name.
 
-    The download goes to a temporary file in the cache folder and is renamed atomically only when
-    it matches the manifest, so a failed or forged download leaves nothing behind.
+    It is written to a temporary file beside the target and renamed atomically only when it
+    matches, so a failed, truncated or forged copy leaves nothing behind.
     """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    digest, written = hashlib.sha256(), 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while block := stream.read(1 << 16):
+                written += len(block)
+                if written > size:
+                    raise ModelError(f"{origin}: larger than the {size} bytes the manifest says")
+                digest.update(block)
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != size:
+            raise ModelError(f"{origin}: got {written} bytes, the manifest says {size}")
+        if digest.hexdigest() != sha256:
+            raise ModelError(f"{origin}: sha256 {digest.hexdigest()} does not match the manifest ({sha256})")
+        os.replace(tmp_name, target)
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)
+    return target
+
+
+def _download(url: str, target: Path, sha256: str, size: int, timeout: float) -> Path:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return _store(response, target, sha256, size, url)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise ModelError(f"cannot download {url}: {exc}") from None
+
+
+def _matches(path: Path, sha256: str, size: int) -> bool:
+    return path.is_file() and path.stat().st_size == size and sha256_file(path) == sha256
+
+
+def place_weights(source: ImportSource, cache: Path, local: Path | None = None, url: str | None = None, timeout: float = 600.0) -> Path:
+    """The published weights in the cache: already there, taken from `local` (the download or the
+    weights file itself, fetched by hand), or downloaded; an archive's member is extracted."""
+    weights = Path(cache).expanduser() / source.weights_name
+    if _matches(weights, source.weights_sha256, source.weights_bytes):
+        return weights
+    if local is not None and _matches(local, source.weights_sha256, source.weights_bytes):
+        with open(local, "rb") as fh:
+            return _store(fh, weights, source.weights_sha256, source.weights_bytes, str(local))
+    if local is not None and not _matches(local, source.sha256, source.bytes):
+        raise ModelError(f"{local} is neither {Path(source.url).name} nor {source.weights_name} (sha256 differs from the manifest's)")
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    if source.member is None:
+        return local or _download(url or source.url, weights, source.sha256, source.bytes, timeout)
+    with tempfile.TemporaryDirectory(dir=weights.parent) as tmp:
+        archive = local or _download(url or source.url, Path(tmp) / Path(source.url).name, source.sha256, source.bytes, timeout)
+        try:
+            with tarfile.open(archive) as tar, tar.extractfile(source.member) as member:
+                return _store(member, weights, source.member_sha256, source.member_bytes, f"{archive}:{source.member}")
+        except (tarfile.TarError, KeyError, OSError) as exc:
+            raise ModelError(f"cannot read {source.member} from {archive}: {exc}") from None
+
+
+def convert(importer: str, weights: Path) -> bytes:
+    """Published weights → the ONNX file's bytes (deterministic: the manifest pins their sha256)."""
+    if importer == "dlib_resnet":
+        from service.models import dlib_resnet
+
+        return dlib_resnet.onnx_bytes(weights)
+    raise ModelError(f"unknown importer {importer!r}")
+
+
+def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | None = None, timeout: float = 600.0) -> Path:
+    """Put a manifest's model file into the cache: downloaded (`file.url`), or converted from the
+    published weights it is made from (`file.source`); checked against the manifest either way."""
     cache = Path(cache).expanduser()
+    cache.mkdir(parents=True, exist_ok=True)
     target = cache / manifest.file.name
     if target.is_file():
         try:
             verify_file(manifest, target)
             return target
         except ModelError:
-            log.warning("%s in the cache does not match its manifest; downloading again", target)
-    source = url or manifest.file.url
-    if not source:
-        raise ModelError(f"{manifest.name} has no download URL; put {manifest.file.name} beside its manifest")
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{manifest.file.name}.", suffix=".part", dir=cache)
-    digest, size = hashlib.sha256(), 0
+            log.warning("%s in the cache does not match its manifest; fetching it again", target)
+    spec = manifest.file
+    if spec.source is not None:
+        try:
+            weights = place_weights(spec.source, cache, local, url, timeout)
+        except ModelError as exc:
+            raise ModelError(
+                f"{manifest.name}: {exc}. Without network access here, download {spec.source.url} elsewhere "
+                f"(sha256 {spec.source.sha256}) and run `facegate models pull {manifest.name} --file FILE`"
+            ) from None
+        data = convert(spec.source.importer, weights)
+        return _store(io.BytesIO(data), target, spec.sha256, spec.bytes, f"{spec.source.importer} conversion of {weights}")
+    if local is not None:
+        with open(local, "rb") as fh:
+            return _store(fh, target, spec.sha256, spec.bytes, str(local))
+    if not (url or spec.url):
+        raise ModelError(f"{manifest.name} has no download URL; put {spec.name} beside its manifest")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(source, timeout=timeout) as response:
-            while block := response.read(1 << 16):
-                size += len(block)
-                if size > manifest.file.bytes:
-                    raise ModelError(f"{source}: larger than the {manifest.file.bytes} bytes the manifest says")
-                digest.update(block)
-                out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
-        if size != manifest.file.bytes:
-            raise ModelError(f"{source}: got {size} bytes, the manifest says {manifest.file.bytes}")
-        if digest.hexdigest() != manifest.file.sha256:
-            raise ModelError(f"{source}: sha256 {digest.hexdigest()} does not match the manifest ({manifest.file.sha256})")
-        os.replace(tmp_name, target)
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise ModelError(f"cannot download {manifest.name} from {source}: {exc}") from None
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return target
+        return _download(url or spec.url, target, spec.sha256, spec.bytes, timeout)
+    except ModelError as exc:
+        raise ModelError(f"cannot download {manifest.name}: {exc}") from None
 
 
 def sha256_file(path: Path) -> str:
