@@ -61,10 +61,10 @@ def test_unknown_backbone():
 
 
 def test_model_info_command():
-    from training.cli_train import register_train_commands
+    from training.cli import register
 
     app = typer.Typer()
-    register_train_commands(app)
+    register(app)
     result = CliRunner().invoke(app, ["model-info", "mobilefacenet", "iresnet18"])
     assert result.exit_code == 0, result.output
     assert "mobilefacenet" in result.stdout and "2.06" in result.stdout and "24.03" in result.stdout

@@ -15,10 +15,10 @@ from service.manifest import Manifest
 from service.model_store import load_model
 from tests.onnx_models import write_test_embedder
 from training.calibrate import MIN_FALSE_ACCEPTS, calibrate_scores, pair_scores, threshold_for_far
-from training.cli_train import register_train_commands
+from training.cli import register
 
 app = typer.Typer()
-register_train_commands(app)
+register(app)
 
 
 def test_exact_thresholds_on_a_known_score_set():

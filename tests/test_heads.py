@@ -668,7 +668,7 @@ def test_cli_module_imports_without_torch():
     import subprocess
     import sys
 
-    code = "import sys; sys.modules['torch'] = None; sys.modules['matplotlib'] = None; import training.cli_heads"
+    code = "import sys; sys.modules['torch'] = None; sys.modules['matplotlib'] = None; import training.commands.heads"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -676,7 +676,7 @@ def test_plot_logits_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     from typer.testing import CliRunner
 
-    from training.cli_heads import heads_app
+    from training.commands.heads import heads_app
 
     result = CliRunner().invoke(heads_app, ["plot-logits", "--out", str(tmp_path / "logits.png")])
     assert result.exit_code == 0, result.output
@@ -686,7 +686,7 @@ def test_plot_logits_writes_a_png(tmp_path):
 def test_plot_features_rejects_an_unknown_head(tmp_path):
     from typer.testing import CliRunner
 
-    from training.cli_heads import heads_app
+    from training.commands.heads import heads_app
 
     result = CliRunner().invoke(heads_app, ["plot-features", "--head", "arcfce", "--out", str(tmp_path / "f.png")])
     assert result.exit_code != 0 and "arcfce" in result.output
