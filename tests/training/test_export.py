@@ -10,7 +10,7 @@ import torch
 
 from service.manifest import Manifest, sha256_file
 from service.model_store import load_model
-from tests.test_training_fixtures import tiny_config, write_aligned_folders
+from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input
 from training.export import ExportError, check_parity, export, parity_crops

@@ -12,7 +12,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from tests.test_training_fixtures import TINY
+from tests.training.tiny import TINY
 from training.cli import register
 
 pytestmark = pytest.mark.data
