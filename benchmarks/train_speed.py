@@ -16,8 +16,8 @@ import time
 import torch
 
 from training.backbones import build_backbone
-from training.distributed import HeadLoss
 from training.heads import build_head
+from training.heads.loss import HeadLoss
 
 
 def cpu_name() -> str:

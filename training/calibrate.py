@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from service.models.manifest import Manifest, far_key
+from training.verification import FARS
 
-FARS = (1e-2, 1e-3, 1e-4, 1e-5)
 MIN_FALSE_ACCEPTS = 10
 DIGITS = 6  # thresholds are rounded up to this many decimals, which can only lower the FAR
 

@@ -5,8 +5,12 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from training.cli_heads import heads_app
-    from training.cli_train import register_train_commands
+    from training.commands import align, calibrate, evaluate, export, heads, model_info, train
 
-    app.add_typer(heads_app, name="heads")
-    register_train_commands(app)
+    app.add_typer(heads.heads_app, name="heads")
+    app.command("align")(align.align)
+    app.command("train")(train.train)
+    app.command("eval")(evaluate.eval_)
+    app.command("export")(export.export)
+    app.command("calibrate")(calibrate.calibrate)
+    app.command("model-info")(model_info.model_info)

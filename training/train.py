@@ -1,7 +1,7 @@
 """The training loop: one CPU process to many GPUs under torchrun, one code path.
 
 The backbone runs under DistributedDataParallel; the head is either whole (DDP-wrapped when ranks > 1)
-or sharded across ranks (training.distributed.ShardedHead). Everything that shapes the run's numbers
+or sharded across ranks (training.distributed.sharded_head). Everything that shapes the run's numbers
 is in the checkpoint — weights, optimizer, LR schedule, grad scaler, RNG, and the position in the
 epoch — and the data order and each sample's augmentation are functions of (seed, epoch, index), so
 a resumed run continues bit-for-bit where the hardware allows.
@@ -24,8 +24,11 @@ from training.backbones import build_backbone
 from training.checkpoint import load_checkpoint, save_checkpoint, shard_path
 from training.config import TrainConfig
 from training.data.datasets import EpochBatches, FaceDataset, Subset, open_source, split_identities
-from training.distributed import Dist, HeadLoss, ShardedHead, head_scale, init_distributed, shard_range
+from training.distributed.process_group import Dist, init_distributed
+from training.distributed.sharded_head import ShardedHead, shard_range
 from training.heads import build_head
+from training.heads.base import head_scale
+from training.heads.loss import HeadLoss
 
 
 @dataclass

@@ -114,3 +114,9 @@ class Head(nn.Module):
     def extra_repr(self) -> str:
         return f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}"
 
+
+
+def head_scale(head: Head) -> float | None:
+    """The head's logit scale s, where it has one (fixed, learned or adaptive)."""
+    s = getattr(head, "s", None)
+    return None if s is None else float(s)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.distributed import ShardedHead, shard_range
+from training.distributed.sharded_head import ShardedHead, shard_range
 from training.heads import build_head
 
 B, D, C = 6, 16, 11  # C odd: shards of 6 and 5 classes

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
 
-from training.backbones import BACKBONES, build_backbone, model_info
+from training.backbones import build_backbone, model_info
 
 torch.set_num_threads(2)
 
@@ -58,14 +56,3 @@ def test_mobilefacenet_downsampled_input_costs_a_quarter():
 def test_unknown_backbone():
     with pytest.raises(ValueError, match="mobilefacenet"):
         build_backbone("resnet9000")
-
-
-def test_model_info_command():
-    from training.cli_train import register_train_commands
-
-    app = typer.Typer()
-    register_train_commands(app)
-    result = CliRunner().invoke(app, ["model-info", "mobilefacenet", "iresnet18"])
-    assert result.exit_code == 0, result.output
-    assert "mobilefacenet" in result.stdout and "2.06" in result.stdout and "24.03" in result.stdout
-    assert set(BACKBONES) == {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_training_fixtures import tiny_config, write_aligned_folders
+from tests.training.tiny import tiny_config, write_aligned_folders
 from training.checkpoint import load_checkpoint
 from training.config import load_config
 from training.train import Trainer, lr_factor

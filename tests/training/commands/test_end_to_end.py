@@ -12,8 +12,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from tests.test_training_fixtures import TINY
-from training.cli_train import register_train_commands
+from tests.training.tiny import TINY
+from training.cli import register
 
 pytestmark = pytest.mark.data
 
@@ -26,7 +26,7 @@ def cli(monkeypatch, model_cache):
     monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
     get_settings.cache_clear()
     app = typer.Typer()
-    register_train_commands(app)
+    register(app)
     runner = CliRunner()
 
     def invoke(*args: str) -> str:

@@ -1,4 +1,4 @@
-"""Process groups, and the model-parallel (sharded) classification head with Partial FC.
+"""The model-parallel (sharded) classification head, with Partial FC.
 
 With C identities and N ranks each rank holds ~C/N rows of the head's weight. The embeddings of the
 whole global batch are all-gathered, each rank computes the cosines and margin logits of its own
@@ -13,53 +13,18 @@ cosface/amsoftmax, arcface, combined, msoftmax, normface (fixed s). Others are r
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.heads import IGNORE_INDEX
+from training.distributed.process_group import all_reduce, gather
 from training.heads.additive import ArcFace, CombinedMargin, CosFace
-from training.heads.base import Head
+from training.heads.base import IGNORE_INDEX, Head
+from training.heads.loss import batch_stats
 from training.heads.plain import ModifiedSoftmax, NormFace
 
 SHARDABLE = (CosFace, CombinedMargin, ArcFace, ModifiedSoftmax, NormFace)
-
-
-@dataclass(frozen=True)
-class Dist:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed() -> Dist:
-    """torchrun's environment → an initialized process group (nccl on GPUs, gloo on CPU); a plain
-    `python -m training` run is rank 0 of 1 without a process group."""
-    cuda = torch.cuda.is_available()
-    if "RANK" not in os.environ:
-        return Dist(0, 1, 0, torch.device("cuda" if cuda else "cpu"))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
-
-
-def world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def shard_range(num_classes: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -69,55 +34,19 @@ def shard_range(num_classes: int, rank: int, world_size: int) -> tuple[int, int]
     return start, start + base + (1 if rank < extra else 0)
 
 
-class _GatherWithGrad(torch.autograd.Function):
-    """All-gather whose backward sums every rank's gradient for this rank's rows and multiplies by
-    world_size, so that DDP's gradient *averaging* of the backbone yields the global-batch gradient."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        rank, size = world()
-        ctx.rank, ctx.size, ctx.rows = rank, size, x.shape[0]
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        grad = grad.contiguous()
-        dist.all_reduce(grad)
-        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows] * ctx.size
-
-
-def gather(x: Tensor, grad: bool = True) -> Tensor:
-    rank, size = world()
-    if size == 1:
-        return x
-    if grad:
-        return _GatherWithGrad.apply(x)
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def _all_reduce(x: Tensor, op=None) -> Tensor:
-    if world()[1] > 1:
-        dist.all_reduce(x, op=op or dist.ReduceOp.SUM)
-    return x
-
-
 class _ShardedCrossEntropy(torch.autograd.Function):
     """Mean softmax cross-entropy over the labelled rows of logits split by columns across ranks.
     The gradient w.r.t. the local logits is local: (softmax − one-hot) / n_labelled."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, local_labels: Tensor, labelled: Tensor) -> Tensor:
-        row_max = _all_reduce(logits.max(dim=1).values, dist.ReduceOp.MAX)
+        row_max = all_reduce(logits.max(dim=1).values, dist.ReduceOp.MAX)
         exp = torch.exp(logits - row_max.unsqueeze(1))
-        prob = exp / _all_reduce(exp.sum(dim=1)).unsqueeze(1)
+        prob = exp / all_reduce(exp.sum(dim=1)).unsqueeze(1)
         here = local_labels != IGNORE_INDEX
         target = torch.zeros_like(row_max)
         target[here] = prob[here, local_labels[here]]
-        target = _all_reduce(target)
+        target = all_reduce(target)
         count = labelled.sum().clamp(min=1)
         loss = -(torch.log(target.clamp(min=1e-30)) * labelled).sum() / count
         ctx.save_for_backward(prob, local_labels, labelled, count)
@@ -200,44 +129,4 @@ class ShardedHead(nn.Module):
         here = local != IGNORE_INDEX
         target = torch.zeros(len(x), device=x.device)
         target[here] = cos[here, local[here]]
-        target = _all_reduce(target)
-        labelled = labels_all != IGNORE_INDEX
-        return {
-            "accuracy": float((predicted == labels_all)[labelled].float().mean()),
-            "theta_y": float(torch.rad2deg(torch.acos(target[labelled].clamp(-1, 1))).mean()),
-            "feature_norm": float(x.norm(dim=1).mean()),
-        }
-
-
-class HeadLoss(nn.Module):
-    """A whole (unsharded) head as a loss module, so DDP can wrap it when ranks > 1."""
-
-    def __init__(self, head: Head) -> None:
-        super().__init__()
-        self.head = head
-
-    @property
-    def weight(self) -> nn.Parameter:
-        return self.head.weight
-
-    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
-        return self.head.loss(embeddings, labels)
-
-    @torch.no_grad()
-    def stats(self, embeddings: Tensor, labels: Tensor) -> dict[str, float]:
-        """As ShardedHead.stats, for this rank's batch."""
-        x = embeddings.float()
-        cos = self.head.cosine(x)
-        labelled = labels != IGNORE_INDEX
-        target = cos.gather(1, labels.clamp(min=0).long().unsqueeze(1)).squeeze(1)
-        return {
-            "accuracy": float((cos.argmax(dim=1) == labels)[labelled].float().mean()),
-            "theta_y": float(torch.rad2deg(torch.acos(target[labelled].clamp(-1, 1))).mean()),
-            "feature_norm": float(x.norm(dim=1).mean()),
-        }
-
-
-def head_scale(head: Head) -> float | None:
-    """The head's logit scale s, where it has one (fixed, learned or adaptive)."""
-    s = getattr(head, "s", None)
-    return None if s is None else float(s)
+        return batch_stats(x, predicted, labels_all, all_reduce(target))

@@ -1,0 +1,13 @@
+"""The head tests run on one thread: their tensors are tiny, and on a shared machine OpenMP's
+waiting threads cost more than they give."""
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,23 @@
+"""`facegate align`: raw photos → aligned crops, with the service's detector and alignment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from training.commands import console
+
+
+def align(
+    src: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Raw photos: SRC/<identity>/*.jpg")],
+    dst: Annotated[Path, typer.Argument(file_okay=False, help="Aligned 112×112 crops: DST/<identity>/*.jpg")],
+    workers: Annotated[int, typer.Option(help="Worker processes, each with its own detector.")] = 2,
+) -> None:
+    """Detect, align and crop the largest face of every photo, as the service does (resumable)."""
+    from service.settings import get_settings
+    from training.data.align_folder import REPORT, align_folder
+
+    summary = align_folder(src, dst, get_settings(), workers=workers)
+    console.print(f"aligned {summary.aligned}, no face {summary.no_face} (listed in {dst / REPORT}), already done {summary.skipped}")

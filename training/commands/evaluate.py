@@ -1,0 +1,60 @@
+"""`facegate eval`: verification metrics of a checkpoint or an exported model on a pairs set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from training.commands import fail
+
+
+def eval_(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A checkpoint (.pt) or an exported model's manifest (.json/.onnx).")],
+    pairs: Annotated[Optional[Path], typer.Option(help="LFW-layout pairs.txt (with --images).")] = None,
+    images: Annotated[Optional[Path], typer.Option(help="LFW-layout image folder: NAME/NAME_0001.jpg.")] = None,
+    bin_: Annotated[Optional[Path], typer.Option("--bin", help="InsightFace verification .bin.")] = None,
+    csv: Annotated[Optional[Path], typer.Option(help="CSV with path1,path2,issame (paths relative to it).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the JSON results here too.")] = None,
+    roc: Annotated[Optional[Path], typer.Option(help="ROC curve PNG.")] = None,
+    cache: Annotated[Path, typer.Option(help="Cache of aligned evaluation crops.")] = Path("~/.cache/facegate/eval"),
+    record: Annotated[bool, typer.Option(help="Store the results in the exported model's manifest metrics.")] = False,
+) -> None:
+    """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
+    exported model also the FAR and TAR its calibrated thresholds realize on these pairs."""
+    from training.evaluate import evaluate, load_bin, load_csv, load_embedder, load_lfw
+
+    if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
+        fail("give exactly one of: --pairs with --images, --bin, --csv")
+    cache = cache.expanduser()
+    if bin_ is not None:
+        vset = load_bin(bin_)
+    else:
+        from service.errors import ModelError
+        from service.pipeline import FacePipeline
+        from service.settings import get_settings
+
+        try:
+            pipeline = FacePipeline.from_settings(get_settings(), require_embedder=False)
+        except ModelError as exc:
+            fail(exc)
+        vset = load_lfw(pairs, images, pipeline, cache) if pairs else load_csv(csv, pipeline, cache)
+    embedder, kind = load_embedder(model)
+    if record and kind != "onnx":
+        fail("--record needs an exported model (its .json manifest)")
+    thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None
+    metrics = evaluate(embedder, vset, roc, thresholds)
+    results = {"model": str(model), "kind": kind, **metrics}
+    if record:
+        from service.models.manifest import Manifest
+
+        manifest_path = model.with_suffix(".json")
+        manifest = Manifest.load(manifest_path)
+        manifest.metrics = {**manifest.metrics, **metrics}
+        manifest.save(manifest_path)
+    text = json.dumps(results, indent=2)
+    if out:
+        out.write_text(text + "\n")
+    typer.echo(text)

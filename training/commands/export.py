@@ -1,0 +1,34 @@
+"""`facegate export`: a checkpoint's backbone → ONNX + manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from training.commands import console, fail
+
+
+def export(
+    checkpoint: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    out: Annotated[Path, typer.Option(help="models/NAME.onnx; the manifest goes to models/NAME.json.")],
+    fp16: Annotated[bool, typer.Option(help="float16 weights and arithmetic (float32 input and output).")] = False,
+    flip_tta: Annotated[bool, typer.Option(help="Embed each crop plus its mirror inside the model (twice the compute).")] = False,
+    opset: Annotated[int, typer.Option(help="ONNX opset (≥ 17).")] = 17,
+    eval_: Annotated[Optional[Path], typer.Option("--eval", help="Results JSON of `facegate eval --out`, recorded in the manifest.")] = None,
+    license_name: Annotated[Optional[str], typer.Option(help="License name for the manifest (default: the config's data.license).")] = None,
+    license_terms: Annotated[Optional[str], typer.Option(help="Usage terms, e.g. 'research, non-commercial'.")] = None,
+    version: Annotated[Optional[str], typer.Option(help="Manifest version (default: backbone-head-stepN).")] = None,
+) -> None:
+    """Export the backbone to ONNX, check parity with onnxruntime, write the manifest."""
+    from training.export import ExportError, export as run
+
+    license = {"name": license_name, **({"terms": license_terms} if license_terms else {})} if license_name else None
+    metrics = json.loads(eval_.read_text()) if eval_ else None
+    try:
+        manifest = run(checkpoint, out, fp16=fp16, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
+    except ExportError as exc:
+        fail(exc)
+    console.print(f"[green]ok[/green] {out} (parity cosine ≥ {manifest.provenance['export']['parity_min_cosine']}) + {out.with_suffix('.json')}")

@@ -1,0 +1,29 @@
+"""`facegate model-info`: backbone sizes and compute."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from training.commands import fail
+
+
+def model_info(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Backbones (default: all).")] = None,
+    dim: Annotated[int, typer.Option(help="Embedding dimension.")] = 512,
+) -> None:
+    """Parameters and GFLOPs (multiply-accumulates, as arcface_torch counts) at 112×112."""
+    from rich.table import Table
+
+    from training.backbones import BACKBONES, model_info as info
+
+    table = Table("backbone", "params (M)", "GFLOPs (GMACs)", "FLOPs ×2 (G)")
+    for name in names or BACKBONES:
+        try:
+            i = info(name, dim)
+        except ValueError as exc:
+            fail(exc)
+        table.add_row(name, f"{i.params / 1e6:.2f}", f"{i.gmacs:.3f}", f"{i.flops / 1e9:.3f}")
+    Console().print(table)
