@@ -69,11 +69,13 @@ class FacePipeline:
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         return self.detector.detect(image_bgr)
 
-    def align(self, image_bgr: np.ndarray, faces: list[Face]) -> np.ndarray:
+    def align(self, image_bgr: np.ndarray, faces: list[Face], template: str | None = None) -> np.ndarray:
+        """Crops for the loaded embedder's template, or for `template` (training and evaluation)."""
+        template = template or self.template
         if not faces:
-            _, size = TEMPLATES[self.template]
+            _, size = TEMPLATES[template]
             return np.zeros((0, size, size, 3), np.uint8)
-        return np.stack([align_face(image_bgr, f.landmarks, self.template) for f in faces])
+        return np.stack([align_face(image_bgr, f.landmarks, template) for f in faces])
 
     def require_embedder(self) -> FaceEmbedder:
         if self.embedder is None:

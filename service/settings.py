@@ -20,7 +20,7 @@ class Settings(BaseSettings):
         description="Where `facegate models pull` stores downloaded model files.",
     )
     detector: str = Field("face_detection_yunet_2023mar", description="Detector manifest: name in models_dir, or a path.")
-    embedder: str = Field("facegate-default", description="Embedder manifest: name in models_dir, or a path.")
+    embedder: str = Field("dlib-resnet-v1", description="Embedder manifest: name in models_dir, or a path.")
 
     # onnxruntime
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -94,7 +94,7 @@ def heldout_source(manifest: Manifest, data: Path | None):
     from training.data.datasets import Subset, open_source, split_identities
 
     if data is not None:
-        return open_source(data), f"all identities of {data}"
+        return open_source(data, manifest.input.height), f"all identities of {data}"
     config = manifest.provenance.get("config")
     if not config or not config["data"].get("val_fraction"):
         raise ValueError(f"{manifest.name}: no held-out split in its provenance; give --data with identities it never trained on")

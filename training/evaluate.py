@@ -19,16 +19,16 @@ from typing import Protocol
 import cv2
 import numpy as np
 
-from service.align import ARCFACE_112, align_face
+from service.align import TEMPLATES, align_face
 from service.models.embedder import l2_normalize, preprocess
-from training.data.preprocess import SIZE, to_input
+from training.data.preprocess import ALIGNMENT, SIZE, to_input
 from training.verification import at_thresholds, plot_roc, verification_metrics
 
 
 @dataclass
 class VerificationSet:
     name: str
-    crops: np.ndarray  # N×112×112×3 uint8 RGB
+    crops: np.ndarray  # N×S×S×3 uint8 RGB, aligned onto the evaluated model's template
     pairs: np.ndarray  # P×2 indices into crops
     issame: np.ndarray  # P bool
     folds: np.ndarray  # P fold ids
@@ -37,10 +37,14 @@ class VerificationSet:
 
 class Embedder(Protocol):
     def raw(self, crops: np.ndarray) -> np.ndarray:
-        """N×112×112×3 uint8 RGB → N×D un-normalized embeddings."""
+        """N aligned crops (uint8 RGB, the embedder's template) → N×D un-normalized embeddings."""
+
+    alignment: str
 
 
 class TorchEmbedder:
+    alignment = ALIGNMENT  # training's crops
+
     def __init__(self, backbone, batch_size: int = 64) -> None:
         self.backbone, self.batch_size = backbone, batch_size
 
@@ -66,6 +70,7 @@ class OnnxEmbedder:
         from service.models.store import load_model
 
         self.model = load_model(str(manifest_path), Path(manifest_path).parent, Path(manifest_path).parent, device="cpu")
+        self.alignment = self.model.manifest.alignment
         self.batch_size = batch_size
 
     def raw(self, crops: np.ndarray) -> np.ndarray:
@@ -118,21 +123,23 @@ def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = N
 # ---- verification sets ----
 
 
-def align_images(paths: list[Path], pipeline) -> tuple[np.ndarray, int]:
-    """Images → aligned crops through the service pipeline (largest face). A 112×112 image is taken
-    as already aligned. Undetected faces fall back to the median landmarks of the detected ones."""
+def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT) -> tuple[np.ndarray, int]:
+    """Images → crops aligned onto `template` through the service pipeline (largest face). An image of
+    the template's size is taken as already aligned. Undetected faces fall back to the median
+    landmarks of the detected ones."""
+    points, size = TEMPLATES[template]
     crops: list[np.ndarray | None] = []
     found, missing = [], []
     images = []
     for i, path in enumerate(paths):
         image = pipeline.decode(Path(path).read_bytes())
         images.append(None)
-        if image.shape[:2] == (SIZE, SIZE):
+        if image.shape[:2] == (size, size):
             crops.append(cv2.cvtColor(image, cv2.COLOR_BGR2RGB))
             continue
         faces = pipeline.detect(image)
         if faces:
-            crops.append(pipeline.align(image, faces[:1])[0])
+            crops.append(pipeline.align(image, faces[:1], template)[0])
             found.append(faces[0].landmarks / np.array(image.shape[1::-1], np.float32))
         else:
             crops.append(None)
@@ -144,22 +151,22 @@ def align_images(paths: list[Path], pipeline) -> tuple[np.ndarray, int]:
             h, w = images[i].shape[:2]
             if median is None:  # nothing detected anywhere: the template at half the image's short side
                 side = min(h, w) / 2
-                landmarks = ARCFACE_112 * side / SIZE + np.array([(w - side) / 2, (h - side) / 2])
+                landmarks = points * side / size + np.array([(w - side) / 2, (h - side) / 2])
             else:
                 landmarks = median * np.array([w, h], np.float32)
-            crops[i] = align_face(images[i], landmarks)
+            crops[i] = align_face(images[i], landmarks, template)
     return np.stack(crops), len(missing)
 
 
-def _cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str) -> tuple[np.ndarray, int]:
+def _cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str) -> tuple[np.ndarray, int]:
     if cache_dir is None:
-        return align_images(paths, pipeline)
-    digest = hashlib.sha256((key + "\n".join(map(str, paths))).encode()).hexdigest()[:16]
+        return align_images(paths, pipeline, template)
+    digest = hashlib.sha256((key + template + "\n".join(map(str, paths))).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"aligned-{digest}.npz"
     if cache.is_file():
         data = np.load(cache)
         return data["crops"], int(data["fallbacks"])
-    crops, fallbacks = align_images(paths, pipeline)
+    crops, fallbacks = align_images(paths, pipeline, template)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{cache.stem}.tmp.npz")
     np.savez(tmp, crops=crops, fallbacks=fallbacks)
@@ -186,12 +193,12 @@ def read_lfw_pairs(pairs_txt: Path) -> tuple[list[tuple[str, int, str, int]], np
     return pairs, np.array(issame), folds
 
 
-def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None) -> VerificationSet:
+def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT) -> VerificationSet:
     pairs, issame, folds = read_lfw_pairs(pairs_txt)
     names = sorted({(n, i) for a, ia, b, ib in pairs for n, i in ((a, ia), (b, ib))})
     position = {k: j for j, k in enumerate(names)}
     paths = [Path(images) / n / f"{n}_{i:04d}.jpg" for n, i in names]
-    crops, fallbacks = _cached_crops(paths, pipeline, cache_dir, "lfw")
+    crops, fallbacks = _cached_crops(paths, pipeline, cache_dir, "lfw", template)
     index = np.array([(position[(a, ia)], position[(b, ib)]) for a, ia, b, ib in pairs])
     return VerificationSet(Path(pairs_txt).parent.name or "lfw", crops, index, issame, folds, fallbacks)
 
@@ -215,14 +222,14 @@ def load_bin(path: Path, n_folds: int = 10) -> VerificationSet:
     return VerificationSet(Path(path).stem, np.stack(crops), pairs, np.array(issame, bool), folds)
 
 
-def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10) -> VerificationSet:
+def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT) -> VerificationSet:
     """A CSV with columns path1,path2,issame (paths relative to the CSV; issame 1/0/true/false)."""
     root = Path(path).parent
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     files = sorted({r[k] for r in rows for k in ("path1", "path2")})
     position = {f: i for i, f in enumerate(files)}
-    crops, fallbacks = _cached_crops([root / f for f in files], pipeline, cache_dir, "csv")
+    crops, fallbacks = _cached_crops([root / f for f in files], pipeline, cache_dir, "csv", template)
     pairs = np.array([(position[r["path1"]], position[r["path2"]]) for r in rows])
     issame = np.array([r["issame"].strip().lower() in ("1", "true", "yes") for r in rows])
     folds = np.arange(len(rows)) * n_folds // len(rows)

@@ -29,6 +29,7 @@ def eval_(
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
         fail("give exactly one of: --pairs with --images, --bin, --csv")
     cache = cache.expanduser()
+    embedder, kind = load_embedder(model)
     if bin_ is not None:
         vset = load_bin(bin_)
     else:
@@ -40,8 +41,8 @@ def eval_(
             pipeline = FacePipeline.from_settings(get_settings(), require_embedder=False)
         except ModelError as exc:
             fail(exc)
-        vset = load_lfw(pairs, images, pipeline, cache) if pairs else load_csv(csv, pipeline, cache)
-    embedder, kind = load_embedder(model)
+        template = embedder.alignment
+        vset = load_lfw(pairs, images, pipeline, cache, template=template) if pairs else load_csv(csv, pipeline, cache, template=template)
     if record and kind != "onnx":
         fail("--record needs an exported model (its .json manifest)")
     thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None

@@ -1,4 +1,5 @@
-"""`facegate align SRC DST`: raw photos in identity folders → aligned 112×112 JPEG identity folders,
+"""`facegate align SRC DST`: raw photos in identity folders → aligned JPEG identity folders (training's
+112×112 template, or another model's, e.g. to calibrate an imported embedder),
 through the service's own decode → detect → align, so training sees faces exactly as serving does.
 
 Resumable: a source image whose aligned file exists, or that the report already lists, is skipped.
@@ -21,6 +22,7 @@ import cv2
 from service.errors import FacegateError
 from service.settings import Settings
 from training.data.folders import list_identity_folders
+from training.data.preprocess import ALIGNMENT
 
 MANIFEST = "manifest.csv"
 REPORT = "no_face.csv"
@@ -57,7 +59,7 @@ def _init_worker(settings: Settings) -> None:
     _pipeline = FacePipeline.from_settings(settings, require_embedder=False)
 
 
-def _align_one(src_root: Path, dst_root: Path, identity: str, path: Path) -> Result:
+def _align_one(src_root: Path, dst_root: Path, identity: str, path: Path, template: str) -> Result:
     source = str(path.relative_to(src_root))
     try:
         image = _pipeline.decode(path.read_bytes())
@@ -67,7 +69,7 @@ def _align_one(src_root: Path, dst_root: Path, identity: str, path: Path) -> Res
     if not faces:
         return Result(identity, source, None, "no face detected")
     face = faces[0]  # the detector sorts largest first
-    crop_rgb = _pipeline.align(image, [face])[0]
+    crop_rgb = _pipeline.align(image, [face], template)[0]
     rel = Path(identity) / f"{path.stem}.jpg"
     target = dst_root / rel
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +96,7 @@ def _appender(path: Path, fields: list[str]):
     return fh, writer
 
 
-def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, progress: bool = True) -> Summary:
+def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, progress: bool = True, template: str = ALIGNMENT) -> Summary:
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     done = _read_column(dst / MANIFEST, "source_file") | _read_column(dst / REPORT, "source_file")
@@ -119,7 +121,7 @@ def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, pro
         initargs=(settings,),
     ) as pool:
         task = bar.add_task("align", total=len(todo))
-        futures = [pool.submit(_align_one, src, dst, identity, path) for identity, path in todo]
+        futures = [pool.submit(_align_one, src, dst, identity, path, template) for identity, path in todo]
         for future in futures:
             result = future.result()
             if result.file is None:

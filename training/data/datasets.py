@@ -25,9 +25,11 @@ class Source(Protocol):
 
 
 class ImageFolder:
-    """Aligned 112×112 crops in identity folders; label = the identity's rank in sorted order."""
+    """Aligned crops (size × size, training's 112 unless an evaluated model takes another) in identity
+    folders; label = the identity's rank in sorted order."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, size: int = SIZE) -> None:
+        self.size = size
         self.identities: list[str] = []
         self.paths: list[Path] = []
         labels = []
@@ -46,19 +48,22 @@ class ImageFolder:
         bgr = cv2.imread(str(self.paths[i]), cv2.IMREAD_COLOR)
         if bgr is None:
             raise ValueError(f"{self.paths[i]} is not a readable image")
-        if bgr.shape[:2] != (SIZE, SIZE):
-            raise ValueError(f"{self.paths[i]} is {bgr.shape[1]}x{bgr.shape[0]}, not an aligned {SIZE}x{SIZE} crop: run `facegate align` first")
+        if bgr.shape[:2] != (self.size, self.size):
+            raise ValueError(
+                f"{self.paths[i]} is {bgr.shape[1]}x{bgr.shape[0]}, not an aligned {self.size}x{self.size} crop: "
+                "run `facegate align` first (with the model's --template)"
+            )
         return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), int(self.labels[i])
 
 
-def open_source(path: Path) -> Source:
+def open_source(path: Path, size: int = SIZE) -> Source:
     """A `.rec` file (or a folder holding train.rec) → RecordIO; any other folder → aligned folders."""
     path = Path(path)
     if path.suffix == ".rec":
         return RecordIODataset(path)
     if (path / "train.rec").is_file():
         return RecordIODataset(path / "train.rec")
-    return ImageFolder(path)
+    return ImageFolder(path, size)
 
 
 class Subset:
