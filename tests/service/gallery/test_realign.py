@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from service.align import ARCFACE_112, LOOSE, TEMPLATES, align_face, loose_chip, similarity_transform, template_chip
+from service.align import ARCFACE_112, LOOSE, FaceChip, TEMPLATES, align_face, loose_chip, template_chip
 from service.gallery.interface import NewFace
 from service.gallery.store import DATABASE, SCHEMA_VERSION, SqliteGallery, decode_crop, encode_crop
 from service.models.manifest import EmbedderKey, Manifest
@@ -78,10 +78,6 @@ def key_of(pipeline) -> EmbedderKey:
     return EmbedderKey.of(pipeline.embedder_model.manifest)
 
 
-def _apply(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
-    return points @ matrix[:, :2].T + matrix[:, 2]
-
-
 def _coordinates(shape: tuple[int, int]) -> np.ndarray:
     """float32 image of (x, y, 1) at each pixel, in BGR order (channel 0 is x)."""
     y, x = np.mgrid[: shape[0], : shape[1]].astype(np.float32)
@@ -109,7 +105,7 @@ def test_loose_chip_realigns_like_the_original_photo(photos, monkeypatch):
             assert inside.mean() > 0.5 and np.abs(sampled - wanted)[inside].max() < 0.02, template
             # pixels: the same crop up to a second interpolation
             direct = align_face(image, landmarks, template)
-            again = chip.__class__(stored, chip.landmarks, chip.frame).align(template)
+            again = FaceChip(stored, chip.landmarks, chip.frame).align(template)
             assert again.shape == direct.shape
             assert mean_abs(again, direct) < 3.0, template
         # the chip is not the template crop: a wrong re-alignment would be far off
