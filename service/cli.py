@@ -193,7 +193,7 @@ def bench_pipeline(
 
 @gallery_app.command("reembed")
 def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per embedder run.")] = 64) -> None:
-    """Re-embed faces another model made, from the aligned crops stored with FACEGATE_STORE_CROPS.
+    """Re-embed faces another model made, from the chips stored with FACEGATE_STORE_CROPS, re-aligned for the active embedder.
 
     Stop the server first (or restart it after): it rebuilds its search index at start-up.
     """
@@ -204,7 +204,7 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
     manifest = pipeline.embedder_model.manifest
     gallery = SqliteGallery.open(get_settings().data_dir, EmbedderKey.of(manifest), searchable=False)
     try:
-        done, missing = gallery.reembed(pipeline.embedder.embed, batch)
+        done, missing = gallery.reembed(pipeline.embedder.embed, manifest.alignment, batch)
     finally:
         gallery.close()
     console.print(f"[green]ok[/green] {done} faces re-embedded with {manifest.name} {manifest.version}")

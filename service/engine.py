@@ -33,8 +33,8 @@ class Engine:
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def _find(self, data: bytes, aligned: bool, policy: FacePolicy) -> list[FoundFace]:
-        return self.pipeline.find_faces(self.pipeline.decode(data), aligned, policy)
+    def _find(self, data: bytes, aligned: bool, policy: FacePolicy, chips: bool) -> list[FoundFace]:
+        return self.pipeline.find_faces(self.pipeline.decode(data), aligned, policy, chips)
 
     def _embed_now(self, crops: np.ndarray) -> np.ndarray:
         embeddings = self.pipeline.embedder.embed(crops)
@@ -46,8 +46,8 @@ class Engine:
             return await asyncio.wrap_future(self.batcher.submit(crops))
         return await self._run(self._embed_now, crops)
 
-    async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest") -> list[EmbeddedFace]:
-        """The image's faces with their embeddings, largest first."""
-        found = await self._run(self._find, data, aligned, policy)
+    async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
+        """The image's faces with their embeddings, largest first (and their chips, when asked)."""
+        found = await self._run(self._find, data, aligned, policy, chips)
         embeddings = await self.embed_crops(np.stack([f.crop for f in found]))
         return [f.embedded(e) for f, e in zip(found, embeddings)]

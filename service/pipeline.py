@@ -9,7 +9,7 @@ from typing import Literal
 
 import numpy as np
 
-from service.align import TEMPLATES, align_face
+from service.align import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
 from service.decode import decode_image
 from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace
 from service.models.detector import Face, FaceDetector
@@ -22,13 +22,15 @@ FacePolicy = Literal["largest", "reject_multiple", "all"]
 
 @dataclass(frozen=True)
 class FoundFace:
-    """A face ready to embed: its detection (None for an aligned upload) and its aligned RGB crop."""
+    """A face ready to embed: its detection (None for an aligned upload), its aligned RGB crop, and
+    its chip for re-alignment when one was asked for (enrollment with FACEGATE_STORE_CROPS)."""
 
     face: Face | None
     crop: np.ndarray
+    chip: FaceChip | None
 
     def embedded(self, embedding: np.ndarray) -> EmbeddedFace:
-        return EmbeddedFace(self.face, self.crop, embedding)
+        return EmbeddedFace(self.face, self.crop, self.chip, embedding)
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,15 @@ class FacePipeline:
             raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
         return image_bgr[..., ::-1][None]
 
-    def find_faces(self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest") -> list[FoundFace]:
+    def find_faces(self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[FoundFace]:
         """The faces to embed, largest first, each with its aligned RGB crop.
 
         policy: `largest` (one face), `reject_multiple` (one face, else MultipleFaces) or `all`.
+        chips: also cut each face's FaceChip (a loose chip; an aligned upload is its own chip).
         """
         if aligned:
-            return [FoundFace(None, self.aligned_crop(image_bgr)[0])]
+            crop = self.aligned_crop(image_bgr)[0]
+            return [FoundFace(None, crop, template_chip(crop, self.template) if chips else None)]
         faces = self.detect(image_bgr)
         if not faces:
             raise NoFace("no face was found in the image")
@@ -103,7 +107,9 @@ class FacePipeline:
             raise MultipleFaces(f"{len(faces)} faces were found and face_policy=reject_multiple; send an image of one face")
         if policy != "all":
             faces = faces[:1]
-        return [FoundFace(face, crop) for face, crop in zip(faces, self.align(image_bgr, faces))]
+        return [
+            FoundFace(face, crop, loose_chip(image_bgr, face.landmarks) if chips else None) for face, crop in zip(faces, self.align(image_bgr, faces))
+        ]
 
     def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
         """Every face of an image (largest first), or only the largest when all_faces is False."""

@@ -42,7 +42,13 @@ class Settings(BaseSettings):
 
     # gallery
     data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")
-    store_crops: bool = Field(False, description="Keep each enrolled face's aligned 112×112 crop (biometric data) so `facegate gallery reembed` can re-embed after a model change.")
+    store_crops: bool = Field(
+        False,
+        description=(
+            "Keep an image of each enrolled face (biometric data) so `facegate gallery reembed` can re-embed after a model change: "
+            "a 320×320 PNG chip with margin around the face and its five landmarks (an aligned upload is kept as sent)."
+        ),
+    )
     enroll_min_score: float = Field(0.75, ge=0.0, le=1.0, description="Enrollment refuses faces with a lower detection score.")
     enroll_min_face_size: int = Field(48, ge=0, description="Enrollment refuses faces whose box is smaller on its short side (px).")
     max_bulk_images: int = Field(20, ge=1, description="Most images one bulk enrollment request may carry.")

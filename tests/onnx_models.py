@@ -10,24 +10,35 @@ from service.models.manifest import Manifest
 from service.models.store import sha256_file
 
 
-def write_test_embedder(folder: Path, dim: int = 64, batch: int | str = "batch", color: str = "RGB", name: str = "test-embedder") -> Path:
-    """112×112×3 → 8×8 average pool → fixed random projection → `dim` floats.
+def write_test_embedder(
+    folder: Path,
+    dim: int = 64,
+    batch: int | str = "batch",
+    color: str = "RGB",
+    name: str = "test-embedder",
+    size: int = 112,
+    alignment: str = "arcface_112",
+) -> Path:
+    """size×size×3 → 8×8 average pool → fixed random projection → `dim` floats.
 
     Not a face model: it exists to test preprocessing, batching, normalization and manifests.
+    `size` and `alignment` (a template in service.align.TEMPLATES) make a model that aligns
+    differently from the default one.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    cell = size // 8  # an 8×8 grid of cells (a size not divisible by 8 leaves its last rows/columns out)
     rng = np.random.default_rng(0)
     projection = rng.standard_normal((3 * 8 * 8, dim)).astype(np.float32)
     graph = helper.make_graph(
         [
-            helper.make_node("AveragePool", ["input"], ["pooled"], kernel_shape=[14, 14], strides=[14, 14]),
+            helper.make_node("AveragePool", ["input"], ["pooled"], kernel_shape=[cell, cell], strides=[cell, cell]),
             helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
             helper.make_node("MatMul", ["flat", "projection"], ["embedding"]),
         ],
         "test_embedder",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 112, 112])],
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, size, size])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [batch, dim])],
         initializer=[numpy_helper.from_array(projection, "projection")],
     )
@@ -42,10 +53,10 @@ def write_test_embedder(folder: Path, dim: int = 64, batch: int | str = "batch",
         version="0",
         task="embedder",
         file={"name": onnx_path.name, "sha256": sha256_file(onnx_path), "bytes": onnx_path.stat().st_size},
-        input={"name": "input", "shape": [batch, 3, 112, 112], "color": color, "mean": [127.5] * 3, "std": [127.5] * 3},
+        input={"name": "input", "shape": [batch, 3, size, size], "color": color, "mean": [127.5] * 3, "std": [127.5] * 3},
         outputs=[{"name": "embedding", "shape": [batch, dim]}],
         embedding_dim=dim,
-        alignment="arcface_112",
+        alignment=alignment,
         thresholds={"1e-3": 0.9, "1e-2": 0.8},
         license={"name": "test-only"},
     )

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from service.align import FaceChip
+
 
 @dataclass(frozen=True)
 class Subject:
@@ -27,7 +29,7 @@ class NewFace:
     box: list[float] | None = None
     landmarks: list[list[float]] | None = None
     score: float | None = None
-    crop_rgb: np.ndarray | None = None
+    chip: FaceChip | None = None  # kept only with FACEGATE_STORE_CROPS: what re-embedding re-aligns
 
 
 @dataclass(frozen=True)
@@ -80,4 +82,7 @@ class GalleryStore(Protocol):
 
     def counts(self) -> dict[str, int]: ...
 
-    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], batch: int = 64) -> tuple[int, int]: ...
+    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], template: str, batch: int = 64) -> tuple[int, int]:
+        """Re-embed faces another model made from their stored chips, each re-aligned onto `template`
+        (the active embedder's `alignment`), committed batch by batch: (re-embedded, without a chip)."""
+        ...

@@ -21,6 +21,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from service.align import TEMPLATES, FaceChip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
 from service.gallery.index import FaissIndex, VectorIndex
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -28,6 +29,8 @@ from service.models.manifest import EmbedderKey
 
 log = logging.getLogger("facegate.gallery")
 
+# Version 0: the schema every database starts from (it was the whole schema before versions were
+# kept); MIGRATIONS then bring it to SCHEMA_VERSION, recorded in PRAGMA user_version.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS subjects (
     id TEXT PRIMARY KEY,
@@ -46,12 +49,27 @@ CREATE TABLE IF NOT EXISTS faces (
     box TEXT,                              -- JSON [x1, y1, x2, y2]; NULL for an aligned upload
     landmarks TEXT,
     score REAL,
-    crop BLOB,                             -- PNG of the aligned crop, only with FACEGATE_STORE_CROPS
+    crop BLOB,                             -- PNG of the face's chip, only with FACEGATE_STORE_CROPS
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS faces_subject ON faces (subject_id);
 CREATE INDEX IF NOT EXISTS faces_model ON faces (model_sha256);
 """
+
+# Crops stored before version 1 are 112×112 arcface_112 chips, the one alignment facegate had then
+# (detected faces and aligned uploads alike): their landmarks are that template's points.
+LEGACY_CROP_FRAME = "arcface_112"
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: a chip is stored with its frame and its landmarks in its own coordinates (JSON 5×2), so
+    #    re-embedding can re-align it for a model with another template.
+    (
+        "ALTER TABLE faces ADD COLUMN crop_frame TEXT",
+        "ALTER TABLE faces ADD COLUMN crop_landmarks TEXT",
+        f"UPDATE faces SET crop_frame = '{LEGACY_CROP_FRAME}', crop_landmarks = '{json.dumps(TEMPLATES[LEGACY_CROP_FRAME][0].tolist())}' "
+        "WHERE crop IS NOT NULL",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
@@ -60,12 +78,23 @@ LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
 def encode_crop(crop_rgb: np.ndarray) -> bytes:
     ok, png = cv2.imencode(".png", np.ascontiguousarray(crop_rgb[..., ::-1]))
     if not ok:
-        raise ValueError("cannot encode the aligned crop")
+        raise ValueError("cannot encode the face's chip")
     return png.tobytes()
 
 
 def decode_crop(data: bytes) -> np.ndarray:
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+
+
+def _chip_columns(chip: FaceChip | None) -> tuple[bytes | None, str | None, str | None]:
+    """crop, crop_frame, crop_landmarks of a face's chip (all NULL without one)."""
+    if chip is None:
+        return None, None, None
+    return encode_crop(chip.image), chip.frame, json.dumps(np.asarray(chip.landmarks, np.float64).tolist())
+
+
+def _chip(crop: bytes, frame: str, landmarks: str) -> FaceChip:
+    return FaceChip(decode_crop(crop), np.array(json.loads(landmarks), np.float64), frame)
 
 
 def _blob(embedding: np.ndarray) -> bytes:
@@ -84,7 +113,7 @@ class SqliteGallery(GalleryStore):
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
             self._db.execute(f"PRAGMA {pragma}")
-        self._db.executescript(SCHEMA)
+        self._migrate()
         self.index = index
         self.incompatible: dict[str, int] = {}
         self._load_index()
@@ -105,6 +134,28 @@ class SqliteGallery(GalleryStore):
                 if self._db.in_transaction:  # also after a failed COMMIT (disk full): leave no open transaction
                     self._db.execute("ROLLBACK")
                 raise
+
+    def _migrate(self) -> None:
+        """Bring the database to SCHEMA_VERSION: each migration in its own transaction that first
+        re-reads user_version, so opening twice (or two processes at once) applies it once."""
+        with self._lock:
+            self._db.executescript(SCHEMA)  # version 0; CREATE ... IF NOT EXISTS only
+            for version, statements in enumerate(MIGRATIONS, 1):
+                if self._schema_version() >= version:
+                    continue  # no write lock taken when there is nothing to do
+                with self._write() as db:
+                    if self._schema_version() >= version:
+                        continue
+                    for statement in statements:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {version}")
+                log.info("gallery %s: schema migrated to version %d", self.path, version)
+
+    def _schema_version(self) -> int:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} has schema version {version}, newer than this facegate's {SCHEMA_VERSION}: upgrade facegate")
+        return version
 
     def _load_index(self) -> None:
         """Fill the index from SQLite; report faces another model made (they are never compared)."""
@@ -208,7 +259,7 @@ class SqliteGallery(GalleryStore):
                 json.dumps(face.box) if face.box is not None else None,
                 json.dumps(face.landmarks) if face.landmarks is not None else None,
                 face.score,
-                encode_crop(face.crop_rgb) if face.crop_rgb is not None else None,
+                *_chip_columns(face.chip),
                 now,
             )
             for face in faces
@@ -218,8 +269,8 @@ class SqliteGallery(GalleryStore):
                 if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 insert = (
-                    "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 )
                 ids = [db.execute(insert, row).lastrowid for row in rows]
             if self.index is not None:
@@ -300,8 +351,10 @@ class SqliteGallery(GalleryStore):
 
     # maintenance
 
-    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], batch: int = 64) -> tuple[int, int]:
-        """Re-embed, from their stored crops, faces another model made: (re-embedded, without a crop).
+    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], template: str, batch: int = 64) -> tuple[int, int]:
+        """Re-embed faces another model made from their stored chips, each re-aligned onto `template`
+        (the active embedder's alignment): (re-embedded, without a chip). Each batch is committed
+        on its own, so an interrupted run keeps its progress and the next run goes on from there.
 
         Run it while no server uses this database; the server rebuilds its index at start-up.
         """
@@ -310,11 +363,12 @@ class SqliteGallery(GalleryStore):
         while True:
             with self._lock:
                 rows = self._db.execute(
-                    "SELECT id, crop FROM faces WHERE model_sha256 != ? AND crop IS NOT NULL LIMIT ?", (key.sha256, batch)
+                    "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE model_sha256 != ? AND crop IS NOT NULL LIMIT ?",
+                    (key.sha256, batch),
                 ).fetchall()
             if not rows:
                 break
-            vectors = embed(np.stack([decode_crop(r[1]) for r in rows]))
+            vectors = embed(np.stack([_chip(r[1], r[2], r[3]).align(template) for r in rows]))
             with self._write() as db:
                 db.executemany(
                     "UPDATE faces SET embedding = ?, model_name = ?, model_sha256 = ? WHERE id = ?",

@@ -11,11 +11,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from service.align import model_templates
 from service.errors import ModelError
 from service.strict import StrictModel
-
-from service.align import TEMPLATES
-
 
 def far_key(far: float | str) -> str:
     """Canonical text of a false-accept rate, e.g. 0.001 → "1e-3", so lookups never miss on spelling."""
@@ -139,8 +137,8 @@ class Manifest(StrictModel):
         if self.task == "embedder":
             if self.embedding_dim is None:
                 raise ValueError("an embedder manifest needs embedding_dim")
-            if self.alignment not in TEMPLATES:
-                raise ValueError(f"an embedder manifest needs alignment, one of {tuple(TEMPLATES)}")
+            if self.alignment not in model_templates():
+                raise ValueError(f"an embedder manifest needs alignment, one of {model_templates()}")
             if len(self.outputs) != 1:
                 raise ValueError("an embedder has exactly one output")
         return self

@@ -44,7 +44,7 @@ def delete_face(face_id: Annotated[int, Path(ge=1, le=INT64_MAX)], service: Serv
 async def _prepare(service: Service, data: bytes, options: EnrollOptions) -> NewFace:
     """Detect, gate on quality, embed: a face ready to store (nothing is written here)."""
     settings = service.settings
-    (found,) = await service.engine.faces(data, options.aligned, options.face_policy)
+    (found,) = await service.engine.faces(data, options.aligned, options.face_policy, chips=settings.store_crops)
     face = FaceOut.of(found.face)
     if face is not None:
         side = min(found.face.width, found.face.height)
@@ -57,7 +57,7 @@ async def _prepare(service: Service, data: bytes, options: EnrollOptions) -> New
         box=face.box if face else None,
         landmarks=face.landmarks if face else None,
         score=face.score if face else None,
-        crop_rgb=found.crop if settings.store_crops else None,
+        chip=found.chip,
     )
 
 

@@ -358,3 +358,29 @@ def test_api_key_settings_from_env(monkeypatch, api_settings):
     from service.settings import Settings
 
     assert Settings().api_keys == SecretStr("k1,k2") and "k1" not in repr(Settings())
+
+
+def test_enrollment_stores_chips_only_with_store_crops(api_settings, make_client, lfw_faces):
+    import json
+    import sqlite3
+
+    from service.align import ARCFACE_112, LOOSE_320
+    from service.gallery.store import DATABASE, decode_crop
+
+    for store in (False, True):
+        settings = api_settings.model_copy(update={"store_crops": store, "data_dir": api_settings.data_dir / str(store)})
+        api = make_client(settings)
+        new_subject(api, "bush")
+        enroll(api, "bush", lfw_faces[BUSH][0])
+        assert api.post("/subjects/bush/faces", files={"image": aligned_crop_png(1)}, data={"aligned": "true"}).status_code == 201
+        db = sqlite3.connect(settings.data_dir / DATABASE)
+        rows = db.execute("SELECT crop, crop_frame, crop_landmarks FROM faces ORDER BY id").fetchall()
+        db.close()
+        if not store:
+            assert rows == [(None, None, None)] * 2
+            continue
+        (detected, frame, landmarks), (uploaded, upload_frame, upload_landmarks) = rows
+        assert frame == "loose_320" and decode_crop(detected).shape == (320, 320, 3)
+        assert np.abs(np.array(json.loads(landmarks)) - LOOSE_320).max() < 18  # near the loose frame's points
+        assert upload_frame == "arcface_112" and np.allclose(json.loads(upload_landmarks), ARCFACE_112)
+        assert np.array_equal(decode_crop(uploaded)[..., ::-1], cv2.imdecode(np.frombuffer(aligned_crop_png(1), np.uint8), cv2.IMREAD_COLOR))

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 
+from service.align import template_chip
 from service.gallery.interface import NewFace
 from service.gallery.store import SqliteGallery
 from service.models.manifest import EmbedderKey, Manifest
@@ -18,7 +19,7 @@ def test_reembed_command(tmp_path, embedder_manifest, model_cache, pipeline):
     gallery.create_subject("A", {}, "a")
     vector = np.ones(64, np.float32) / 8
     crop = np.random.default_rng(0).integers(0, 256, (112, 112, 3), dtype=np.uint8)
-    gallery.add_faces("a", [NewFace(vector, crop_rgb=crop), NewFace(vector)])
+    gallery.add_faces("a", [NewFace(vector, chip=template_chip(crop, "arcface_112")), NewFace(vector)])
     gallery.close()
 
     env = {**os.environ, "FACEGATE_DATA_DIR": str(tmp_path), "FACEGATE_EMBEDDER": str(embedder_manifest), "FACEGATE_MODEL_CACHE": str(model_cache), "FACEGATE_DEVICE": "cpu"}

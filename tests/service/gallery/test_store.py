@@ -6,6 +6,7 @@ import sqlite3
 import numpy as np
 import pytest
 
+from service.align import template_chip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
 from service.gallery.interface import NewFace
 from service.gallery.store import SqliteGallery
@@ -103,7 +104,7 @@ def test_reembed_from_stored_crops(tmp_path):
     g = SqliteGallery.open(tmp_path, KEY)
     g.create_subject("A", {}, "a")
     crop = np.full((112, 112, 3), 7, np.uint8)
-    g.add_faces("a", [NewFace(unit(0), crop_rgb=crop), NewFace(unit(1))])
+    g.add_faces("a", [NewFace(unit(0), chip=template_chip(crop, "arcface_112")), NewFace(unit(1))])
     g.close()
     g = SqliteGallery.open(tmp_path, OTHER, searchable=False)
     seen = []
@@ -112,8 +113,8 @@ def test_reembed_from_stored_crops(tmp_path):
         seen.append(crops.copy())
         return np.stack([unit(9)] * len(crops))
 
-    assert g.reembed(embed) == (1, 1)  # one re-embedded, one had no crop
-    assert np.array_equal(seen[0][0], crop)  # the crop survived its PNG round trip
+    assert g.reembed(embed, "arcface_112") == (1, 1)  # one re-embedded, one had no crop
+    assert np.array_equal(seen[0][0], crop)  # the crop survived its PNG round trip and its identity re-alignment
     g.close()
     g = SqliteGallery.open(tmp_path, OTHER)
     assert g.index.size == 1 and g.search(unit(9), 1)[0].similarity > 0.999
