@@ -45,14 +45,20 @@ class Calibration:
         }
 
 
-def pair_scores(embeddings: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every unordered pair of unit embeddings → (genuine cosines, impostor cosines)."""
+def pair_scores(embeddings: np.ndarray, labels: np.ndarray, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Every unordered pair of unit embeddings → (genuine cosines, impostor cosines), a block of rows
+    at a time so that 20,000 images (200M pairs) need the scores' memory, not an N×N matrix's."""
     e = np.asarray(embeddings, np.float32)
     labels = np.asarray(labels)
-    i, j = np.triu_indices(len(e), k=1)
-    scores = (e @ e.T)[i, j]
-    same = labels[i] == labels[j]
-    return scores[same], scores[~same]
+    genuine, impostor = [], []
+    for start in range(0, len(e), chunk):
+        rows = e[start : start + chunk]
+        scores = rows @ e[start + 1 :].T  # row r pairs with every later image: columns start+1 …
+        later = np.arange(start + 1, len(e))[None, :] > np.arange(start, start + len(rows))[:, None]
+        same = labels[start : start + len(rows), None] == labels[None, start + 1 :]
+        genuine.append(scores[later & same])
+        impostor.append(scores[later & ~same])
+    return np.concatenate(genuine), np.concatenate(impostor)
 
 
 def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
@@ -69,7 +75,7 @@ def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
 
 
 def calibrate_scores(genuine: np.ndarray, impostor: np.ndarray, fars=FARS, identities: int = 0, images: int = 0) -> Calibration:
-    genuine, impostor = np.asarray(genuine, np.float64), np.asarray(impostor, np.float64)
+    genuine, impostor = np.asarray(genuine), np.asarray(impostor)
     if len(impostor) == 0:
         raise ValueError("no impostor pairs: calibration needs at least two identities")
     result = Calibration(identities, images, len(genuine), len(impostor))

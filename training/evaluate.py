@@ -69,7 +69,10 @@ class OnnxEmbedder:
     def __init__(self, manifest_path: Path, batch_size: int = 64) -> None:
         from service.models.store import load_model
 
-        self.model = load_model(str(manifest_path), Path(manifest_path).parent, Path(manifest_path).parent, device="cpu")
+        from service.settings import get_settings
+
+        # the file beside its manifest (an export), else in the model cache (a pulled or imported model)
+        self.model = load_model(str(manifest_path), Path(manifest_path).parent, get_settings().model_cache, device="cpu")
         self.alignment = self.model.manifest.alignment
         self.batch_size = batch_size
 
