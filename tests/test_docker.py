@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("Dockerfile*"))]
 COMPOSE = REPO / "compose.yaml"
 GPU_OVERRIDE = REPO / "compose.override.yaml"
-# Every way the compose files are meant to be combined (README.md ("Deploy")); `docker compose` without
+# Every way the compose files are meant to be combined (docs/deployment.md: "Quick start on a GPU host",
+# "CPU-only hosts", "Metrics (Prometheus)"); `docker compose` without
 # -f reads compose.yaml and compose.override.yaml.
 COMBINATIONS = {
     "gpu": [],

@@ -1,5 +1,5 @@
-"""`facegate heads …`: the two pictures of README.md ("Training heads"). torch and matplotlib are imported inside the
-commands, so `facegate` starts without them."""
+"""`facegate heads …`: the two pictures of docs/heads.md ("The target logits", "What the margins do to the
+features"). torch and matplotlib are imported inside the commands, so `facegate` starts without them."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 `build_head(name, embedding_dim, num_classes, **params)` returns an `nn.Module` with a `weight`
 parameter (num_classes × embedding_dim; sub-center: num_classes·k rows, class-major) whose
 `forward(embeddings, labels)` gives float32 logits ready for `F.cross_entropy` and whose
-`loss(embeddings, labels)` is the full training loss. Formulas and defaults: README.md ("Training heads").
+`loss(embeddings, labels)` is the full training loss. Formulas and defaults: docs/heads.md
+("Formulas and defaults").
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def cosface_scale_lower_bound(num_classes: int, p_w: float, margin: float = 0.0)
 
 def angular_margin(cos: Tensor, m1: float = 1.0, m2: float | Tensor = 0.0, m3: float = 0.0, edge: str = "threshold") -> Tensor:
     """cos(m1·θ + m2) − m3 from cosθ, with `edge` deciding what happens past m1·θ + m2 = π, where
-    cos(m1·θ + m2) would turn back up (README.md ("Training heads"): why ψ must stay monotonically decreasing):
+    cos(m1·θ + m2) would turn back up (docs/heads.md, "Why ψ, and every target curve, must stay monotonically decreasing"):
 
     - threshold: where cosθ ≤ cos(π − m2), use cosθ − m2·sin(m2) − m3 (InsightFace; needs m1 = 1);
     - easy: margin only where cosθ > 0, plain cosθ elsewhere (not monotonic: jumps up at 90°);
