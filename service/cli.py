@@ -28,7 +28,7 @@ app.add_typer(gallery_app, name="gallery")
 console = Console(stderr=True)
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
-Aligned = Annotated[bool, typer.Option(help="The images are already aligned 112×112 crops: skip detection.")]
+Aligned = Annotated[bool, typer.Option(help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection.")]
 
 
 @contextmanager
