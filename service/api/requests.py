@@ -21,10 +21,10 @@ from starlette.datastructures import UploadFile
 from service.errors import InvalidBase64, InvalidJson, InvalidParameters, UnsupportedMediaType
 from service.readiness import Readiness
 
-Model = TypeVar("Model", bound=BaseModel)
 MAX_FORM_FIELDS = 64  # text fields in one multipart body: every route takes a handful
 IMAGE = "An image (JPEG, PNG, WebP, BMP, GIF, TIFF): a file part, or base64 in a JSON body."
 Options = TypeVar("Options", bound=BaseModel)
+Model = TypeVar("Model", bound=BaseModel)
 
 
 def validation_message(exc: ValidationError | Any) -> str:
