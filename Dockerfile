@@ -84,6 +84,8 @@ EXPOSE 8000
 # Liveness only (/readyz says whether the models are loaded); python, because slim has no curl.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
-# The command line `make serve` runs (tests/test_docker.py compares them); every setting comes from
-# FACEGATE_* environment variables. No ENTRYPOINT: `docker run IMAGE facegate models list` works.
+# The command line `make serve HOST=0.0.0.0` runs (tests/test_docker.py compares them); every setting
+# comes from FACEGATE_* environment variables. Binding 0.0.0.0, it refuses to start without an API key
+# (FACEGATE_API_KEYS_FILE, as compose.yaml mounts it) unless FACEGATE_ALLOW_ANONYMOUS=true.
+# No ENTRYPOINT: `docker run IMAGE facegate models list` works.
 CMD ["facegate", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
-HOST ?= 0.0.0.0
+# Loopback by default: `facegate serve` refuses another address while no API key is configured
+# (FACEGATE_API_KEYS / _FILE; or FACEGATE_ALLOW_ANONYMOUS=true). `make serve HOST=0.0.0.0` to expose it.
+HOST ?= 127.0.0.1
 PORT ?= 8000
 # onnxruntime and onnxruntime-gpu overwrite each other's module: exactly one is installed.
 ORT_EXTRA ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)

@@ -54,10 +54,31 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes (each loads its own models).")] = 1,
 ) -> None:
-    """Run the HTTP API."""
+    """Run the HTTP API. Without API keys it binds loopback only, unless FACEGATE_ALLOW_ANONYMOUS=true."""
     import uvicorn
 
-    uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level="info")
+    from service.api.auth import ApiKeys, is_loopback
+
+    settings = get_settings()
+    if not ApiKeys.from_settings(settings).enabled and not is_loopback(host) and not settings.allow_anonymous:
+        console.print(
+            f"[red]error:[/red] refusing to serve the gallery on {host} without API keys: anyone who can reach the port "
+            "could read, enroll and delete. Set FACEGATE_API_KEYS or FACEGATE_API_KEYS_FILE, bind 127.0.0.1, or set "
+            "FACEGATE_ALLOW_ANONYMOUS=true when something in front authenticates."
+        )
+        raise typer.Exit(2)
+    uvicorn.run(
+        "service.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="info",
+        http="h11",  # the parser whose header limit h11_max_incomplete_event_size is
+        timeout_keep_alive=settings.timeout_keep_alive,
+        limit_concurrency=settings.limit_concurrency,
+        h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
+    )
 
 
 @models_app.command("pull")

@@ -117,6 +117,13 @@ class MultipleFaces(FacegateError):
     code, status = "multiple_faces", 422
 
 
+class TooManyFaces(FacegateError):
+    """More faces than FACEGATE_MAX_FACES, or faces × top_k above FACEGATE_MAX_IDENTIFY_CANDIDATES:
+    bounds the work and the answer one image can cost."""
+
+    code, status = "too_many_faces", 422
+
+
 class LowQualityFace(FacegateError):
     code, status = "low_quality_face", 422
 

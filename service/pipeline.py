@@ -11,7 +11,7 @@ import numpy as np
 
 from service.align import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
 from service.decode import decode_image
-from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace
+from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.models.detector import Face, FaceDetector
 from service.models.embedder import FaceEmbedder
 from service.models.model_set import ModelSet, load_models
@@ -107,6 +107,8 @@ class FacePipeline:
             raise MultipleFaces(f"{len(faces)} faces were found and face_policy=reject_multiple; send an image of one face")
         if policy != "all":
             faces = faces[:1]
+        elif len(faces) > self.settings.max_faces:
+            raise TooManyFaces(f"{len(faces)} faces were found; at most {self.settings.max_faces} per image are embedded (FACEGATE_MAX_FACES)")
         return [
             FoundFace(face, crop, loose_chip(image_bgr, face.landmarks) if chips else None) for face, crop in zip(faces, self.align(image_bgr, faces))
         ]

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     enroll_min_score: float = Field(0.75, ge=0.0, le=1.0, description="Enrollment refuses faces with a lower detection score.")
     enroll_min_face_size: int = Field(48, ge=0, description="Enrollment refuses faces whose box is smaller on its short side (px).")
     max_bulk_images: int = Field(20, ge=1, description="Most images one bulk enrollment request may carry.")
+    max_metadata_depth: int = Field(16, ge=1, description="Deepest nesting of a subject's metadata (the object itself is level 1).")
+    max_metadata_bytes: int = Field(16_384, ge=2, description="Largest subject metadata, serialized as JSON.")
+    max_page_bytes: int = Field(4_000_000, ge=1, description="A GET /subjects page stops before this many bytes (next_offset says where to go on).")
 
     # throughput
     worker_threads: int = Field(4, ge=1, description="Threads that decode, detect and align (inference never runs on the event loop).")
@@ -63,6 +66,14 @@ class Settings(BaseSettings):
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")
     api_keys_file: Path | None = Field(None, description="File of API keys or sha256:<hex> hashes, one a line ('#' comments).")
     max_request_bytes: int = Field(25_000_000, ge=1, description="Request bodies above this size get 413 before they are read.")
+    max_faces: int = Field(32, ge=1, description="Most faces one image may hold where every face is embedded (/embed, /identify faces=all).")
+    max_identify_candidates: int = Field(1000, ge=1, description="Most candidates one /identify may return: faces × top_k.")
+    allow_anonymous: bool = Field(False, description="Let `facegate serve` bind a non-loopback address with no API keys configured.")
+
+    # the HTTP server (uvicorn, as `facegate serve` runs it)
+    timeout_keep_alive: int = Field(5, ge=1, description="Seconds an idle keep-alive connection is kept open.")
+    limit_concurrency: int = Field(512, ge=1, description="Connections (and tasks) served at once; beyond it new requests get 503.")
+    h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
 
 
 @lru_cache

@@ -2,7 +2,7 @@
 
 - hadolint on every Dockerfile (no warning left; every inline ignore carries a reason);
 - `docker-compose config` on every compose combination (GPU, CPU, each with the metrics profile);
-- the image's CMD is the command line `make serve` runs, and that command line, run here with the
+- the image's CMD is the command line `make serve HOST=0.0.0.0` runs, and that command line, run here with the
   environment the image and compose.yaml give the container, serves /healthz, /readyz and
   /metrics behind the API key read from the compose secret;
 - the build context, the install path and the serving code's independence from training deps.
@@ -193,9 +193,11 @@ def test_runtime_stage_conventions(runtime):
 
 
 def make_serve_argv() -> list[str]:
-    """The `facegate serve` line `make serve` would run, from `make -n` (nothing is executed)."""
+    """The `facegate serve` line `make serve HOST=0.0.0.0` would run, from `make -n` (nothing is
+    executed): the Makefile binds loopback by default, a container must bind every interface for its
+    port to be published (and then refuses to start without an API key)."""
     env = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT", "VENV", "BIN", "MAKEFLAGS", "MFLAGS")}
-    out = subprocess.run(["make", "-n", "serve"], cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["make", "-n", "serve", "HOST=0.0.0.0"], cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
     lines = [shlex.split(line) for line in out.splitlines() if re.search(r"facegate serve\b", line)]
     assert len(lines) == 1, out
     return lines[0]

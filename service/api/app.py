@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import error_handlers
+from service.api import access_log, error_handlers
 from service.api.auth import ApiKeys
 from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestMetrics
@@ -32,6 +32,12 @@ DESCRIPTION = """Self-hosted face verification and identification.
 Image parameters take a multipart file part, or a base64 string under the same name in a JSON body.
 Every error answers `{"error": {"code": "...", "message": "..."}}`. When API keys are configured,
 every route but /healthz and /readyz needs an `X-API-Key` header."""
+
+
+ANONYMOUS_WARNING = (
+    "NO API KEYS ARE CONFIGURED: every route, the gallery's DELETE included, answers anyone who can reach "
+    "this port. Set FACEGATE_API_KEYS or FACEGATE_API_KEYS_FILE (docs/api.md, Authentication)."
+)
 
 
 def _openapi_with_api_key(app: FastAPI):
@@ -55,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
     keys = ApiKeys.from_settings(settings)
+    access_log.install()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,6 +75,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.watch_gallery(gallery.counts)
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
         log.info("facegate ready=%s, api keys %s", readiness.ready, "on" if keys.enabled else "off")
+        if not keys.enabled:
+            log.warning(ANONYMOUS_WARNING)
         try:
             yield
         finally:

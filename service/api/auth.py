@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from pathlib import Path
 
 from service.settings import Settings
@@ -46,3 +47,13 @@ class ApiKeys:
         for known in self._digests:  # no early exit: the time does not depend on which key matched
             found |= hmac.compare_digest(digest, known)
         return found
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address reaches this machine only (a hostname other than localhost does not count)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

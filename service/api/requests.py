@@ -1,7 +1,10 @@
-"""Image requests in either encoding: multipart/form-data (files plus text fields) or a JSON object
-whose image fields hold base64 strings under the same names. Both end as the same options model
-and raw image bytes (`read_image_request`, the opening every image route shares), and
-`request_body` documents both in the OpenAPI schema."""
+"""Request bodies. Image requests come in either encoding: multipart/form-data (files plus text
+fields) or a JSON object whose image fields hold base64 strings under the same names. Both end as
+the same options model and raw image bytes (`read_image_request`, the opening every image route
+shares), and `request_body` documents both in the OpenAPI schema. Every JSON body, image or
+gallery, is parsed by `parse_json` (`read_json_model` for the gallery's), so malformed or absurdly
+nested JSON is one 400 everywhere, and a field given twice is refused rather than silently
+overwritten."""
 
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ from starlette.datastructures import UploadFile
 from service.errors import InvalidBase64, InvalidJson, InvalidParameters, UnsupportedMediaType
 from service.readiness import Readiness
 
+MAX_FORM_FIELDS = 64  # text fields in one multipart body: every route takes a handful
 IMAGE = "An image (JPEG, PNG, WebP, BMP, GIF, TIFF): a file part, or base64 in a JSON body."
 Options = TypeVar("Options", bound=BaseModel)
+Model = TypeVar("Model", bound=BaseModel)
 
 
 def validation_message(exc: ValidationError | Any) -> str:
@@ -28,6 +33,46 @@ def validation_message(exc: ValidationError | Any) -> str:
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object hook: a repeated member would otherwise silently keep the last value."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise InvalidParameters(f"{key} is given more than once")
+        found[key] = value
+    return found
+
+
+def parse_json(raw: bytes) -> Any:
+    """The one JSON parser for request bodies. Nesting deep enough to exhaust the parser's
+    recursion (a few hundred levels) is malformed input here, not a server error."""
+    try:
+        return json.loads(raw, object_pairs_hook=_unique)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidJson(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidJson("the JSON body is nested too deeply") from None
+
+
+def _media(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
+
+
+async def read_json_model(request: Request, model: type[Model]) -> Model:
+    """A JSON object body (no content type is read as JSON, as curl without -H sends) as `model`."""
+    media = _media(request)
+    if media and not _is_json(media):
+        raise UnsupportedMediaType(f"unsupported content type {media!r}; send application/json")
+    try:
+        return model.model_validate(parse_json(await request.body()))
+    except ValidationError as exc:
+        raise InvalidParameters(validation_message(exc)) from None
 
 
 def _b64(name: str, value: Any) -> bytes:
@@ -55,9 +100,11 @@ async def read_image_request(
     required: tuple[str, ...] = (),
     optional: tuple[str, ...] = (),
     multi: str | None = None,
+    max_files: int = 8,
 ) -> ImageRequest[Options]:
-    """Parse the body, refuse while no model is usable (503), then require the `required` images."""
-    parsed, found, many = await _parse(request, options, required + optional, multi)
+    """Parse the body, refuse while no model is usable (503), then require the `required` images.
+    `max_files`: most file parts (Starlette answers 400 bad_request beyond it, before reading them)."""
+    parsed, found, many = await _parse(request, options, required + optional, multi, max_files)
     readiness.require()
     for name in required:
         if name not in found:
@@ -65,15 +112,17 @@ async def read_image_request(
     return ImageRequest(parsed, found, many)
 
 
-async def _parse(request: Request, options: type[Options], images: tuple[str, ...], multi: str | None):
+async def _parse(request: Request, options: type[Options], images: tuple[str, ...], multi: str | None, max_files: int):
     """(options, {field: bytes}, [bytes of the `multi` field]) from a multipart or JSON body."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    media = _media(request)
     fields: dict[str, Any] = {}
     found: dict[str, bytes] = {}
     many: list[bytes] = []
     if media == "multipart/form-data":
-        async with request.form() as form:
+        async with request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS) as form:
             for name, value in form.multi_items():
+                if name != multi and (name in found or name in fields):
+                    raise InvalidParameters(f"{name} is given more than once")
                 if isinstance(value, UploadFile):
                     if name == multi:
                         many.append(await value.read())
@@ -85,11 +134,8 @@ async def _parse(request: Request, options: type[Options], images: tuple[str, ..
                     raise InvalidParameters(f"{name} must be a file part in a multipart body (base64 strings belong in a JSON body)")
                 else:
                     fields[name] = value
-    elif media == "application/json" or media.endswith("+json"):
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidJson(f"the body is not valid JSON: {exc}") from None
+    elif _is_json(media):
+        body = parse_json(await request.body())
         if not isinstance(body, dict):
             raise InvalidParameters("the JSON body must be an object")
         for name, value in body.items():

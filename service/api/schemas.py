@@ -7,9 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from service.api import metadata
 from service.gallery.interface import Candidate, FaceRecord, Subject
 from service.models.detector import Face
 from service.models.manifest import Manifest
+from service.settings import Settings
 from service.strict import StrictModel
 
 INT64_MAX = 2**63 - 1  # SQLite's and FAISS's id range: larger numbers are bad input, not a crash
@@ -157,13 +159,27 @@ class SubjectOut(BaseModel):
     id: str
     name: str
     metadata: dict[str, Any]
+    metadata_withheld: str | None = Field(
+        None, description="Why the stored metadata is not served (over the metadata limits: stored before them); `metadata` is then {} until a PATCH replaces it."
+    )
     face_count: int
     created: datetime
     updated: datetime
 
     @classmethod
-    def of(cls, s: Subject) -> SubjectOut:
-        return cls(id=s.id, name=s.name, metadata=s.metadata, face_count=s.face_count, created=_time(s.created), updated=_time(s.updated))
+    def of(cls, s: Subject, settings: Settings) -> SubjectOut:
+        withheld = metadata.problem(s.metadata, settings)
+        if withheld:
+            withheld += "; PATCH the subject's metadata to replace it"
+        return cls(
+            id=s.id,
+            name=s.name,
+            metadata={} if withheld else s.metadata,
+            metadata_withheld=withheld,
+            face_count=s.face_count,
+            created=_time(s.created),
+            updated=_time(s.updated),
+        )
 
 
 class SubjectPage(BaseModel):
@@ -171,6 +187,7 @@ class SubjectPage(BaseModel):
     total: int
     limit: int
     offset: int
+    next_offset: int | None = Field(description="Where the next page starts, null after the last. A page can hold fewer than `limit` subjects (FACEGATE_MAX_PAGE_BYTES).")
 
 
 class StoredFaceOut(BaseModel):

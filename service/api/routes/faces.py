@@ -82,12 +82,13 @@ async def _prepare(service: Service, data: bytes, options: EnrollOptions) -> New
     ),
 )
 async def enroll(subject_id: str, request: Request, service: ServiceDep):
-    body = await read_image_request(request, service.readiness, EnrollOptions, optional=("image",), multi="images")
+    limit = service.settings.max_bulk_images
+    body = await read_image_request(request, service.readiness, EnrollOptions, optional=("image",), multi="images", max_files=limit + 8)
     options, images, many, gallery = body.options, body.images, body.many, service.gallery
     if bool(images) == bool(many):
         raise InvalidParameters("give image, or images for bulk enrollment (not both)")
-    if len(many) > service.settings.max_bulk_images:
-        raise InvalidParameters(f"{len(many)} images; one request enrolls at most {service.settings.max_bulk_images} (FACEGATE_MAX_BULK_IMAGES)")
+    if len(many) > limit:
+        raise InvalidParameters(f"{len(many)} images; one request enrolls at most {limit} (FACEGATE_MAX_BULK_IMAGES)")
     await run_in_threadpool(gallery.get_subject, subject_id)  # 404 before any model work
     sha = service.models.embedder_key.sha256
     if images:

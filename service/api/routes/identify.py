@@ -9,6 +9,7 @@ from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import CandidateOut, FaceOut, IdentifyOptions, IdentifyResponse, IdentifyResult, ModelOut, error_responses
 from service.decision import decide
+from service.errors import TooManyFaces
 
 router = APIRouter(tags=["recognition"])
 
@@ -28,6 +29,11 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
     policy = "all" if options.faces == "all" else options.face_policy
     found = await service.engine.faces(body.images["image"], options.aligned, policy)
+    if len(found) * options.top_k > service.settings.max_identify_candidates:
+        raise TooManyFaces(
+            f"{len(found)} faces × top_k {options.top_k} is above {service.settings.max_identify_candidates} candidates "
+            "(FACEGATE_MAX_IDENTIFY_CANDIDATES); lower top_k"
+        )
     results = []
     for face in found:
         ranked = [CandidateOut.of(c) for c in await run_in_threadpool(service.gallery.search, face.embedding, options.top_k)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -23,12 +23,16 @@ def healthz() -> dict:
     "/readyz",
     responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
 )
-async def readyz(service: ServiceDep) -> JSONResponse:
-    """Models loaded (names, sha256, active onnxruntime providers) and gallery size; 503 until the embedder is usable."""
+async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
+    """Models loaded (names, sha256, active onnxruntime providers) and gallery size; 503 until the embedder is usable.
+    With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
+    status = 200 if service.readiness.ready else 503
+    if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
+        return JSONResponse({"ready": service.readiness.ready}, status_code=status)
     report = service.readiness.report()
     report["gallery"] = await run_in_threadpool(service.gallery.counts)
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
-    return JSONResponse(report, status_code=200 if report["ready"] else 503)
+    return JSONResponse(report, status_code=status)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})

@@ -1,21 +1,36 @@
-"""/subjects: the people in the gallery. Every write is committed before its 2xx."""
+"""/subjects: the people in the gallery. Every write is committed before its 2xx, and only after
+its metadata passed the limits (`service.api.metadata`); a page is bounded in bytes."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
+from service.api import metadata
 from service.api.deps import ServiceDep
+from service.api.requests import read_json_model
 from service.api.schemas import INT64_MAX, SubjectIn, SubjectOut, SubjectPage, SubjectPatch, error_responses
 
 router = APIRouter(tags=["gallery"])
+PAGE_ENVELOPE = 200  # bytes of a page around its subjects: {"subjects": [...], "total": …, …}
 
 
-@router.post("/subjects", status_code=201, response_model=SubjectOut, responses=error_responses(401, 409, 413, 422))
-def create_subject(body: SubjectIn, service: ServiceDep) -> SubjectOut:
+def _json_body(model: type) -> dict:
+    """`openapi_extra` for a JSON body read by read_json_model (FastAPI does not parse it)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+@router.post(
+    "/subjects", status_code=201, response_model=SubjectOut, responses=error_responses(400, 401, 409, 413, 415, 422), openapi_extra=_json_body(SubjectIn)
+)
+async def create_subject(request: Request, service: ServiceDep) -> SubjectOut:
     """Create a subject (a person); faces are enrolled with POST /subjects/{id}/faces."""
-    return SubjectOut.of(service.gallery.create_subject(body.name, body.metadata, body.id))
+    body = await read_json_model(request, SubjectIn)
+    metadata.check(body.metadata, service.settings)
+    created = await run_in_threadpool(service.gallery.create_subject, body.name, body.metadata, body.id)
+    return SubjectOut.of(created, service.settings)
 
 
 @router.get("/subjects", response_model=SubjectPage, responses=error_responses(401, 422))
@@ -24,20 +39,33 @@ def list_subjects(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> SubjectPage:
-    """Subjects in creation order, a page at a time."""
+    """Subjects in creation order, a page at a time: up to `limit`, fewer when FACEGATE_MAX_PAGE_BYTES
+    would be exceeded (always at least one); continue from `next_offset`."""
     subjects, total = service.gallery.list_subjects(limit, offset)
-    return SubjectPage(subjects=[SubjectOut.of(s) for s in subjects], total=total, limit=limit, offset=offset)
+    page, used = [], PAGE_ENVELOPE
+    for subject in subjects:
+        out = SubjectOut.of(subject, service.settings)
+        size = len(out.model_dump_json().encode()) + 1  # and a comma
+        if page and used + size > service.settings.max_page_bytes:
+            break
+        page.append(out)
+        used += size
+    end = offset + len(page)
+    return SubjectPage(subjects=page, total=total, limit=limit, offset=offset, next_offset=end if end < total else None)
 
 
 @router.get("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(401, 404))
 def get_subject(subject_id: str, service: ServiceDep) -> SubjectOut:
-    return SubjectOut.of(service.gallery.get_subject(subject_id))
+    return SubjectOut.of(service.gallery.get_subject(subject_id), service.settings)
 
 
-@router.patch("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(401, 404, 422))
-def update_subject(subject_id: str, body: SubjectPatch, service: ServiceDep) -> SubjectOut:
+@router.patch("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(400, 401, 404, 413, 415, 422), openapi_extra=_json_body(SubjectPatch))
+async def update_subject(subject_id: str, request: Request, service: ServiceDep) -> SubjectOut:
     """Rename a subject and/or replace its metadata."""
-    return SubjectOut.of(service.gallery.update_subject(subject_id, body.name, body.metadata))
+    body = await read_json_model(request, SubjectPatch)
+    metadata.check(body.metadata, service.settings)
+    updated = await run_in_threadpool(service.gallery.update_subject, subject_id, body.name, body.metadata)
+    return SubjectOut.of(updated, service.settings)
 
 
 @router.delete("/subjects/{subject_id}", status_code=204, response_class=Response, responses=error_responses(401, 404))

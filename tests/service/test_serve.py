@@ -1,0 +1,69 @@
+"""`facegate serve` is safe by default (issue 17, defect 5): without API keys it binds loopback
+only, unless FACEGATE_ALLOW_ANONYMOUS=true; it hands uvicorn the connection limits from settings.
+uvicorn.run is replaced: nothing is served."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from typer.testing import CliRunner
+
+from service import cli
+from service.settings import get_settings
+
+
+@pytest.fixture
+def serve(monkeypatch):
+    for name in ("FACEGATE_API_KEYS", "FACEGATE_API_KEYS_FILE", "FACEGATE_ALLOW_ANONYMOUS"):
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+    monkeypatch.setattr("uvicorn.run", lambda *args, **kwargs: calls.append(kwargs))
+    get_settings.cache_clear()
+
+    def run(*args: str, **env: str):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+        result = CliRunner().invoke(cli.app, ["serve", *args])
+        return result, calls[-1] if calls else None
+
+    yield run
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.org"])
+def test_a_network_bind_without_keys_is_refused(serve, host):
+    result, started = serve("--host", host)
+    assert result.exit_code == 2 and started is None
+    assert "FACEGATE_ALLOW_ANONYMOUS" in result.output and "FACEGATE_API_KEYS" in result.output
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_without_keys_starts(serve, host):
+    result, started = serve("--host", host)
+    assert result.exit_code == 0, result.output
+    assert started["host"] == host
+
+
+def test_a_network_bind_with_keys_or_explicitly_anonymous_starts(serve, tmp_path):
+    assert serve("--host", "0.0.0.0", FACEGATE_API_KEYS="sha256:" + "ab" * 32)[0].exit_code == 0
+    keys = tmp_path / "keys"
+    keys.write_text("# none yet\n")
+    assert serve("--host", "0.0.0.0", FACEGATE_API_KEYS="", FACEGATE_API_KEYS_FILE=str(keys))[0].exit_code == 2  # an empty file is no key
+    assert serve("--host", "0.0.0.0", FACEGATE_ALLOW_ANONYMOUS="true")[0].exit_code == 0
+
+
+def test_uvicorn_limits_come_from_settings(serve):
+    _, started = serve(FACEGATE_TIMEOUT_KEEP_ALIVE="3", FACEGATE_LIMIT_CONCURRENCY="64", FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE="8192")
+    assert (started["timeout_keep_alive"], started["limit_concurrency"], started["h11_max_incomplete_event_size"]) == (3, 64, 8192)
+    assert started["http"] == "h11"  # the header limit is h11's
+
+
+def test_start_without_keys_warns(tmp_path, make_client, caplog):
+    from service.settings import Settings
+
+    settings = Settings(model_cache=tmp_path / "cache", embedder="none", data_dir=tmp_path / "gallery", device="cpu")
+    with caplog.at_level(logging.WARNING, logger="facegate.app"):
+        make_client(settings)
+    assert any(r.levelno == logging.WARNING and "NO API KEYS" in r.getMessage() for r in caplog.records)
