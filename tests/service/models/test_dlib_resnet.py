@@ -72,3 +72,18 @@ def test_descriptors_equal_dlibs_on_real_aligned_chips(dat, pipeline_with, test_
     # a batch gives what single faces give
     single = np.concatenate([pipeline.embedder.raw(c[None]) for c in chips[:4]])
     assert np.abs(single - ours[:4]).max() <= 1e-6
+
+
+def test_import_dlib_converts_a_dat_of_ones_own(dat, manifest, tmp_path):
+    """`--out`: a network trained with dlib gets its ONNX file and an uncalibrated manifest that loads."""
+    from typer.testing import CliRunner
+
+    from service.cli import app
+    from service.models.store import load_model
+
+    result = CliRunner().invoke(app, ["models", "import-dlib", str(dat), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = Manifest.load(tmp_path / f"{dat.stem}.json")
+    assert written.file.sha256 == manifest.file.sha256 and written.thresholds == {} and written.alignment == "dlib_150"
+    assert load_model(str(tmp_path / f"{dat.stem}.json"), tmp_path, tmp_path, device="cpu").manifest.embedding_dim == 128
+    assert CliRunner().invoke(app, ["models", "import-dlib", str(tmp_path / f"{dat.stem}.json"), "--out", str(tmp_path / "x")]).exit_code == 2
