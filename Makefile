@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test install-serve install-test lint-docker docs clean
+.PHONY: serve test install-serve install-test lint-docker image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ test: install-test
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test
 	$(BIN)/pytest tests/test_docker.py
+
+# The serving image built and run (tests/test_image.py; docs/testing.md): needs a Docker engine and root.
+# The base is a debootstrap stand-in for python:3.11-slim-bookworm (docker/test-base.sh, made once);
+# FACEGATE_PYTHON_IMAGE=python:3.11-slim-bookworm builds on the real one where Docker Hub is reachable.
+image-test: install-test
+	FACEGATE_IMAGE_TEST=1 $(BIN)/pytest tests/test_image.py -v -s
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict: a broken link fails the build.
 docs: install-test
