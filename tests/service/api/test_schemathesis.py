@@ -21,7 +21,7 @@ from schemathesis import GenerationMode, checks  # noqa: E402
 
 KEY = "fuzz-key"
 HEADERS = {"X-API-Key": KEY}
-EXAMPLES = int(os.environ.get("FACEGATE_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("FACEGATE_FUZZ_EXAMPLES", "40"))
 CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance")
 
 
