@@ -14,6 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 YUNET = "face_detection_yunet_2023mar.onnx"
 
 
+def pytest_report_header(config) -> list[str]:
+    """Say up front whether the tests on real data and models will run (docs/testing.md)."""
+    return [
+        f"{name}: {os.environ[name] if os.environ.get(name) else 'unset (the tests that need it are skipped: docs/testing.md)'}"
+        for name in ("FACEGATE_TEST_DATA", "FACEGATE_MODEL_CACHE")
+    ]
+
+
 def _env_dir(name: str) -> Path | None:
     value = os.environ.get(name)
     return Path(value).resolve() if value else None

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from service.api.deps import ServiceDep
+from service.api.schemas import error_responses
 
 router = APIRouter(tags=["operations"])
 
@@ -35,7 +36,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     return JSONResponse(report, status_code=status)
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **error_responses(401)})
 def metrics(service: ServiceDep) -> Response:
     """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size."""
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -46,7 +46,13 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         similarity = float(np.max(enrolled @ probe.embedding))
         faces = [FaceOut.of(probe.face)]
     else:
-        (a,), (b,) = await asyncio.gather(engine.faces(images["image1"], options.aligned, policy), engine.faces(images["image2"], options.aligned, policy))
+        # Both images run at once; when both fail, image1's error is the answer whichever failed first,
+        # so one request always gets one error code.
+        results = await asyncio.gather(*(engine.faces(images[name], options.aligned, policy) for name in ("image1", "image2")), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        (a,), (b,) = results
         similarity = float(a.embedding @ b.embedding)
         faces = [FaceOut.of(a.face), FaceOut.of(b.face)]
     return VerifyResponse(

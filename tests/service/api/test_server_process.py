@@ -31,7 +31,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path, embedder: Path, model_cache: Path, log: Path):
+    def __init__(self, data_dir: Path, embedder: Path | str, model_cache: Path, log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -45,10 +45,12 @@ class Server:
         self.log = log
         self.process: subprocess.Popen | None = None
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(self.port)]
+
     def start(self) -> Server:
-        command = [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(self.port)]
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(self.command(), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
