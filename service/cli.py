@@ -135,7 +135,7 @@ def models_import_dlib(
         out.mkdir(parents=True, exist_ok=True)
         onnx_file = out / f"{dat.stem}.onnx"
         onnx_file.write_bytes(dlib_resnet.to_onnx(net).SerializeToString())
-        manifest = Manifest.model_validate(dlib_resnet.build_manifest(dat.stem, net, onnx_file, None))
+        manifest = Manifest.model_validate(dlib_resnet.build_manifest(dat, net, onnx_file))
         manifest.save(out / f"{dat.stem}.json")
     console.print(f"[green]ok[/green] {onnx_file} and its manifest; run `facegate calibrate` before serving it")
 

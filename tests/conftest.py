@@ -47,11 +47,12 @@ def dlib_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def model_cache(tmp_path_factory, dlib_model) -> Path:
+def model_cache(tmp_path_factory, request) -> Path:
     """A model cache with the detector (from FACEGATE_MODEL_CACHE) and the default embedder."""
     shared = _env_dir("FACEGATE_MODEL_CACHE")
     if shared is None or not (shared / YUNET).is_file():
         pytest.skip("FACEGATE_MODEL_CACHE is unset or lacks the YuNet detector (set it to ../shared/models)")
+    dlib_model = request.getfixturevalue("dlib_model")  # only now: a skipped run downloads nothing
     cache = tmp_path_factory.mktemp("model-cache")
     (cache / YUNET).symlink_to(shared / YUNET)
     (cache / dlib_model.name).symlink_to(dlib_model)

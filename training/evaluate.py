@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, align_face
-from service.models.embedder import l2_normalize, preprocess
+from service.models.embedder import l2_normalize
 from training.data.preprocess import ALIGNMENT, SIZE, to_input
 from training.verification import at_thresholds, plot_roc, verification_metrics
 
@@ -64,25 +64,18 @@ class TorchEmbedder:
 
 
 class OnnxEmbedder:
-    """An exported model loaded exactly as the service loads it (manifest, sha256, I/O check)."""
+    """An exported model loaded and run exactly as the service runs it (manifest, sha256, I/O check,
+    preprocessing and batching of `FaceEmbedder`)."""
 
     def __init__(self, manifest_path: Path, batch_size: int = 64) -> None:
+        from service.models.embedder import FaceEmbedder
         from service.models.store import load_model
-
         from service.settings import get_settings
 
         # the file beside its manifest (an export), else in the model cache (a pulled or imported model)
         self.model = load_model(str(manifest_path), Path(manifest_path).parent, get_settings().model_cache, device="cpu")
         self.alignment = self.model.manifest.alignment
-        self.batch_size = batch_size
-
-    def raw(self, crops: np.ndarray) -> np.ndarray:
-        m = self.model.manifest
-        out = []
-        for i in range(0, len(crops), self.batch_size):
-            x = preprocess(crops[i : i + self.batch_size], m)
-            out.append(self.model.session.run([m.outputs[0].name], {m.input.name: x})[0])
-        return np.concatenate(out).astype(np.float32)
+        self.raw = FaceEmbedder(self.model.manifest, self.model.session, batch_size).raw
 
 
 def load_embedder(path: Path) -> tuple[Embedder, str]:

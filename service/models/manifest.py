@@ -15,6 +15,7 @@ from service.align import model_templates
 from service.errors import ModelError
 from service.strict import StrictModel
 
+
 def far_key(far: float | str) -> str:
     """Canonical text of a false-accept rate, e.g. 0.001 → "1e-3", so lookups never miss on spelling."""
     value = float(far)

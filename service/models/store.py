@@ -103,8 +103,8 @@ def place_weights(source: ImportSource, cache: Path, local: Path | None = None, 
     if local is not None and not _matches(local, source.sha256, source.bytes):
         raise ModelError(f"{local} is neither {Path(source.url).name} nor {source.weights_name} (sha256 differs from the manifest's)")
     weights.parent.mkdir(parents=True, exist_ok=True)
-    if source.member is None:
-        return local or _download(url or source.url, weights, source.sha256, source.bytes, timeout)
+    if source.member is None:  # the download is the weights file (a `local` copy of it was taken above)
+        return _download(url or source.url, weights, source.sha256, source.bytes, timeout)
     with tempfile.TemporaryDirectory(dir=weights.parent) as tmp:
         archive = local or _download(url or source.url, Path(tmp) / Path(source.url).name, source.sha256, source.bytes, timeout)
         try:
