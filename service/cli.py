@@ -21,7 +21,7 @@ from service.settings import get_settings
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Model files and manifests.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
-gallery_app = typer.Typer(help="The gallery database under FACEGATE_DATA_DIR.", no_args_is_help=True)
+gallery_app = typer.Typer(help="The gallery database (FACEGATE_DATABASE_URL, else SQLite under FACEGATE_DATA_DIR).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 app.add_typer(gallery_app, name="gallery")
@@ -216,14 +216,15 @@ def bench_pipeline(
 def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per embedder run.")] = 64) -> None:
     """Re-embed faces another model made, from the chips stored with FACEGATE_STORE_CROPS, re-aligned for the active embedder.
 
-    Stop the server first (or restart it after): it rebuilds its search index at start-up.
+    With SQLite, stop the server first (or restart it after): it rebuilds its search index at start-up.
+    With PostgreSQL, running replicas apply each committed batch as it lands.
     """
-    from service.gallery.store import SqliteGallery
+    from service.gallery.factory import open_gallery
     from service.models.manifest import EmbedderKey
 
     pipeline = _pipeline()
     manifest = pipeline.embedder_model.manifest
-    gallery = SqliteGallery.open(get_settings().data_dir, EmbedderKey.of(manifest), searchable=False)
+    gallery = open_gallery(get_settings(), EmbedderKey.of(manifest), searchable=False)
     try:
         done, missing = gallery.reembed(pipeline.embedder.embed, manifest.alignment, batch)
     finally:

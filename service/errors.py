@@ -166,6 +166,12 @@ class ModelUnavailable(FacegateError):
     code, status = "model_unavailable", 503
 
 
+class GalleryUnavailable(FacegateError):
+    """The gallery's database (PostgreSQL, FACEGATE_DATABASE_URL) cannot be reached just now."""
+
+    code, status = "gallery_unavailable", 503
+
+
 _FOR_STATUS = {
     400: BadRequest,
     401: Unauthorized,

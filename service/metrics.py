@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.errors import FacegateError
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -22,6 +25,12 @@ class Metrics:
         self.faces_embedded = Counter("facegate_faces_embedded", "Faces embedded.", registry=r)
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
+        self.gallery_applied = Gauge(
+            "facegate_gallery_applied_sequence", "Last gallery change this replica's index applied (PostgreSQL only).", registry=r
+        )
+        self.gallery_lag = Gauge(
+            "facegate_gallery_sync_lag", "Gallery changes committed that this replica's index has not applied yet (PostgreSQL only).", registry=r
+        )
 
     def embedder_ran(self, faces: int) -> None:
         """One embedder run of `faces` faces (batched or not)."""
@@ -33,3 +42,16 @@ class Metrics:
         self.gallery_subjects.set_function(lambda: counts()["subjects"])
         self.gallery_faces.labels("true").set_function(lambda: counts()["searchable_faces"])
         self.gallery_faces.labels("false").set_function(lambda: counts()["incompatible_faces"])
+
+    def watch_replication(self, replication: Callable[[], dict]) -> None:
+        """Where a replica's index stands in the shared change sequence, read at scrape time; NaN
+        while the database cannot be reached."""
+
+        def read(field: str) -> float:
+            try:
+                return float(replication()[field])
+            except FacegateError:
+                return math.nan
+
+        self.gallery_applied.set_function(lambda: read("applied_sequence"))
+        self.gallery_lag.set_function(lambda: read("lag"))

@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -42,6 +42,11 @@ class Settings(BaseSettings):
 
     # gallery
     data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")
+    database_url: SecretStr = Field(
+        SecretStr(""),
+        description="postgresql://user:password@host:5432/db: the gallery lives in PostgreSQL, shared by every replica; empty = SQLite under data_dir.",
+    )
+    database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
     store_crops: bool = Field(
         False,
         description=(
@@ -74,6 +79,14 @@ class Settings(BaseSettings):
     timeout_keep_alive: int = Field(5, ge=1, description="Seconds an idle keep-alive connection is kept open.")
     limit_concurrency: int = Field(512, ge=1, description="Connections (and tasks) served at once; beyond it new requests get 503.")
     h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if url and not url.startswith(("postgresql://", "postgres://")):
+            raise ValueError("FACEGATE_DATABASE_URL must be a postgresql:// URL (or empty for SQLite)")
+        return value
 
 
 @lru_cache

@@ -60,6 +60,34 @@ def model_cache(tmp_path_factory, request) -> Path:
 
 
 @pytest.fixture(scope="session")
+def postgres_server():
+    """One PostgreSQL server for the session (tests/postgres.py); each test takes its own database.
+    Its folder is made with mkdtemp under /tmp, not pytest's 0700 tmp tree, which the server's
+    user could not enter."""
+    import shutil
+    import tempfile
+
+    from tests.postgres import PostgresServer, check_available
+
+    check_available()
+    root = Path(tempfile.mkdtemp(prefix="facegate-pg-"))
+    server = PostgresServer(root)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def database_url(postgres_server) -> str:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    import uuid
+
+    return postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
 def embedder_manifest(tmp_path_factory) -> Path:
     """A small deterministic ONNX embedder (pooling + fixed projection) with its manifest."""
     return write_test_embedder(tmp_path_factory.mktemp("embedder"))

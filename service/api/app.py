@@ -18,7 +18,7 @@ from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestM
 from service.api.routes import ROUTERS
 from service.engine import Engine
 from service.gallery.index import set_search_threads
-from service.gallery.store import SqliteGallery
+from service.gallery.factory import open_gallery
 from service.metrics import Metrics
 from service.models.model_set import load_models
 from service.pipeline import FacePipeline
@@ -71,8 +71,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
         engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.ready else None
-        gallery = SqliteGallery.open(settings.data_dir, models.embedder_key)
+        gallery = open_gallery(settings, models.embedder_key)
         metrics.watch_gallery(gallery.counts)
+        if gallery.replication() is not None:
+            metrics.watch_replication(gallery.replication)
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
         log.info("facegate ready=%s, api keys %s", readiness.ready, "on" if keys.enabled else "off")
         if not keys.enabled:

@@ -1,6 +1,6 @@
 """What a gallery store offers the API and the CLI: the records it returns and the methods it
-implements. `SqliteGallery` (store.py) is the one store today; another (PostgreSQL) implements the
-same protocol beside it."""
+implements: `SqliteGallery` (store.py, one process) and `PostgresGallery` (postgres.py, replicas
+sharing one database); `open_gallery` (factory.py) picks one from the settings."""
 
 from __future__ import annotations
 
@@ -81,6 +81,11 @@ class GalleryStore(Protocol):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]: ...
 
     def counts(self) -> dict[str, int]: ...
+
+    def replication(self) -> dict[str, int | bool] | None:
+        """Where this replica's index stands in the shared change sequence (applied_sequence,
+        database_sequence, lag, listening); None for a single-process store."""
+        ...
 
     def reembed(self, embed: Callable[[np.ndarray], np.ndarray], template: str, batch: int = 64) -> tuple[int, int]:
         """Re-embed faces another model made from their stored chips, each re-aligned onto `template`

@@ -86,18 +86,18 @@ def decode_crop(data: bytes) -> np.ndarray:
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
 
 
-def _chip_columns(chip: FaceChip | None) -> tuple[bytes | None, str | None, str | None]:
+def chip_columns(chip: FaceChip | None) -> tuple[bytes | None, str | None, str | None]:
     """crop, crop_frame, crop_landmarks of a face's chip (all NULL without one)."""
     if chip is None:
         return None, None, None
     return encode_crop(chip.image), chip.frame, json.dumps(np.asarray(chip.landmarks, np.float64).tolist())
 
 
-def _chip(crop: bytes, frame: str, landmarks: str) -> FaceChip:
+def stored_chip(crop: bytes, frame: str, landmarks: str) -> FaceChip:
     return FaceChip(decode_crop(crop), np.array(json.loads(landmarks), np.float64), frame)
 
 
-def _blob(embedding: np.ndarray) -> bytes:
+def embedding_blob(embedding: np.ndarray) -> bytes:
     return np.asarray(embedding, dtype="<f4").tobytes()
 
 
@@ -253,13 +253,13 @@ class SqliteGallery(GalleryStore):
         rows = [
             (
                 subject_id,
-                _blob(face.embedding),
+                embedding_blob(face.embedding),
                 self.embedder.name,
                 self.embedder.sha256,
                 json.dumps(face.box) if face.box is not None else None,
                 json.dumps(face.landmarks) if face.landmarks is not None else None,
                 face.score,
-                *_chip_columns(face.chip),
+                *chip_columns(face.chip),
                 now,
             )
             for face in faces
@@ -349,6 +349,9 @@ class SqliteGallery(GalleryStore):
         searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
+    def replication(self) -> None:
+        return None  # one process owns the file: nothing to keep in step
+
     # maintenance
 
     def reembed(self, embed: Callable[[np.ndarray], np.ndarray], template: str, batch: int = 64) -> tuple[int, int]:
@@ -368,11 +371,11 @@ class SqliteGallery(GalleryStore):
                 ).fetchall()
             if not rows:
                 break
-            vectors = embed(np.stack([_chip(r[1], r[2], r[3]).align(template) for r in rows]))
+            vectors = embed(np.stack([stored_chip(r[1], r[2], r[3]).align(template) for r in rows]))
             with self._write() as db:
                 db.executemany(
                     "UPDATE faces SET embedding = ?, model_name = ?, model_sha256 = ? WHERE id = ?",
-                    [(_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors)],
+                    [(embedding_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors)],
                 )
             done += len(rows)
         with self._lock:

@@ -25,7 +25,8 @@ def healthz() -> dict:
     responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
-    """Models loaded (names, sha256, active onnxruntime providers) and gallery size; 503 until the embedder is usable.
+    """Models loaded (names, sha256, active onnxruntime providers), gallery size and, on PostgreSQL, the change this
+    replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     status = 200 if service.readiness.ready else 503
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
@@ -33,6 +34,9 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     report = service.readiness.report()
     report["gallery"] = await run_in_threadpool(service.gallery.counts)
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
+    replication = await run_in_threadpool(service.gallery.replication)
+    if replication is not None:  # PostgreSQL: this replica's applied change vs the database's
+        report["gallery"]["replication"] = replication
     return JSONResponse(report, status_code=status)
 
 

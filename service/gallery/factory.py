@@ -1,0 +1,20 @@
+"""The one place the settings choose the gallery store: PostgreSQL when FACEGATE_DATABASE_URL is
+set (replicas share it), else the SQLite file under FACEGATE_DATA_DIR."""
+
+from __future__ import annotations
+
+from service.gallery.interface import GalleryStore
+from service.models.manifest import EmbedderKey
+from service.settings import Settings
+
+
+def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> GalleryStore:
+    """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
+    url = settings.database_url.get_secret_value()
+    if url:
+        from service.gallery.postgres import PostgresGallery  # psycopg is needed only here
+
+        return PostgresGallery(url, embedder, searchable, settings.database_pool_size)
+    from service.gallery.store import SqliteGallery
+
+    return SqliteGallery.open(settings.data_dir, embedder, searchable)

@@ -1,0 +1,335 @@
+"""The PostgreSQL gallery store (FACEGATE_DATABASE_URL): several replicas share one database, the
+source of truth; each keeps its own in-memory vector index of the active embedder's faces, loaded
+at start-up from one consistent snapshot and kept in step by `sync.IndexSync`.
+
+A write commits before it returns, with its change row and NOTIFY in the same transaction; the
+replica that wrote applies the change to its index before answering. Another replica applies it
+within its propagation delay (its /readyz shows how far behind it is). A search looks up the faces
+the index found in the database, so a face whose delete was acknowledged by any replica is never
+answered by any, even by one whose index has not applied the delete yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import ConnectionPool
+
+from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
+from service.gallery.index import FaissIndex
+from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
+from service.gallery.store import chip_columns, embedding_blob, stored_chip
+from service.gallery.sync import IndexSync, database_sequence, record_change
+from service.models.manifest import EmbedderKey
+
+log = logging.getLogger("facegate.gallery")
+
+MIGRATIONS = Path(__file__).with_name("migrations")  # NNNN_name.sql, applied in order, each once
+MIGRATION_LOCK = 0x66616365_67617465  # pg_advisory_xact_lock key: replicas starting together migrate one at a time
+LOAD_BATCH = 50_000  # rows per fetch while loading the index
+SYNC_POLL_SECONDS = 1.0  # catch-up interval when no notification arrives (one should always arrive)
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, SQL) of every migration file, by version."""
+    found = [(int(p.name.split("_", 1)[0]), p.stem, p.read_text()) for p in MIGRATIONS.glob("[0-9]*_*.sql")]
+    return sorted(found)
+
+
+def migrate(conn: psycopg.Connection) -> list[int]:
+    """Apply the migrations this database lacks, all in one transaction under an advisory lock (so
+    two replicas starting at once apply each once); the versions applied now."""
+    known = migrations()
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+        newer = done - {v for v, _, _ in known}
+        if newer:
+            raise RuntimeError(f"the gallery database has migrations {sorted(newer)} this facegate does not know: upgrade facegate")
+        applied = []
+        for version, name, sql in known:
+            if version not in done:
+                conn.execute(sql)
+                conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+                applied.append(version)
+    for version in applied:
+        log.info("gallery database: migration %d applied", version)
+    return applied
+
+
+def _json(value: Any) -> str | None:
+    return json.dumps(value) if value is not None else None
+
+
+class PostgresGallery(GalleryStore):
+    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8):
+        """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
+        changes. Fails at once when the database cannot be reached."""
+        self.url = url
+        self.embedder = embedder
+        self.incompatible: dict[str, int] = {}
+        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="facegate-gallery")
+        self.pool.open(wait=True, timeout=30)
+        try:
+            with self.pool.connection() as conn:
+                migrate(conn)
+            self.index = FaissIndex(embedder.dim) if embedder and searchable else None
+            applied = self._load_index()
+        except BaseException:
+            self.pool.close()
+            raise
+        self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if self.index is not None else None
+        if self.sync:
+            self.sync.start()
+
+    def close(self) -> None:
+        if self.sync:
+            self.sync.close()
+        self.pool.close()
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection in a transaction, committed when the block ends; an unreachable
+        database is a 503, never a 500."""
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
+
+    def _load_index(self) -> int:
+        """Fill the index from one REPEATABLE READ snapshot; the change sequence it reflects."""
+        with psycopg.connect(self.url) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            with conn.transaction():
+                seq = database_sequence(conn)
+                for name, sha, count in conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2"):
+                    if self.embedder is None or sha != self.embedder.sha256:
+                        self.incompatible[f"{name}@{sha[:12]}"] = count
+                if self.incompatible:
+                    log.warning(
+                        "%d enrolled faces were made by another embedder than the active one and are not searched: %s; "
+                        "re-embed them with `facegate gallery reembed` (needs FACEGATE_STORE_CROPS at enrollment) or re-enroll",
+                        sum(self.incompatible.values()),
+                        self.incompatible,
+                    )
+                if self.index is None:
+                    return seq
+                started = time.monotonic()
+                with conn.cursor(name="facegate_load", binary=True) as cursor:
+                    cursor.itersize = LOAD_BATCH
+                    cursor.execute("SELECT id, embedding FROM faces WHERE model_sha256 = %s", (self.embedder.sha256,))
+                    while rows := cursor.fetchmany(LOAD_BATCH):
+                        ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+                        self.index.add(ids, vectors)
+        log.info("gallery database: %d faces searchable at change %d (loaded in %.1f s)", self.index.size, seq, time.monotonic() - started)
+        return seq
+
+    # subjects
+
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject:
+        """Two replicas creating one id at once: one commits, the other gets subject_exists (409)."""
+        subject_id = subject_id or uuid.uuid4().hex
+        now = time.time()
+        try:
+            with self._conn() as conn:
+                conn.execute(
+                    "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (%s, %s, %s, %s, %s)",
+                    (subject_id, name, json.dumps(metadata), now, now),
+                )
+        except pg_errors.UniqueViolation:
+            raise SubjectExists(f"a subject with id {subject_id!r} already exists") from None
+        return Subject(subject_id, name, metadata, now, now, 0)
+
+    def _subject_rows(self, conn: psycopg.Connection, where: str, params: tuple) -> list[Subject]:
+        sql = (
+            "SELECT s.id, s.name, s.metadata, s.created, s.updated, "
+            "(SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s " + where
+        )
+        return [Subject(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5]) for r in conn.execute(sql, params)]
+
+    def get_subject(self, subject_id: str) -> Subject:
+        with self._conn() as conn:
+            rows = self._subject_rows(conn, "WHERE s.id = %s", (subject_id,))
+        if not rows:
+            raise SubjectNotFound(f"no subject with id {subject_id!r}")
+        return rows[0]
+
+    def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
+        with self._conn() as conn:
+            total = conn.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
+            return self._subject_rows(conn, "ORDER BY s.created, s.id LIMIT %s OFFSET %s", (limit, offset)), total
+
+    def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
+        with self._conn() as conn:
+            current = conn.execute("SELECT name, metadata FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone()
+            if current is None:
+                raise SubjectNotFound(f"no subject with id {subject_id!r}")
+            conn.execute(
+                "UPDATE subjects SET name = %s, metadata = %s, updated = %s WHERE id = %s",
+                (name if name is not None else current[0], json.dumps(metadata) if metadata is not None else current[1], time.time(), subject_id),
+            )
+        return self.get_subject(subject_id)
+
+    def delete_subject(self, subject_id: str) -> int:
+        """Delete a subject and its faces; applied to this replica's index before it returns."""
+        with self._conn() as conn:
+            # The row lock orders this delete against enrollments into the subject (they take FOR SHARE).
+            if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone() is None:
+                raise SubjectNotFound(f"no subject with id {subject_id!r}")
+            ids = [r[0] for r in conn.execute("DELETE FROM faces WHERE subject_id = %s RETURNING id", (subject_id,))]
+            conn.execute("DELETE FROM subjects WHERE id = %s", (subject_id,))
+            seq = record_change(conn, "remove", ids) if ids else None
+        if seq and self.sync:
+            self.sync.wrote(seq, "remove", ids)
+        return len(ids)
+
+    # faces
+
+    def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:
+        """Commit the faces (all or none), then make them searchable here before returning."""
+        if self.embedder is None:
+            raise RuntimeError("faces cannot be enrolled without an embedder")
+        key, now = self.embedder, time.time()
+        rows = [
+            (
+                subject_id,
+                embedding_blob(face.embedding),
+                key.name,
+                key.sha256,
+                _json(face.box),
+                _json(face.landmarks),
+                face.score,
+                *chip_columns(face.chip),
+                now,
+            )
+            for face in faces
+        ]
+        insert = (
+            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
+        )
+        with self._conn() as conn:
+            if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR SHARE", (subject_id,)).fetchone() is None:
+                raise SubjectNotFound(f"no subject with id {subject_id!r}")
+            ids = [conn.execute(insert, row).fetchone()[0] for row in rows]
+            seq = record_change(conn, "add", ids)
+        if self.sync:
+            self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))
+        return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces)]
+
+    def list_faces(self, subject_id: str) -> list[FaceRecord]:
+        self.get_subject(subject_id)
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces WHERE subject_id = %s ORDER BY id",
+                (subject_id,),
+            ).fetchall()
+        return [
+            FaceRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, json.loads(r[3]) if r[3] else None, r[4], r[5], r[6], r[7]) for r in rows
+        ]
+
+    def delete_face(self, face_id: int) -> None:
+        with self._conn() as conn:
+            if conn.execute("DELETE FROM faces WHERE id = %s", (face_id,)).rowcount == 0:
+                raise FaceNotFound(f"no face with id {face_id}")
+            seq = record_change(conn, "remove", [face_id])
+        if self.sync:
+            self.sync.wrote(seq, "remove", [face_id])
+
+    def subject_embeddings(self, subject_id: str) -> np.ndarray:
+        """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
+        self.get_subject(subject_id)
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT embedding FROM faces WHERE subject_id = %s AND model_sha256 = %s ORDER BY id", (subject_id, self.embedder.sha256)
+            ).fetchall()
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
+
+    # search
+
+    def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
+        """The top_k subjects by their best face's similarity, best first; each subject once. Faces
+        the database no longer has (deleted, perhaps through another replica) are dropped."""
+        if self.index is None:
+            return []
+        k = max(4 * top_k, 16)
+        while True:
+            size = self.index.size
+            scores, ids = self.index.search(query[None], min(k, size))
+            owners = self._subjects_of([int(i) for i in ids[0] if i >= 0])
+            best: dict[str, Candidate] = {}
+            for score, face_id in zip(scores[0], ids[0]):
+                owner = owners.get(int(face_id))
+                if owner and owner[0] not in best:
+                    best[owner[0]] = Candidate(owner[0], owner[1], float(score), int(face_id))
+            if len(best) >= top_k or k >= size:
+                return list(best.values())[:top_k]
+            k *= 4
+
+    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
+        if not face_ids:
+            return {}
+        with self._conn() as conn:
+            rows = conn.execute("SELECT f.id, s.id, s.name FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id = ANY(%s)", (face_ids,))
+            return {r[0]: (r[1], r[2]) for r in rows}
+
+    def counts(self) -> dict[str, int]:
+        with self._conn() as conn:
+            subjects, faces = conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)").fetchone()
+        searchable = self.index.size if self.index is not None else 0
+        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+
+    def replication(self) -> dict[str, int | bool] | None:
+        if self.sync is None:
+            return None
+        try:
+            return self.sync.status()
+        except psycopg.OperationalError as exc:
+            raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
+
+    # maintenance
+
+    def reembed(self, embed: Callable[[np.ndarray], np.ndarray], template: str, batch: int = 64) -> tuple[int, int]:
+        """Re-embed faces another model made from their stored chips, re-aligned onto `template`,
+        a committed batch at a time; each batch is a change every replica applies (a replica on the
+        old model drops the faces from its index, one on the new model adds them)."""
+        key = self.embedder
+        done = 0
+        while True:
+            with self._conn() as conn:
+                rows = conn.execute(
+                    "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE model_sha256 != %s AND crop IS NOT NULL ORDER BY id LIMIT %s",
+                    (key.sha256, batch),
+                ).fetchall()
+            if not rows:
+                break
+            vectors = embed(np.stack([stored_chip(r[1], r[2], r[3]).align(template) for r in rows]))
+            ids = [r[0] for r in rows]
+            with self._conn() as conn:
+                with conn.cursor() as cursor:
+                    cursor.executemany(
+                        "UPDATE faces SET embedding = %s, model_name = %s, model_sha256 = %s WHERE id = %s",
+                        [(embedding_blob(v), key.name, key.sha256, i) for i, v in zip(ids, vectors)],
+                    )
+                record_change(conn, "remove", ids)
+                record_change(conn, "add", ids)
+            done += len(rows)
+        with self._conn() as conn:
+            missing = conn.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != %s AND crop IS NULL", (key.sha256,)).fetchone()[0]
+        return done, missing

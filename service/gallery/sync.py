@@ -1,0 +1,134 @@
+"""Keeps one replica's in-memory vector index in step with the shared PostgreSQL gallery.
+
+Every write that changes the searchable faces commits a numbered row in `changes` (numbers without
+gaps, in commit order) and a NOTIFY in the same transaction. A listener thread LISTENs and, on each
+notification, on reconnect, and every `poll` seconds in case one was missed, applies the changes
+after the last one it applied, in order: no change is ever skipped. The replica that made a write
+applies it itself before answering (`wrote`), so its own 2xx is already visible to its searches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from service.gallery.index import VectorIndex
+
+log = logging.getLogger("facegate.gallery.sync")
+
+CHANNEL = "facegate_gallery"
+BATCH = 1000  # changes read per query while catching up
+RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # reconnect back-off
+
+
+def record_change(conn: psycopg.Connection, op: str, face_ids: list[int]) -> int:
+    """Number the change and announce it, as the last statements of the caller's transaction (the
+    row lock on the counter is then held only while committing). Returns its sequence number."""
+    (seq,) = conn.execute("UPDATE change_sequence SET seq = seq + 1 RETURNING seq").fetchone()
+    conn.execute("INSERT INTO changes (seq, op, face_ids) VALUES (%s, %s, %s)", (seq, op, face_ids))
+    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(seq)))
+    return seq
+
+
+def database_sequence(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT seq FROM change_sequence").fetchone()[0]
+
+
+class IndexSync:
+    def __init__(self, url: str, pool: ConnectionPool, index: VectorIndex, model_sha256: str, applied: int, poll: float):
+        """`applied`: the change the index was loaded at (its snapshot's sequence)."""
+        self.url = url
+        self.pool = pool
+        self.index = index
+        self.model_sha256 = model_sha256
+        self.applied = applied
+        self.poll = poll
+        self.listening = False
+        self._lock = threading.Lock()  # one applier at a time, in sequence order
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="facegate-gallery-sync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(self.poll + 5)
+
+    def status(self) -> dict[str, int | bool]:
+        """The change this replica applied last, the database's last, the difference, and whether
+        the listener is connected."""
+        with self.pool.connection() as conn:
+            database = database_sequence(conn)
+        applied = self.applied
+        return {"applied_sequence": applied, "database_sequence": database, "lag": max(database - applied, 0), "listening": self.listening}
+
+    def wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None) -> None:
+        """A change this replica committed: applied (with every one before it) before the caller answers."""
+        with self._lock:
+            if self.applied >= seq:
+                return
+            if self.applied == seq - 1:  # nothing pending: apply what is in hand, no read needed
+                self._apply_known(op, face_ids, vectors)
+                self.applied = seq
+                return
+        try:
+            with self.pool.connection() as conn:
+                self.catch_up(conn)
+        except psycopg.Error as exc:  # the write is committed: the listener applies it once it can read again
+            log.warning("gallery sync: change %d committed but not applied yet: %s", seq, exc)
+
+    def catch_up(self, conn: psycopg.Connection) -> int:
+        """Apply every committed change after the last applied one, in order; how many."""
+        done = 0
+        with self._lock:
+            while True:
+                rows = conn.execute("SELECT seq, op, face_ids FROM changes WHERE seq > %s ORDER BY seq LIMIT %s", (self.applied, BATCH)).fetchall()
+                for seq, op, face_ids in rows:
+                    if op == "add":
+                        self._add_from_database(conn, face_ids)
+                    else:
+                        self.index.remove(np.array(face_ids, np.int64))
+                    self.applied = seq
+                done += len(rows)
+                if len(rows) < BATCH:
+                    return done
+
+    def _apply_known(self, op: str, face_ids: list[int], vectors: np.ndarray | None) -> None:
+        if op == "add":
+            self.index.add(np.array(face_ids, np.int64), vectors)
+        else:
+            self.index.remove(np.array(face_ids, np.int64))
+
+    def _add_from_database(self, conn: psycopg.Connection, face_ids: list[int]) -> None:
+        """The faces as they are now (a face deleted since is skipped: its own change removes nothing)."""
+        rows = conn.execute("SELECT id, embedding FROM faces WHERE id = ANY(%s) AND model_sha256 = %s", (face_ids, self.model_sha256)).fetchall()
+        if rows:
+            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+            self.index.add(np.array([r[0] for r in rows], np.int64), vectors)
+
+    def _listen(self) -> None:
+        """LISTEN, catch up, then apply on every notification (or every `poll` s); reconnect on error."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening = True
+                    failures = 0
+                    self.catch_up(conn)  # what was committed before LISTEN took effect
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=self.poll, stop_after=1):
+                            pass
+                        self.catch_up(conn)
+            except psycopg.Error as exc:
+                self.listening = False
+                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                failures += 1
+                log.warning("gallery sync: %s; reconnecting in %.1f s (applied change %d)", exc, delay, self.applied)
+                self._stop.wait(delay)
+        self.listening = False
