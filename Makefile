@@ -28,11 +28,11 @@ define install
 endef
 
 install-serve: $(BIN)/python
-	$(call install,$(ORT_EXTRA),)
+	$(call install,$(ORT_EXTRA),$(comma)postgres)
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(call install,cpu,$(comma)train$(comma)dev)
+	$(call install,cpu,$(comma)train$(comma)dev$(comma)postgres)
 
 serve: install-serve
 	$(BIN)/facegate models pull

@@ -174,7 +174,9 @@ def test_image_installs_like_the_makefile(stages, runtime):
     )
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r'pip install --quiet \$\(EDITABLE\) "\.\[\$\(1\)\$\(2\)\]"', makefile), "the Makefile's install line changed"
-    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\)$", makefile, re.M), "install-serve: the onnxruntime extra only"
+    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\)$", makefile, re.M), (
+        "install-serve: the onnxruntime extra and postgres (the shared gallery's driver) only"
+    )
 
 
 def test_runtime_stage_conventions(runtime):

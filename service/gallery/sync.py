@@ -21,6 +21,7 @@ from service.gallery.index import VectorIndex
 log = logging.getLogger("facegate.gallery.sync")
 
 CHANNEL = "facegate_gallery"
+LISTENER_NAME = "facegate-gallery-sync"  # application_name of each replica's listening connection (pg_stat_activity)
 BATCH = 1000  # changes read per query while catching up
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # reconnect back-off
 
@@ -57,6 +58,11 @@ class IndexSync:
 
     def close(self) -> None:
         self._stop.set()
+        try:  # wake the listener now rather than at its next poll (other replicas just catch up: nothing new)
+            with self.pool.connection(timeout=2) as conn:
+                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
+        except psycopg.Error:
+            pass
         self._thread.join(self.poll + 5)
 
     def status(self) -> dict[str, int | bool]:
@@ -116,7 +122,7 @@ class IndexSync:
         failures = 0
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.url, autocommit=True) as conn:
+                with psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.listening = True
                     failures = 0
