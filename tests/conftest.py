@@ -16,10 +16,13 @@ YUNET = "face_detection_yunet_2023mar.onnx"
 
 def pytest_report_header(config) -> list[str]:
     """Say up front whether the tests on real data and models will run (docs/testing.md)."""
+    from tests.postgres import binaries
+
+    postgres = binaries()
     return [
         f"{name}: {os.environ[name] if os.environ.get(name) else 'unset (the tests that need it are skipped: docs/testing.md)'}"
         for name in ("FACEGATE_TEST_DATA", "FACEGATE_MODEL_CACHE")
-    ]
+    ] + [f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"]
 
 
 def _env_dir(name: str) -> Path | None:
