@@ -46,6 +46,9 @@ class Settings(BaseSettings):
         SecretStr(""),
         description="postgresql://user:password@host:5432/db: the gallery lives in PostgreSQL, shared by every replica; empty = SQLite under data_dir.",
     )
+    database_password_file: Path | None = Field(
+        None, description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored."
+    )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
     store_crops: bool = Field(
         False,

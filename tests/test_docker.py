@@ -1,7 +1,8 @@
 """The Docker deployment, checked without a Docker engine.
 
 - hadolint on every Dockerfile (no warning left; every inline ignore carries a reason);
-- `docker-compose config` on every compose combination (GPU, CPU, each with the metrics profile);
+- `docker-compose config` on every compose combination (GPU, CPU, each with the metrics profile,
+  and the scale profile: PostgreSQL, two replicas, nginx);
 - the image's CMD is the command line `make serve HOST=0.0.0.0` runs, and that command line, run here with the
   environment the image and compose.yaml give the container, serves /healthz, /readyz and
   /metrics behind the API key read from the compose secret;
@@ -44,7 +45,11 @@ COMBINATIONS = {
     "gpu+metrics": ["--profile", "metrics"],
     "cpu": ["-f", "compose.yaml"],
     "cpu+metrics": ["-f", "compose.yaml", "--profile", "metrics"],
+    "gpu+scale": ["--profile", "scale"],
+    "cpu+scale": ["-f", "compose.yaml", "--profile", "scale"],
+    "cpu+scale+metrics": ["-f", "compose.yaml", "--profile", "scale", "--profile", "metrics"],
 }
+SCALE = {"postgres", "facegate-a", "facegate-b", "lb"}  # the scale profile (docs/scaling.md)
 SERVICE = "facegate"
 
 
@@ -342,6 +347,50 @@ def test_compose_config(combination):
     assert prometheus["profiles"] == ["metrics"], "Prometheus starts only with --profile metrics"
     mounted = {target: Path(source) for source, target in map(_volume, prometheus["volumes"])}
     assert mounted["/etc/prometheus/prometheus.yml"].resolve() == REPO / "docker" / "prometheus.yml"
+
+
+@pytest.mark.parametrize("combination", [c for c in COMBINATIONS if "scale" in c])
+def test_compose_scale_profile(combination):
+    """PostgreSQL with a named volume and a healthcheck, unpublished; two or more replicas on it,
+    each needing the API-key secret (no key or password in the repository); nginx in front on the
+    single service's port, its upstream exactly those replicas."""
+    config = compose_config(COMBINATIONS[combination])
+    services = config["services"]
+    for name in SCALE:
+        assert services[name]["profiles"] == ["scale"], f"{name} starts only with --profile scale"
+
+    postgres = services["postgres"]
+    assert not postgres.get("ports"), "the database is reached on the compose network only"
+    (data,) = [src for src, target in map(_volume, postgres["volumes"]) if target == "/var/lib/postgresql/data"]
+    assert data in config["volumes"], "the gallery lives in a named volume"
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+    pg_env = _environment(postgres)
+    (password,) = [s["source"] for s in postgres["secrets"] if pg_env["POSTGRES_PASSWORD_FILE"] == f"/run/secrets/{s['source']}"]
+    assert "POSTGRES_PASSWORD" not in pg_env and Path(config["secrets"][password]["file"]).resolve().is_relative_to(REPO / "docker" / "secrets")
+
+    replicas = sorted(name for name in services if name.startswith("facegate-"))
+    assert len(replicas) >= 2
+    for name in replicas:
+        replica = services[name]
+        env = _environment(replica)
+        assert re.fullmatch(r"postgresql://facegate@postgres:5432/facegate", env["FACEGATE_DATABASE_URL"]), "no password in the URL"
+        assert env["FACEGATE_DATABASE_PASSWORD_FILE"] == f"/run/secrets/{password}"
+        secrets = {s["source"] for s in replica["secrets"]}
+        assert password in secrets and env["FACEGATE_API_KEYS_FILE"] in {f"/run/secrets/{s}" for s in secrets}
+        assert "FACEGATE_API_KEYS" not in env and "FACEGATE_ALLOW_ANONYMOUS" not in env, "safe by default: keys required"
+        assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert "/healthz" in " ".join(replica["healthcheck"]["test"]) and not replica.get("ports")
+        assert replica["build"]["args"]["ORT_EXTRA"] == "cpu" and replica["image"] == services["facegate-a"]["image"]
+
+    lb = services["lb"]
+    assert ("8000", 8000) in [_port(p) for p in lb["ports"]]
+    assert {name for name, dep in lb["depends_on"].items() if dep["condition"] == "service_healthy"} == set(replicas)
+    mounted = {target: Path(source) for source, target in map(_volume, lb["volumes"])}
+    nginx = mounted["/etc/nginx/nginx.conf"].resolve()
+    assert nginx == REPO / "docker" / "nginx.conf"
+    upstream = re.search(r"upstream facegate \{(.*?)\}", nginx.read_text(), re.S).group(1)
+    assert sorted(re.findall(r"^\s*server ([\w-]+):8000\b", upstream, re.M)) == replicas
+    assert re.search(r"proxy_pass http://facegate;", nginx.read_text())
 
 
 def test_compose_files_without_the_tool():

@@ -12,8 +12,12 @@ def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: b
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
     url = settings.database_url.get_secret_value()
     if url:
-        from service.gallery.postgres import PostgresGallery  # psycopg is needed only here
+        from psycopg.conninfo import make_conninfo  # psycopg is needed only here
 
+        from service.gallery.postgres import PostgresGallery
+
+        if settings.database_password_file is not None:
+            url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
         return PostgresGallery(url, embedder, searchable, settings.database_pool_size)
     from service.gallery.store import SqliteGallery
 

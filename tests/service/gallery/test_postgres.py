@@ -243,3 +243,24 @@ def test_other_models_faces_are_kept_not_searched_and_reembed_reaches_running_re
     wait_for(lambda: serving.index.size == 1, "the re-embedded face reaches the new model's replica")
     assert serving.search(unit(9), 1)[0].similarity > 0.999
     wait_for(lambda: a.index.size == 1, "the old model's replica drops it")
+
+
+def test_the_settings_choose_the_store(database_url, tmp_path):
+    from pydantic import ValidationError
+
+    from service.gallery.factory import open_gallery
+    from service.gallery.store import SqliteGallery
+    from service.settings import Settings
+
+    password = tmp_path / "db_password"
+    password.write_text("s3cret\n")
+    store = open_gallery(Settings(database_url=database_url, database_password_file=password, data_dir=tmp_path), KEY)
+    try:
+        assert isinstance(store, PostgresGallery) and "password=s3cret" in store.url and not any(tmp_path.glob("*.sqlite3"))
+    finally:
+        store.close()
+    sqlite = open_gallery(Settings(data_dir=tmp_path), KEY)
+    assert isinstance(sqlite, SqliteGallery) and sqlite.replication() is None
+    sqlite.close()
+    with pytest.raises(ValidationError, match="postgresql://"):
+        Settings(database_url="mysql://db/x")
