@@ -83,8 +83,9 @@ def fresh_database(admin_url: str, name: str) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
-def bulk_load(url: str, key: EmbedderKey, faces: int) -> float:
-    """COPY `faces` synthetic faces (10 per subject) into a migrated database; seconds taken."""
+def bulk_load(url: str, key: EmbedderKey, faces: int) -> tuple[float, float]:
+    """COPY `faces` synthetic faces (10 per subject) into a migrated database: seconds taken, and
+    the faces table's size on disk (MiB, with its indexes and TOAST)."""
     rng = np.random.default_rng(faces)
     started = time.perf_counter()
     with psycopg.connect(url) as conn:
@@ -104,17 +105,19 @@ def bulk_load(url: str, key: EmbedderKey, faces: int) -> float:
                     for i in range(n):
                         copy.write_row((f"s{(start + i) // FACES_PER_SUBJECT}", blobs[i].tobytes(), key.name, key.sha256, 0.0))
         conn.execute("ANALYZE faces")
-    return time.perf_counter() - started
+        conn.commit()
+        table = conn.execute("SELECT pg_total_relation_size('faces')").fetchone()[0] / 2**20
+    return time.perf_counter() - started, table
 
 
 def cold_start(admin_url: str, sizes: list[int], dims: list[int]) -> None:
     print("\n1. cold start of a replica's gallery (open: migrations checked, snapshot read into FAISS, listener started)")
-    print(f"{'faces':>9} {'dim':>4} {'COPY s':>7} {'open s':>7} {'faces/s':>9} {'RSS +MiB':>9} {'index MiB':>10}")
+    print(f"{'faces':>9} {'dim':>4} {'COPY s':>7} {'table MiB':>10} {'open s':>7} {'faces/s':>9} {'RSS +MiB':>9} {'index MiB':>10}")
     for dim in dims:
         for size in sizes:
             key = EmbedderKey("bench", f"{dim:064d}", dim)
             url = fresh_database(admin_url, f"bench_cold_{size}_{dim}")
-            copied = bulk_load(url, key, size)
+            copied, table = bulk_load(url, key, size)
             before = rss_mib()
             started = time.perf_counter()
             gallery = PostgresGallery(url, key)
@@ -123,7 +126,7 @@ def cold_start(admin_url: str, sizes: list[int], dims: list[int]) -> None:
             assert gallery.index.size == size, gallery.index.size
             gallery.close()
             del gallery
-            print(f"{size:>9} {dim:>4} {copied:>7.1f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} {size * (dim * 4 + 8) / 2**20:>10.0f}")
+            print(f"{size:>9} {dim:>4} {copied:>7.1f} {table:>10.0f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} {size * (dim * 4 + 8) / 2**20:>10.0f}")
 
 
 @contextmanager
