@@ -44,7 +44,7 @@ def open_store(database_url):
 
 
 def index_ids(store: PostgresGallery) -> set[int]:
-    scores, ids = store.index.search(np.zeros((1, store.index.dim), np.float32), store.index.size)
+    _, ids = store.index.search(np.zeros((1, store.index.dim), np.float32), store.index.size)
     return {int(i) for i in ids[0] if i >= 0}
 
 
@@ -159,7 +159,7 @@ def test_one_new_subject_id_from_two_replicas(open_store):
     assert a.counts()["subjects"] == 10
 
 
-def test_no_ghost_match_after_a_delete_on_another_replica(open_store, database_url):
+def test_no_ghost_match_after_a_delete_on_another_replica(open_store):
     """Once a delete through `a` returned, `b` never answers the deleted subject, even before b's
     index applied the delete: a search keeps only faces the database still has."""
     a, b = open_store(), open_store()
