@@ -5,6 +5,7 @@ lifespan, closed on shutdown."""
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -70,11 +71,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
-        engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.ready else None
+        engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.loaded else None
+        if engine:
+            readiness.serving = engine.describe()
+            # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done.
+            threading.Thread(target=engine.warm_up, args=(readiness.warmup_done,), name="facegate-warmup", daemon=True).start()
         gallery = SqliteGallery.open(settings.data_dir, models.embedder_key)
         metrics.watch_gallery(gallery.counts)
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
-        log.info("facegate ready=%s, api keys %s", readiness.ready, "on" if keys.enabled else "off")
+        log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
         try:
