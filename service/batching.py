@@ -43,7 +43,10 @@ class BatchShapes:
 
     def run(self, fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
         """fn over x's rows, fn only ever called with a bucket's number of rows: zero rows pad a
-        chunk up to its bucket and their outputs are dropped (models here treat rows independently)."""
+        chunk up to its bucket and their outputs are dropped (models here treat rows independently).
+        No rows: fn decides (the embedder answers without running its session)."""
+        if not len(x):
+            return fn(x)
         out = []
         for start in range(0, len(x), self.largest):
             chunk = x[start : start + self.largest]

@@ -33,7 +33,7 @@ class Settings(BaseSettings):
         "kNextPowerOfTwo", description="How the CUDA memory arena grows: kSameAsRequested wastes less memory, kNextPowerOfTwo allocates less often."
     )
     tensorrt: bool = Field(False, description="Put the TensorRT provider before CUDA when onnxruntime offers it (engines cached under model_cache/tensorrt).")
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime intra-op threads per session; 0 = the CPU cores this process may use (cgroup quota and affinity).")
+    intra_op_threads: int = Field(0, ge=0, description="onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity).")
     intra_op_spinning: bool = Field(False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it).")
     batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 32],

@@ -50,10 +50,11 @@ class Runtime:
             intra_op_spinning=settings.intra_op_spinning,
         )
 
-    @property
-    def threads(self) -> int:
-        """Intra-op threads per session: the setting, else the cores this process may use."""
-        return self.intra_op_threads or available_cores()
+    def threads(self, gpu: bool) -> int:
+        """Intra-op threads per session: the setting; else 1 on a GPU (its kernels use no CPU
+        thread pool, and idle pools only contend with the threads feeding it), else the cores this
+        process may use."""
+        return self.intra_op_threads or (1 if gpu else available_cores())
 
 
 @lru_cache
@@ -112,10 +113,10 @@ def provider_options(runtime: Runtime) -> list[tuple[str, dict[str, str]]]:
     return [(name, options[name]) for name in select_providers(runtime.device, runtime.tensorrt)]
 
 
-def session_options(runtime: Runtime) -> ort.SessionOptions:
+def session_options(runtime: Runtime, gpu: bool = False) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = runtime.threads
+    options.intra_op_num_threads = runtime.threads(gpu)
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if runtime.intra_op_spinning else "0")
     options.log_severity_level = 3  # errors only: provider warnings are summarised by our own log line
     return options
@@ -131,14 +132,15 @@ def create_session(model: Path | bytes, runtime: Runtime | None = None) -> ort.I
     if runtime.tensorrt_cache and any(name == TENSORRT for name, _ in chosen):
         runtime.tensorrt_cache.mkdir(parents=True, exist_ok=True)
     source = model if isinstance(model, bytes) else str(model)
+    gpu = chosen[0][0] != CPU
     try:
         session = ort.InferenceSession(
-            source, sess_options=session_options(runtime), providers=[n for n, _ in chosen], provider_options=[o for _, o in chosen]
+            source, sess_options=session_options(runtime, gpu), providers=[n for n, _ in chosen], provider_options=[o for _, o in chosen]
         )
     except Exception as exc:  # onnxruntime raises bare Fail/InvalidGraph types
         raise ModelError(f"onnxruntime cannot load {model if isinstance(model, Path) else 'the model'}: {exc}") from None
     active = tuple(session.get_providers())
     if active not in _logged:
         _logged.add(active)
-        log.info("onnxruntime providers: %s (%d intra-op threads)", ", ".join(active), runtime.threads)
+        log.info("onnxruntime providers: %s (%d intra-op threads)", ", ".join(active), session.get_session_options().intra_op_num_threads)
     return session

@@ -70,3 +70,10 @@ def test_cpu_session_gets_its_thread_options(embedder_manifest, monkeypatch):
     options = providers.create_session(path, Runtime(device="cpu")).get_session_options()
     assert options.intra_op_num_threads == 1 and options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert isinstance(options, ort.SessionOptions)
+
+
+def test_a_gpu_session_gets_one_intra_op_thread_unless_set(monkeypatch):
+    monkeypatch.setattr(providers, "available_cores", lambda: 16)
+    assert providers.session_options(Runtime(), gpu=True).intra_op_num_threads == 1
+    assert providers.session_options(Runtime(), gpu=False).intra_op_num_threads == 16
+    assert providers.session_options(Runtime(intra_op_threads=4), gpu=True).intra_op_num_threads == 4
