@@ -1,16 +1,22 @@
-"""Micro-batching: the faces of concurrent requests go to the embedder in one run.
+"""Fixed batch shapes and micro-batching.
 
-A single thread owns the embedder. It takes the first waiting job, then keeps collecting jobs
-until the batch is full or `max_wait_ms` has passed, runs the model once and hands each job its
-rows. Callers get a `concurrent.futures.Future`, which asyncio code awaits without blocking.
+A model runs only at a few batch sizes (`BatchShapes`): a batch is padded up to the next size and
+one above the largest is split. Every shape a session will ever see is then known at start-up and
+warmed there, so no request pays for a provider's per-shape work (cuDNN's algorithm search, memory
+allocation, a TensorRT engine build).
+
+Micro-batching: a single thread owns a model. It takes the first waiting job, then keeps collecting
+jobs until the batch is full or `max_wait_ms` has passed, runs the model once and hands each job
+its rows. Callers get a `concurrent.futures.Future`, which asyncio code awaits without blocking.
 """
 
 from __future__ import annotations
 
+import bisect
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -19,26 +25,68 @@ import numpy as np
 from service.metrics import Metrics
 
 
+class BatchShapes:
+    """The batch sizes a model is run at, smallest first."""
+
+    def __init__(self, sizes: Iterable[int]):
+        self.sizes = tuple(sorted(set(sizes)))
+        if not self.sizes or self.sizes[0] < 1:
+            raise ValueError(f"batch sizes must be positive integers, got {sizes!r}")
+
+    @property
+    def largest(self) -> int:
+        return self.sizes[-1]
+
+    def bucket(self, n: int) -> int:
+        """The smallest size holding n rows (n ≤ largest)."""
+        return self.sizes[bisect.bisect_left(self.sizes, n)]
+
+    def run(self, fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+        """fn over x's rows, fn only ever called with a bucket's number of rows: zero rows pad a
+        chunk up to its bucket and their outputs are dropped (models here treat rows independently).
+        No rows: fn decides (the embedder answers without running its session)."""
+        if not len(x):
+            return fn(x)
+        out = []
+        for start in range(0, len(x), self.largest):
+            chunk = x[start : start + self.largest]
+            size = self.bucket(len(chunk))
+            if size > len(chunk):
+                chunk = np.concatenate([chunk, np.zeros((size - len(chunk), *chunk.shape[1:]), chunk.dtype)])
+            out.append(fn(chunk)[: min(len(x) - start, self.largest)])
+        return np.concatenate(out)
+
+
 @dataclass
 class _Job:
-    crops: np.ndarray
+    rows: np.ndarray
     future: Future = field(default_factory=Future)
     queued: float = field(default_factory=time.perf_counter)
 
 
 class MicroBatcher:
-    def __init__(self, embed: Callable[[np.ndarray], np.ndarray], max_batch: int, max_wait_ms: float, metrics: Metrics):
-        self._embed = embed
+    def __init__(
+        self,
+        run: Callable[[np.ndarray], np.ndarray],
+        max_batch: int,
+        max_wait_ms: float,
+        metrics: Metrics,
+        role: str = "embedder",
+    ):
+        """`run`: N input rows → N output rows (the caller makes it run at fixed shapes).
+        `role`: embedder or detector, the metrics it counts under."""
+        self._run_model = run
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
+        self.role = role
         self._metrics = metrics
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="facegate-batcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"facegate-batcher-{role}", daemon=True)
         self._thread.start()
 
-    def submit(self, crops: np.ndarray) -> Future:
-        """N×H×W×3 RGB crops → a future of their N×D embeddings."""
-        job = _Job(np.asarray(crops))
+    def submit(self, rows: np.ndarray) -> Future:
+        """N input rows (N×H×W×3 crops, or images) → a future of their N output rows."""
+        job = _Job(np.asarray(rows))
         self._jobs.put(job)
         return job.future
 
@@ -47,7 +95,7 @@ class MicroBatcher:
         self._thread.join(timeout)
 
     def _collect(self, first: _Job) -> tuple[list[_Job], bool]:
-        jobs, size = [first], len(first.crops)
+        jobs, size = [first], len(first.rows)
         deadline = time.perf_counter() + self.max_wait
         while size < self.max_batch:
             remaining = deadline - time.perf_counter()
@@ -58,7 +106,7 @@ class MicroBatcher:
             if job is None:
                 return jobs, True
             jobs.append(job)
-            size += len(job.crops)
+            size += len(job.rows)
         return jobs, False
 
     def _run(self) -> None:
@@ -70,15 +118,15 @@ class MicroBatcher:
             jobs, stop = self._collect(first)
             started = time.perf_counter()
             for job in jobs:
-                self._metrics.queue_wait.observe(started - job.queued)
+                self._metrics.waited(self.role, started - job.queued)
             try:
-                embeddings = self._embed(np.concatenate([j.crops for j in jobs]))
+                outputs = self._run_model(np.concatenate([j.rows for j in jobs]))
             except BaseException as exc:  # handed to every waiting request, never lost in this thread
                 for job in jobs:
                     job.future.set_exception(exc)
                 continue
-            self._metrics.embedder_ran(len(embeddings))
+            self._metrics.model_ran(self.role, len(outputs))
             start = 0
             for job in jobs:
-                job.future.set_result(embeddings[start : start + len(job.crops)])
-                start += len(job.crops)
+                job.future.set_result(outputs[start : start + len(job.rows)])
+                start += len(job.rows)

@@ -1,53 +1,121 @@
-"""Runs the pipeline for requests without ever blocking the event loop: decode, detect and align on
-a thread pool sized by settings, embedding through the micro-batcher (or the pool when batching is
-off)."""
+"""Runs the pipeline for requests without ever blocking the event loop: decode, letterbox and align
+on a thread pool, detection and embedding through micro-batchers (or on the pool when batching is
+off). Both models only ever run at their fixed batch shapes, each warmed up once at start-up."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
-from service.batching import MicroBatcher
+from service.batching import BatchShapes, MicroBatcher
+from service.cores import available_cores
 from service.metrics import Metrics
+from service.models.detector import Face
 from service.pipeline import EmbeddedFace, FacePipeline, FacePolicy, FoundFace
 from service.settings import Settings
+
+log = logging.getLogger("facegate.engine")
 
 
 class Engine:
     def __init__(self, settings: Settings, pipeline: FacePipeline, metrics: Metrics):
-        """`pipeline` has both models (the app builds an engine only when it is ready)."""
+        """`pipeline` has both models (the app builds an engine only when both loaded)."""
         self.pipeline = pipeline
         self.metrics = metrics
-        self.executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="facegate-infer")
-        self.batcher = None
+        self.workers = settings.worker_threads or available_cores()
+        self.executor = ThreadPoolExecutor(self.workers, thread_name_prefix="facegate-infer")
+        embedder, detector = pipeline.require_embedder(), pipeline.detector
+        fixed = embedder.manifest.input.shape[0]  # an embedder exported with a fixed batch runs at that size only
+        self.embed_shapes = BatchShapes([fixed] if isinstance(fixed, int) else settings.batch_sizes)
+        # A detector with a fixed batch of 1 takes a batch's images one run each: no padding needed.
+        largest = max(settings.detect_batch_sizes)
+        self.detect_shapes = BatchShapes(settings.detect_batch_sizes if detector.batchable else range(1, largest + 1))
+        self._embed = partial(self.embed_shapes.run, embedder.embed)
+        self._detect = partial(self.detect_shapes.run, detector.infer)
+        self.embed_batcher = self.detect_batcher = None
         if settings.batching:
-            self.batcher = MicroBatcher(pipeline.embedder.embed, settings.embed_max_batch, settings.batch_wait_ms, metrics)
+            self.embed_batcher = MicroBatcher(self._embed, self.embed_shapes.largest, settings.batch_wait_ms, metrics, "embedder")
+            self.detect_batcher = MicroBatcher(self._detect, self.detect_shapes.largest, settings.batch_wait_ms, metrics, "detector")
+
+    def describe(self) -> dict:
+        """What /readyz reports of how requests are served."""
+        return {
+            "batching": self.embed_batcher is not None,
+            "embed_batch_sizes": list(self.embed_shapes.sizes),
+            "detect_batch_sizes": list(self._detector_run_sizes()),
+            "detector_batched_in_graph": self.pipeline.detector.batchable,
+            "worker_threads": self.workers,
+            "cores": available_cores(),
+        }
+
+    def _detector_run_sizes(self) -> tuple[int, ...]:
+        return self.detect_shapes.sizes if self.pipeline.detector.batchable else (1,)
+
+    def warm_up(self, done: Callable[[str | None], None]) -> None:
+        """Run each model once at every batch shape it will see, then report (None, or the error)."""
+        started = time.perf_counter()
+        detector, embedder = self.pipeline.detector, self.pipeline.require_embedder()
+        try:
+            for n in self._detector_run_sizes():
+                detector.infer(np.zeros((n, detector.height, detector.width, 3), np.uint8))
+            for n in self.embed_shapes.sizes:
+                embedder.embed(np.zeros((n, *embedder.size, 3), np.uint8))
+        except Exception as exc:  # reported by /readyz; the service stays up and says why
+            log.error("warm-up failed: %s", exc)
+            done(f"{type(exc).__name__}: {exc}")
+            return
+        log.info("warm-up done in %.1f s (embedder batches %s)", time.perf_counter() - started, list(self.embed_shapes.sizes))
+        done(None)
 
     def close(self) -> None:
-        if self.batcher:
-            self.batcher.close()
+        for batcher in (self.embed_batcher, self.detect_batcher):
+            if batcher:
+                batcher.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def _find(self, data: bytes, aligned: bool, policy: FacePolicy, chips: bool) -> list[FoundFace]:
-        return self.pipeline.find_faces(self.pipeline.decode(data), aligned, policy, chips)
-
     def _embed_now(self, crops: np.ndarray) -> np.ndarray:
-        embeddings = self.pipeline.embedder.embed(crops)
+        embeddings = self._embed(crops)
         self.metrics.embedder_ran(len(embeddings))
         return embeddings
 
     async def embed_crops(self, crops: np.ndarray) -> np.ndarray:
-        if self.batcher:
-            return await asyncio.wrap_future(self.batcher.submit(crops))
+        if self.embed_batcher:
+            return await asyncio.wrap_future(self.embed_batcher.submit(crops))
         return await self._run(self._embed_now, crops)
+
+    def _prepare(self, data: bytes, aligned: bool) -> tuple[np.ndarray, np.ndarray | None, float]:
+        """Decode (and, unless aligned, letterbox to the detector's input) on a worker thread."""
+        image = self.pipeline.decode(data)
+        if aligned:
+            return image, None, 1.0
+        canvas, scale = self.pipeline.detector.letterbox(image)
+        return image, canvas, scale
+
+    async def _detect_row(self, canvas: np.ndarray) -> np.ndarray:
+        if self.detect_batcher:
+            return (await asyncio.wrap_future(self.detect_batcher.submit(canvas[None])))[0]
+        return (await self._run(self._detect, canvas[None]))[0]
+
+    def _select(self, image: np.ndarray, row: np.ndarray, scale: float, policy: FacePolicy, chips: bool) -> list[FoundFace]:
+        faces: list[Face] = self.pipeline.detector.faces(row, scale, image.shape[:2])
+        return self.pipeline.find_faces(image, False, policy, chips, faces=faces)
 
     async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
         """The image's faces with their embeddings, largest first (and their chips, when asked)."""
-        found = await self._run(self._find, data, aligned, policy, chips)
+        image, canvas, scale = await self._run(self._prepare, data, aligned)
+        if aligned:
+            found = await self._run(self.pipeline.find_faces, image, True, policy, chips)
+        else:
+            row = await self._detect_row(canvas)
+            found = await self._run(self._select, image, row, scale, policy, chips)
         embeddings = await self.embed_crops(np.stack([f.crop for f in found]))
         return [f.embedded(e) for f, e in zip(found, embeddings)]

@@ -23,6 +23,8 @@ class Metrics:
         self.batch_size = Histogram("facegate_embed_batch_size", "Faces per embedder run.", buckets=BATCH_BUCKETS, registry=r)
         self.queue_wait = Histogram("facegate_embed_queue_wait_seconds", "Time faces waited for their embedder run.", buckets=WAIT_BUCKETS, registry=r)
         self.faces_embedded = Counter("facegate_faces_embedded", "Faces embedded.", registry=r)
+        self.detect_batch_size = Histogram("facegate_detect_batch_size", "Images per detector run.", buckets=BATCH_BUCKETS, registry=r)
+        self.detect_queue_wait = Histogram("facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=r)
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
         self.gallery_applied = Gauge(
@@ -36,6 +38,16 @@ class Metrics:
         """One embedder run of `faces` faces (batched or not)."""
         self.batch_size.observe(faces)
         self.faces_embedded.inc(faces)
+
+    def model_ran(self, role: str, rows: int) -> None:
+        """One batched run of the `role` model (embedder or detector) over `rows` inputs."""
+        if role == "embedder":
+            self.embedder_ran(rows)
+        else:
+            self.detect_batch_size.observe(rows)
+
+    def waited(self, role: str, seconds: float) -> None:
+        (self.queue_wait if role == "embedder" else self.detect_queue_wait).observe(seconds)
 
     def watch_gallery(self, counts: Callable[[], dict[str, int]]) -> None:
         """Gallery gauges read at scrape time, so they can never drift from the database."""

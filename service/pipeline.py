@@ -51,7 +51,7 @@ class FacePipeline:
             nms_threshold=settings.det_nms_threshold,
             min_face_size=settings.min_face_size,
         )
-        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, settings.embed_max_batch) if models.embedder else None
+        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, max(settings.batch_sizes)) if models.embedder else None
 
     @classmethod
     def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:
@@ -91,16 +91,19 @@ class FacePipeline:
             raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
         return image_bgr[..., ::-1][None]
 
-    def find_faces(self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[FoundFace]:
+    def find_faces(
+        self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False, faces: list[Face] | None = None
+    ) -> list[FoundFace]:
         """The faces to embed, largest first, each with its aligned RGB crop.
 
         policy: `largest` (one face), `reject_multiple` (one face, else MultipleFaces) or `all`.
         chips: also cut each face's FaceChip (a loose chip; an aligned upload is its own chip).
+        faces: the image's detections when they were already run (the engine batches detection).
         """
         if aligned:
             crop = self.aligned_crop(image_bgr)[0]
             return [FoundFace(None, crop, template_chip(crop, self.template) if chips else None)]
-        faces = self.detect(image_bgr)
+        faces = self.detect(image_bgr) if faces is None else faces
         if not faces:
             raise NoFace("no face was found in the image")
         if policy == "reject_multiple" and len(faces) > 1:

@@ -1,8 +1,10 @@
 """Whether the service can answer image requests, and if not why: GET /readyz reports it, and
-every image route refuses with 503 model_unavailable until both models are loaded."""
+every image route refuses with 503 model_unavailable until both models are loaded and warmed up
+(every batch shape run once, so the first requests pay no per-shape provider cost)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict
 
 from service.errors import ModelUnavailable
@@ -12,15 +14,31 @@ from service.models.model_set import ModelSet
 class Readiness:
     def __init__(self, models: ModelSet):
         self.models = models
+        self.warmed = threading.Event()
+        self.warmup_error: str | None = None
+        self.serving: dict = {}  # batch shapes, threads: what the engine runs with, for /readyz
+
+    @property
+    def loaded(self) -> bool:
+        return self.models.detector is not None and self.models.embedder is not None
 
     @property
     def ready(self) -> bool:
-        return self.models.detector is not None and self.models.embedder is not None
+        return self.loaded and self.warmed.is_set() and self.warmup_error is None
+
+    def warmup_done(self, error: str | None = None) -> None:
+        self.warmup_error = error
+        self.warmed.set()
 
     def require(self) -> None:
-        if not self.ready:
+        if self.ready:
+            return
+        if not self.loaded:
             missing = ", ".join(f"{p.model} {p.name!r}" for p in self.models.problems)
             raise ModelUnavailable(f"the service has no usable {missing}; see GET /readyz for the fix")
+        if self.warmup_error:
+            raise ModelUnavailable(f"the models failed their warm-up: {self.warmup_error}; see GET /readyz")
+        raise ModelUnavailable("the models are warming up (every batch shape runs once at start-up); retry shortly")
 
     def report(self) -> dict:
         models = {}
@@ -31,5 +49,14 @@ class Readiness:
                     "version": loaded.manifest.version,
                     "sha256": loaded.manifest.file.sha256,
                     "providers": loaded.session.get_providers(),
+                    "provider_options": loaded.session.get_provider_options(),
                 }
-        return {"ready": self.ready, "models": models, "problems": [asdict(p) for p in self.models.problems]}
+        warmup = "failed" if self.warmup_error else "done" if self.warmed.is_set() else "running" if self.loaded else "not started"
+        return {
+            "ready": self.ready,
+            "warmup": warmup,
+            "models": models,
+            "serving": self.serving,
+            "problems": [asdict(p) for p in self.models.problems]
+            + ([{"model": "engine", "name": "warm-up", "error": self.warmup_error, "fix": "lower FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES or free device memory"}] if self.warmup_error else []),
+        }

@@ -22,10 +22,27 @@ class Settings(BaseSettings):
     detector: str = Field("face_detection_yunet_2023mar", description="Detector manifest: name in models_dir, or a path.")
     embedder: str = Field("dlib-resnet-v1", description="Embedder manifest: name in models_dir, or a path.")
 
-    # onnxruntime
+    # onnxruntime (service/models/providers.py applies these; GET /readyz shows what each session got)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime intra-op threads per session; 0 = onnxruntime's choice.")
-    embed_max_batch: int = Field(32, ge=1, description="Largest batch handed to the embedder in one run.")
+    cuda_device_id: int = Field(0, ge=0, description="GPU the CUDA (and TensorRT) provider runs on.")
+    cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = Field(
+        "HEURISTIC", description="cuDNN convolution algorithm search per input shape: HEURISTIC is cheap, EXHAUSTIVE benchmarks every algorithm (slow first run of each shape)."
+    )
+    gpu_mem_limit: int = Field(0, ge=0, description="Bytes the CUDA provider's memory arena may hold; 0 = no limit.")
+    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = Field(
+        "kNextPowerOfTwo", description="How the CUDA memory arena grows: kSameAsRequested wastes less memory, kNextPowerOfTwo allocates less often."
+    )
+    tensorrt: bool = Field(False, description="Put the TensorRT provider before CUDA when onnxruntime offers it (engines cached under model_cache/tensorrt).")
+    intra_op_threads: int = Field(0, ge=0, description="onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity).")
+    intra_op_spinning: bool = Field(False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it).")
+    batch_sizes: list[int] = Field(
+        [1, 2, 4, 8, 16, 32],
+        min_length=1,
+        description="The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; each is warmed up at start-up.",
+    )
+    detect_batch_sizes: list[int] = Field(
+        [1, 2, 4, 8], min_length=1, description="The only batch sizes the detector runs at (images of concurrent requests, each letterboxed to the detector's input)."
+    )
 
     # input limits, checked before a full decode
     max_image_bytes: int = Field(10_000_000, ge=1)
@@ -65,10 +82,10 @@ class Settings(BaseSettings):
     max_page_bytes: int = Field(4_000_000, ge=1, description="A GET /subjects page stops before this many bytes (next_offset says where to go on).")
 
     # throughput
-    worker_threads: int = Field(4, ge=1, description="Threads that decode, detect and align (inference never runs on the event loop).")
+    worker_threads: int = Field(0, ge=0, description="Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use.")
     search_threads: int = Field(1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host.")
-    batching: bool = Field(True, description="Collect the faces of concurrent requests into one embedder run.")
-    batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long the micro-batcher waits for more faces after the first.")
+    batching: bool = Field(True, description="Collect the images (detector) and faces (embedder) of concurrent requests into one model run.")
+    batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
 
     # security and limits
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")
@@ -90,6 +107,13 @@ class Settings(BaseSettings):
         if url and not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("FACEGATE_DATABASE_URL must be a postgresql:// URL (or empty for SQLite)")
         return value
+
+    @field_validator("batch_sizes", "detect_batch_sizes")
+    @classmethod
+    def _positive_sizes(cls, sizes: list[int]) -> list[int]:
+        if any(n < 1 for n in sizes):
+            raise ValueError("batch sizes must be positive")
+        return sorted(set(sizes))
 
 
 @lru_cache

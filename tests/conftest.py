@@ -136,6 +136,9 @@ def make_client():
     def make(settings):
         client = TestClient(create_app(settings))
         client.__enter__()
+        # Models warm up in the background (503 meanwhile); tests of a loaded app start once it is ready.
+        readiness = client.app.state.service.readiness
+        assert not readiness.loaded or readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
         clients.append(client)
         return client
 

@@ -511,6 +511,9 @@ def test_image_command_serves_with_the_compose_environment(runtime, model_cache,
         assert status == 200, f"/healthz never answered 200 (exit code {process.poll()}):\n{log.read_text()[-4000:]}"
 
         status, body = _get(f"{base}/readyz")
+        while status == 503 and time.monotonic() < deadline:  # the models warm up after the process answers
+            time.sleep(0.25)
+            status, body = _get(f"{base}/readyz")
         if status == 404:
             pytest.skip("the service has no /readyz route yet (asserted /healthz only)")
         assert status == 200, f"/readyz {status}: {body[:500]!r}\n{log.read_text()[-4000:]}"

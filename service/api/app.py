@@ -5,6 +5,7 @@ lifespan, closed on shutdown."""
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -17,8 +18,8 @@ from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestMetrics
 from service.api.routes import ROUTERS
 from service.engine import Engine
-from service.gallery.index import set_search_threads
 from service.gallery.factory import open_gallery
+from service.gallery.index import set_search_threads
 from service.metrics import Metrics
 from service.models.model_set import load_models
 from service.pipeline import FacePipeline
@@ -70,13 +71,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
-        engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.ready else None
+        engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.loaded else None
+        if engine:
+            readiness.serving = engine.describe()
+            # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done.
+            threading.Thread(target=engine.warm_up, args=(readiness.warmup_done,), name="facegate-warmup", daemon=True).start()
         gallery = open_gallery(settings, models.embedder_key)
         metrics.watch_gallery(gallery.counts)
         if gallery.replication() is not None:
             metrics.watch_replication(gallery.replication)
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
-        log.info("facegate ready=%s, api keys %s", readiness.ready, "on" if keys.enabled else "off")
+        log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
         try:

@@ -24,7 +24,7 @@ class Service:
     keys: ApiKeys
     models: ModelSet
     readiness: Readiness
-    engine: Engine | None  # None unless ready: routes reach it only past readiness.require()
+    engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
 
 

@@ -74,8 +74,9 @@ class FaceDetector:
             xs, ys = np.meshgrid(np.arange(cols, dtype=np.float32), np.arange(rows, dtype=np.float32))
             self._grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
 
-    def _letterbox(self, image: np.ndarray) -> tuple[np.ndarray, float]:
-        """Scale to fit the fixed network input keeping the aspect ratio; pad right/bottom."""
+    def letterbox(self, image: np.ndarray) -> tuple[np.ndarray, float]:
+        """Scale to fit the fixed network input keeping the aspect ratio; pad right/bottom. Every
+        image becomes the one input shape the detector runs at; `scale` maps results back."""
         h, w = image.shape[:2]
         scale = min(self.width / w, self.height / h)
         new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
@@ -83,6 +84,31 @@ class FaceDetector:
         canvas = np.zeros((self.height, self.width, 3), dtype=np.uint8)
         canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
         return canvas, scale
+
+    @property
+    def batchable(self) -> bool:
+        """Whether the session takes several images per run (YuNet as published fixes batch 1)."""
+        return not isinstance(self.session.get_inputs()[0].shape[0], int)
+
+    def infer(self, canvases: np.ndarray) -> np.ndarray:
+        """N letterboxed BGR canvases → N rows of the network's outputs, flattened and packed
+        (`_unpack` reads one back), so a micro-batcher can hand each image its own row."""
+        blob = np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
+        if self.batchable:
+            values = self.session.run(self.output_names, {self.input_name: blob})
+        else:
+            runs = [self.session.run(self.output_names, {self.input_name: one[None]}) for one in blob]
+            values = [np.concatenate(outs) for outs in zip(*runs)]
+        return np.concatenate([v.reshape(len(blob), -1) for v in values], axis=1)
+
+    def _unpack(self, row: np.ndarray) -> dict[str, np.ndarray]:
+        outputs, start = {}, 0
+        for name in self.output_names:
+            stride, width = int(name.split("_")[1]), {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[name.split("_")[0]]
+            size = (self.width // stride) * (self.height // stride) * width
+            outputs[name] = row[start : start + size].reshape(1, -1, width)
+            start += size
+        return outputs
 
     def _decode(self, outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         boxes, landmarks, scores = [], [], []
@@ -107,14 +133,17 @@ class FaceDetector:
 
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         """Faces sorted by box area, largest first."""
-        canvas, scale = self._letterbox(image_bgr)
-        blob = canvas.transpose(2, 0, 1)[None].astype(np.float32)
-        values = self.session.run(self.output_names, {self.input_name: blob})
-        boxes, landmarks, scores = self._decode(dict(zip(self.output_names, values)))
+        canvas, scale = self.letterbox(image_bgr)
+        return self.faces(self.infer(canvas[None])[0], scale, image_bgr.shape[:2])
+
+    def faces(self, row: np.ndarray, scale: float, image_size: tuple[int, int]) -> list[Face]:
+        """One image's row of `infer` → its faces in image pixels (through the letterbox's scale),
+        sorted by box area, largest first."""
+        boxes, landmarks, scores = self._decode(self._unpack(row))
         if len(scores) == 0:
             return []
         keep = cv2.dnn.NMSBoxes(boxes.tolist(), scores.tolist(), self.score_threshold, self.nms_threshold, top_k=self.top_k)
-        h, w = image_bgr.shape[:2]
+        h, w = image_size
         faces = []
         for i in np.asarray(keep).reshape(-1):
             x, y, bw, bh = boxes[i] / scale

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from service.errors import ModelError
 from service.models.manifest import EmbedderKey
+from service.models.providers import Runtime
 from service.models.store import LoadedModel, load_model
 from service.settings import Settings
 
@@ -44,9 +45,10 @@ class ModelSet:
 def load_models(settings: Settings) -> ModelSet:
     loaded: dict[str, LoadedModel | None] = {}
     problems = []
+    runtime = Runtime.from_settings(settings)
     for role, name in (("detector", settings.detector), ("embedder", settings.embedder)):
         try:
-            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, settings.device, settings.intra_op_threads)
+            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, runtime=runtime, free_batch_dim=role == "detector")
         except ModelError as exc:
             loaded[role] = None
             problems.append(Problem(role, name, str(exc), FIXES[role]))

@@ -24,7 +24,8 @@ import onnxruntime as ort
 
 from service.errors import ModelError
 from service.models.manifest import ImportSource, Manifest
-from service.models.providers import create_session
+from service.models.providers import Runtime, create_session
+from service.models.rebatch import free_batch, same_outputs
 
 log = logging.getLogger("facegate.models")
 
@@ -209,12 +210,34 @@ class LoadedModel:
     session: ort.InferenceSession
 
 
-def load_model(name_or_path: str, models_dir: Path, cache: Path, device: str = "auto", intra_op_threads: int = 0) -> LoadedModel:
-    """Manifest → verified file → onnxruntime session whose inputs/outputs match the manifest."""
+def load_model(
+    name_or_path: str, models_dir: Path, cache: Path, device: str = "auto", runtime: Runtime | None = None, free_batch_dim: bool = False
+) -> LoadedModel:
+    """Manifest → verified file → onnxruntime session whose inputs/outputs match the manifest.
+    `runtime`: how the session runs (the service passes its settings'); else `device`'s defaults.
+    `free_batch_dim`: a graph with a fixed batch of 1 gets a free one when that provably gives the
+    same outputs (service/models/rebatch.py); the file on disk is never changed."""
+    runtime = runtime or Runtime(device=device)
     mpath = manifest_path(name_or_path, models_dir)
     manifest = Manifest.load(mpath)
     path = find_model_file(manifest, mpath, cache)
     verify_file(manifest, path)
-    session = create_session(path, device=device, intra_op_threads=intra_op_threads)
+    session = create_session(path, runtime)
     verify_io(manifest, session.get_inputs(), session.get_outputs())
+    if free_batch_dim:
+        session = _with_free_batch(manifest, path, session, runtime)
     return LoadedModel(manifest, path, session)
+
+
+def _with_free_batch(manifest: Manifest, path: Path, session: ort.InferenceSession, runtime: Runtime) -> ort.InferenceSession:
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != manifest.file.sha256:  # the bytes rewritten are the bytes verified
+        raise ModelError(f"{path} changed while it was loaded (sha256 no longer matches manifest {manifest.name})")
+    graph = free_batch(data)
+    if graph is None:
+        return session
+    batched = create_session(graph, runtime)
+    if not same_outputs(session, batched):
+        log.warning("%s: a free batch dimension changes its outputs; running it one image at a time", manifest.name)
+        return session
+    return batched

@@ -73,3 +73,45 @@ def test_a_failing_run_fails_its_jobs_and_the_batcher_goes_on():
         assert metrics.registry.get_sample_value("facegate_faces_embedded_total") == 3
     finally:
         batcher.close()
+
+
+def test_batch_shapes_pad_to_the_next_size_and_split_above_the_largest():
+    from service.batching import BatchShapes
+
+    shapes = BatchShapes([8, 1, 4, 2, 4])
+    assert shapes.sizes == (1, 2, 4, 8) and [shapes.bucket(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    seen = []
+
+    def double(x):
+        seen.append(len(x))
+        return x[:, 0, 0, :1].astype(np.float32) * 2
+
+    for n in (1, 3, 5, 8, 13, 19):
+        rows = np.arange(1, n + 1, dtype=np.uint8).reshape(n, 1, 1, 1).repeat(2, 1).repeat(2, 2).repeat(3, 3)
+        assert BatchShapes([1, 2, 4, 8]).run(double, rows)[:, 0].tolist() == [2.0 * v for v in range(1, n + 1)]
+    assert set(seen) <= {1, 2, 4, 8} and 3 not in seen and 5 not in seen
+    assert BatchShapes([2]).run(double, np.zeros((0, 2, 2, 3), np.uint8)).shape == (0, 1) and seen[-1] == 0  # fn decides
+    with pytest.raises(ValueError):
+        BatchShapes([0, 2])
+
+
+def test_the_batcher_hands_the_model_only_bucket_sizes():
+    """Concurrent jobs of odd sizes reach the model padded to a bucket, and each job gets its rows."""
+    from service.batching import BatchShapes
+
+    shapes = BatchShapes([1, 2, 4, 8])
+    seen = []
+
+    def embed(x):
+        seen.append(len(x))
+        return x.reshape(len(x), -1)[:, :1].astype(np.float32)
+
+    batcher = MicroBatcher(lambda x: shapes.run(embed, x), max_batch=shapes.largest, max_wait_ms=5, metrics=Metrics())
+    try:
+        sizes = [3, 1, 5, 2, 7, 1, 11, 6]
+        futures = [batcher.submit(crops(v, n)) for v, n in enumerate(sizes, start=1)]
+        for value, (n, future) in enumerate(zip(sizes, futures), start=1):
+            assert future.result(10)[:, 0].tolist() == [value] * n
+        assert set(seen) <= {1, 2, 4, 8}, seen
+    finally:
+        batcher.close()

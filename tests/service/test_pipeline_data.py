@@ -71,7 +71,7 @@ def test_decoder_matches_opencv_facedetectoryn(detections, model_cache):
     reference = cv2.FaceDetectorYN.create(str(model_cache / "face_detection_yunet_2023mar.onnx"), "", (640, 640), 0.6, 0.3, 5000)
     detector = pipeline.detector
     for _, image, faces in results[:60]:
-        canvas, scale = detector._letterbox(image)
+        canvas, scale = detector.letterbox(image)
         _, ref = reference.detect(canvas)
         assert (ref is None) == (not faces)
         if ref is None:

@@ -305,6 +305,8 @@ def test_readyz_metrics_and_docs(api, lfw_faces):
     body = ready.json()
     assert body["ready"] and body["models"]["embedder"]["name"] == "test-embedder"
     assert body["models"]["detector"]["providers"] == ["CPUExecutionProvider"] and len(body["models"]["embedder"]["sha256"]) == 64
+    assert body["warmup"] == "done" and body["serving"]["embed_batch_sizes"] == [1, 2, 4, 8, 16, 32]
+    assert "CPUExecutionProvider" in body["models"]["embedder"]["provider_options"]
     assert body["gallery"] == {"subjects": 0, "faces": 0, "searchable_faces": 0, "incompatible_faces": 0, "incompatible_models": {}}
     api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][1]})
     api.get("/subjects/ghost")

@@ -1,0 +1,117 @@
+"""The engine: models run only at their warmed-up batch shapes, and batched detection finds exactly
+the faces the per-image path finds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from service.engine import Engine
+from service.metrics import Metrics
+
+
+class SpySession:
+    """An onnxruntime session that records the shape of every input it is handed."""
+
+    def __init__(self, session):
+        self._session = session
+        self.shapes: list[tuple[int, ...]] = []
+        self._lock = threading.Lock()
+
+    def run(self, output_names, feed, *args, **kwargs):
+        with self._lock:
+            self.shapes.extend(tuple(v.shape) for v in feed.values())
+        return self._session.run(output_names, feed, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+def _warm(engine: Engine) -> None:
+    result = []
+    engine.warm_up(result.append)
+    assert result == [None]
+
+
+@pytest.fixture
+def spied(pipeline):
+    pipeline.embedder.session = SpySession(pipeline.embedder.session)
+    pipeline.detector.session = SpySession(pipeline.detector.session)
+    return pipeline
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_after_warm_up_no_new_input_shape_reaches_a_session(spied, settings, lfw_faces, two_faces_jpeg, batching):
+    settings = settings.model_copy(update={"batch_sizes": [1, 2, 4, 8], "batching": batching, "batch_wait_ms": 5.0})
+    engine = Engine(settings, spied, Metrics())
+    try:
+        _warm(engine)
+        embedder, detector = spied.embedder.session, spied.detector.session
+        warmed = {"embedder": set(embedder.shapes), "detector": set(detector.shapes)}
+        assert {s[0] for s in warmed["embedder"]} == {1, 2, 4, 8}
+        embedder.shapes.clear()
+        detector.shapes.clear()
+
+        async def load():
+            images = [photo for photos in lfw_faces.values() for photo in photos] + [two_faces_jpeg] * 3
+            crops = [np.full((n, *spied.embedder.size, 3), n, np.uint8) for n in (3, 5, 7, 9, 13, 1, 2)]
+            await asyncio.gather(
+                *(engine.faces(image, policy="all") for image in images),
+                *(engine.embed_crops(c) for c in crops),
+            )
+
+        asyncio.run(load())
+        assert embedder.shapes and detector.shapes
+        assert set(embedder.shapes) <= warmed["embedder"], set(embedder.shapes) - warmed["embedder"]
+        assert set(detector.shapes) <= warmed["detector"], set(detector.shapes) - warmed["detector"]
+    finally:
+        engine.close()
+
+
+def test_batched_detection_finds_what_the_per_image_path_finds(pipeline, settings, lfw_faces, two_faces_jpeg):
+    """Images of concurrent requests share detector runs; boxes, landmarks (mapped back through each
+    image's letterbox) and scores equal detecting each image alone."""
+    engine = Engine(settings.model_copy(update={"batch_wait_ms": 20.0}), pipeline, Metrics())
+    images = [photo for photos in lfw_faces.values() for photo in photos] + [two_faces_jpeg]
+    try:
+        _warm(engine)
+
+        async def all_faces():
+            return await asyncio.gather(*(engine.faces(image, policy="all") for image in images))
+
+        batched = asyncio.run(all_faces())
+        runs = engine.metrics.registry.get_sample_value("facegate_detect_batch_size_count")
+        assert runs < len(images), "the images were never batched"
+        for image, found in zip(images, batched):
+            alone = pipeline.detect(pipeline.decode(image))
+            assert len(found) == len(alone) > 0
+            for got, want in zip(found, alone):
+                np.testing.assert_allclose(got.face.box, want.box, atol=1e-4)
+                np.testing.assert_allclose(got.face.landmarks, want.landmarks, atol=1e-4)
+                assert got.face.score == pytest.approx(want.score, abs=1e-5)
+                np.testing.assert_array_equal(got.crop, pipeline.align(pipeline.decode(image), [want])[0])
+    finally:
+        engine.close()
+
+
+def test_readiness_waits_for_the_warm_up(pipeline, settings):
+    from service.errors import ModelUnavailable
+    from service.models.model_set import load_models
+    from service.readiness import Readiness
+
+    readiness = Readiness(load_models(settings))
+    assert readiness.loaded and not readiness.ready and readiness.report()["warmup"] == "running"
+    with pytest.raises(ModelUnavailable, match="warming up"):
+        readiness.require()
+    engine = Engine(settings, pipeline, Metrics())
+    try:
+        engine.warm_up(readiness.warmup_done)
+    finally:
+        engine.close()
+    assert readiness.ready and readiness.report()["warmup"] == "done"
+    readiness.require()
+    readiness.warmup_done("CUDA out of memory")
+    assert not readiness.ready and readiness.report()["problems"][-1]["error"] == "CUDA out of memory"
