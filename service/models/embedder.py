@@ -22,12 +22,12 @@ def normalize(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
-def preprocess(crops_rgb: np.ndarray, manifest: Manifest) -> np.ndarray:
+def preprocess(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
     """N×H×W×3 uint8 RGB → what the model's input takes: the crops themselves when its graph
     preprocesses them (uint8 NHWC), else `normalize`d in numpy."""
-    if manifest.input.in_graph:
+    if spec.in_graph:
         return np.ascontiguousarray(crops_rgb, dtype=np.uint8)
-    return normalize(crops_rgb, manifest.input)
+    return normalize(crops_rgb, spec)
 
 
 def uses_io_binding(providers: list[str]) -> bool:
@@ -63,7 +63,7 @@ class FaceEmbedder:
         if len(crops_rgb) == 0:
             return np.zeros((0, self.dim), np.float32)
         run = self.run_bound if self.io_binding else self.run
-        out = [run(preprocess(crops_rgb[start : start + self.max_batch], self.manifest)) for start in range(0, len(crops_rgb), self.max_batch)]
+        out = [run(preprocess(crops_rgb[start : start + self.max_batch], self.manifest.input)) for start in range(0, len(crops_rgb), self.max_batch)]
         return np.concatenate(out).astype(np.float32)
 
     def run(self, batch: np.ndarray) -> np.ndarray:

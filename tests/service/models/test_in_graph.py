@@ -33,7 +33,7 @@ def test_in_graph_matches_numpy_path(tmp_path, color):
     assert not a.manifest.input.in_graph and b.manifest.input.in_graph
     assert b.manifest.input.shape == ["batch", 112, 112, 3] and b.manifest.input.color == color
     crops = _crops(19)  # three runs of max_batch 8
-    assert preprocess(crops, b.manifest).dtype == np.uint8
+    assert preprocess(crops, b.manifest.input).dtype == np.uint8
     assert np.abs(a.raw(crops) - b.raw(crops)).max() <= 1e-5 * np.abs(a.raw(crops)).max()
     assert np.abs(a.embed(crops) - b.embed(crops)).max() <= 1e-5
 
@@ -94,5 +94,5 @@ def test_io_binding_on_gpu_providers_only(tmp_path):
     assert not uses_io_binding(["CPUExecutionProvider"])
     embedder = _load(write_in_graph(write_test_embedder(tmp_path / "m"), tmp_path / "g"))
     assert not embedder.io_binding  # a CPU session runs plainly
-    batch = preprocess(_crops(3), embedder.manifest)
+    batch = preprocess(_crops(3), embedder.manifest.input)
     np.testing.assert_array_equal(embedder.run_bound(batch), embedder.run(batch))
