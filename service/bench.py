@@ -138,16 +138,16 @@ def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: floa
 
 
 def _paired_rates(bare, piped, seconds: float, items: int) -> tuple[float, float]:
-    """Items per second of two calls timed alternately, so a noisy, shared machine slows both alike."""
+    """Items per second of two calls timed alternately, from each one's median call: a noisy,
+    shared machine then slows both alike, and a burst of other work moves neither figure much."""
     bare(), piped()  # warm-up: first runs allocate
-    spent, calls = [0.0, 0.0], 0
-    while sum(spent) < 2 * seconds or calls < 3:
-        for k, fn in enumerate((bare, piped)):
+    times: tuple[list[float], list[float]] = ([], [])
+    while sum(map(sum, times)) < 2 * seconds or len(times[0]) < 5:
+        for spent, fn in zip(times, (bare, piped)):
             start = time.perf_counter()
             fn()
-            spent[k] += time.perf_counter() - start
-        calls += 1
-    return calls * items / spent[0], calls * items / spent[1]
+            spent.append(time.perf_counter() - start)
+    return items / float(np.median(times[0])), items / float(np.median(times[1]))
 
 
 def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int, ...], seconds: float) -> Table:
@@ -158,7 +158,7 @@ def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int,
 
     embedder = pipeline.embedder
     manifest = embedder.manifest
-    table = Table("batch", "bare session faces/s", "pipeline embed faces/s", "pipeline / bare", "pipeline ms/call", title=f"embed batch scaling ({manifest.name})")
+    table = Table("batch", "bare session faces/s", "pipeline embed faces/s", "pipeline / bare", "pipeline ms/call (median)", title=f"embed batch scaling ({manifest.name})")
     for batch in batches:
         chunk = np.resize(crops, (batch, *crops.shape[1:]))
         feed = {embedder.input_name: preprocess(chunk, manifest.input)}

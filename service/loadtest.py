@@ -47,6 +47,7 @@ def spawned(env: dict[str, str], ready_timeout: float = 120.0):
     on top of this process's environment; yields its URL once /readyz answers 200, then stops it."""
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix="facegate-load-")
     env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, **env}
