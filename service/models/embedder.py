@@ -15,11 +15,13 @@ def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
 def normalize(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
     """N×H×W×3 uint8 RGB → N×3×H×W float32 in the model's colour order and normalization: the numpy
     path of a float32 NCHW input, and the reference a uint8 NHWC model's graph is checked against."""
-    x = crops_rgb if spec.color == "RGB" else crops_rgb[..., ::-1]
-    x = x.astype(np.float32)
+    src = crops_rgb if spec.color == "RGB" else crops_rgb[..., ::-1]
+    x = np.empty((src.shape[0], src.shape[3], src.shape[1], src.shape[2]), np.float32)
+    x[...] = src.transpose(0, 3, 1, 2)  # cast and transpose in one pass; then in place, no temporaries
     if spec.mean is not None:
-        x = (x - np.asarray(spec.mean, np.float32)) / np.asarray(spec.std, np.float32)
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        x -= np.asarray(spec.mean, np.float32)[:, None, None]
+        x /= np.asarray(spec.std, np.float32)[:, None, None]
+    return x
 
 
 def preprocess(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
