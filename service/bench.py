@@ -77,7 +77,7 @@ def machine_lines() -> list[str]:
     gpus = _gpu_names()
     ort_dist = next((d for d in ("onnxruntime-gpu", "onnxruntime") if _version(d) != "-"), "onnxruntime")
     return [
-        f"machine: {_cpu_name()}, {os.cpu_count()} cores ({usable} usable); GPU: {'; '.join(gpus) or 'none'}",
+        f"machine: {_cpu_name()}, {os.cpu_count()} cores ({usable} in this process's affinity); GPU: {'; '.join(gpus) or 'none'}",
         f"onnxruntime: {ort_dist} {ort.__version__} (device {ort.get_device()}, providers offered: {', '.join(ort.get_available_providers())})",
         f"versions: python {platform.python_version()}, numpy {np.__version__}, opencv {cv2.__version__}, facegate {_version('facegate')}",
     ]
@@ -95,8 +95,8 @@ def _sample(images: list[Path], pipeline: FacePipeline):
     return blobs, decoded, with_face
 
 
-def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: float, console: Console, batches: tuple[int, ...] = (1, 8, 32), header: bool = True) -> None:
-    blobs, decoded, with_face = _sample(images, pipeline)
+def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: float, console: Console, batches: tuple[int, ...] = (1, 8, 32), header: bool = True, sample=None) -> None:
+    blobs, decoded, with_face = sample or _sample(images, pipeline)
     providers = pipeline.detector_model.session.get_providers()
     if header:
         for line in machine_lines():
@@ -194,10 +194,11 @@ def run_all(
                   f"embed_max_batch={settings.embed_max_batch}, batching={settings.batching}")
 
     console.rule("pipeline stages")
-    run_pipeline_bench(pipeline, images, seconds, console, batches=(), header=False)
+    sample = _sample(images, pipeline)  # decoded and detected once for both tables
+    run_pipeline_bench(pipeline, images, seconds, console, batches=(), header=False, sample=sample)
 
     console.rule("embed batch scaling")
-    _, _, with_face = _sample(images, pipeline)
+    with_face = sample[2]
     crops = np.concatenate([pipeline.align(img, f) for img, f in with_face])
     console.print(embed_scaling(pipeline, crops, batches, seconds))
 

@@ -88,7 +88,7 @@ def parity_crops(config: dict, n: int = 16) -> tuple[np.ndarray, str]:
         return np.clip(crops, 0, 255).astype(np.uint8), "synthetic"
 
 
-def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool, input_format: str = "float32_nchw") -> float:
+def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool, input_format: str = "uint8_nhwc") -> float:
     """The smallest cosine between float32 torch's and onnxruntime's normalized embeddings over batch 1 and
     batch len(crops), onnxruntime fed as the service feeds it; raises ExportError below the threshold."""
     import onnxruntime as ort
