@@ -3,6 +3,7 @@
 Either against a running server (`--url`), or `--spawn`: start the server itself on a free
 127.0.0.1 port once per batching mode (FACEGATE_BATCHING=true/false), enroll a small gallery for
 /identify, run the matrix, stop it. Images are LFW photos (FACEGATE_TEST_DATA) or `--images`.
+`facegate bench all` runs the same load (service/loadtest.py) as part of the whole table.
 
     FACEGATE_TEST_DATA=../shared/data FACEGATE_MODEL_CACHE=../shared/models \\
         .venv/bin/python benchmarks/load.py --spawn --embedder models/facegate-default.json
@@ -17,18 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from service.loadtest import matrix, spawned  # noqa: E402
 
 
 def load_images(folder: Path | None, count: int) -> list[bytes]:
@@ -41,85 +38,6 @@ def load_images(folder: Path | None, count: int) -> list[bytes]:
     if not paths:
         sys.exit(f"no .jpg images under {folder}")
     return [p.read_bytes() for p in paths]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def spawned(batching: bool, embedder: str, extra_env: dict[str, str]):
-    port = free_port()
-    data_dir = tempfile.mkdtemp(prefix="facegate-load-")
-    env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, "FACEGATE_EMBEDDER": embedder, "FACEGATE_BATCHING": str(batching).lower(), **extra_env}
-    command = [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=REPO, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            sys.exit("the server did not become ready")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-async def enroll_gallery(client: httpx.AsyncClient, images: list[bytes], subjects: int) -> None:
-    for i, image in enumerate(images[:subjects]):
-        await client.post("/subjects", json={"id": f"load-{i}", "name": f"load {i}"})
-        await client.post(f"/subjects/load-{i}/faces", files={"image": image})
-
-
-async def run(client: httpx.AsyncClient, route: str, images: list[bytes], concurrency: int, requests: int) -> dict:
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    counter = iter(range(requests))
-
-    async def worker() -> None:
-        for i in counter:
-            image = images[i % len(images)]
-            files = {"image1": image, "image2": images[(i + 1) % len(images)]} if route == "/verify" else {"image": image}
-            started = time.perf_counter()
-            try:
-                response = await client.post(route, files=files)
-                status = response.status_code
-            except httpx.HTTPError:
-                status = 0
-            latencies.append(time.perf_counter() - started)
-            statuses[status] = statuses.get(status, 0) + 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    p50, p95, p99 = np.percentile(np.array(latencies) * 1000, [50, 95, 99])
-    return {"rps": requests / wall, "p50": p50, "p95": p95, "p99": p99, "statuses": statuses}
-
-
-async def matrix(url: str, args, images: list[bytes], label: str) -> None:
-    headers = {"X-API-Key": args.api_key} if args.api_key else {}
-    limits = httpx.Limits(max_connections=max(args.concurrency))
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
-        if "identify" in args.routes and args.enroll:
-            await enroll_gallery(client, images, args.enroll)
-        await run(client, "/verify", images, 2, 4)  # warm-up
-        for route in args.routes:
-            for concurrency in args.concurrency:
-                r = await run(client, f"/{route}", images, concurrency, args.requests)
-                statuses = ",".join(f"{k}:{v}" for k, v in sorted(r["statuses"].items()))
-                print(f"{label:>9} {route:>9} {concurrency:>5} {r['rps']:>8.1f} {r['p50']:>8.1f} {r['p95']:>8.1f} {r['p99']:>8.1f}  {statuses}", flush=True)
 
 
 def main() -> None:
@@ -138,19 +56,25 @@ def main() -> None:
     args = parser.parse_args()
     images = load_images(args.images, 64)
     print(f"{'batching':>9} {'route':>9} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  statuses")
+
+    def run_matrix(url: str, label: str) -> None:
+        def report(r):
+            print(f"{label:>9} {r.route.strip('/'):>9} {r.concurrency:>5} {r.rps:>8.1f} {r.p50:>8.1f} {r.p95:>8.1f} {r.p99:>8.1f}  {r.status_text()}", flush=True)
+
+        asyncio.run(matrix(url, images, args.routes, args.concurrency, args.requests, args.enroll, args.api_key, report))
+
     if args.url:
-        asyncio.run(matrix(args.url, args, images, "server"))
+        run_matrix(args.url, "server")
         return
     embedder = args.embedder or os.environ.get("FACEGATE_EMBEDDER")
     if not embedder and not (REPO / "models" / "facegate-default.json").is_file():
-        sys.path.insert(0, str(REPO))
         from tests.onnx_models import write_test_embedder
 
         embedder = str(write_test_embedder(Path(tempfile.mkdtemp(prefix="facegate-embedder-"))))
         print(f"# no default embedder: using the tests' tiny embedder {embedder}", flush=True)
     for mode in args.batching:
-        with spawned(mode == "on", embedder or "facegate-default", {}) as url:
-            asyncio.run(matrix(url, args, images, mode))
+        with spawned({"FACEGATE_EMBEDDER": embedder or "facegate-default", "FACEGATE_BATCHING": str(mode == "on").lower()}) as url:
+            run_matrix(url, mode)
 
 
 if __name__ == "__main__":

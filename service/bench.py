@@ -1,10 +1,16 @@
-"""`facegate bench pipeline`: per-stage throughput, printed with the machine and provider."""
+"""`facegate bench pipeline` (per-stage throughput) and `facegate bench all` (the whole table:
+stages, embed batch scaling of the bare session against the pipeline's embed stage, HTTP load),
+printed with the machine, provider and versions. Figures are printed, never asserted."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
+import shutil
+import subprocess
 import time
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.pipeline import FacePipeline
+from service.settings import Settings
 
 
 def _rate(fn, seconds: float, items_per_call: int = 1) -> tuple[float, float]:
@@ -42,7 +49,41 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: float, console: Console) -> None:
+def _gpu_names() -> list[str]:
+    """GPU names from nvidia-smi when it is installed (none on a CPU host)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def machine_lines() -> list[str]:
+    """What a figure was measured on: CPU, cores (all, and those this process may use), GPU,
+    onnxruntime's device and the versions of what the figures depend on."""
+    import cv2
+    import onnxruntime as ort
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = _gpu_names()
+    ort_dist = next((d for d in ("onnxruntime-gpu", "onnxruntime") if _version(d) != "-"), "onnxruntime")
+    return [
+        f"machine: {_cpu_name()}, {os.cpu_count()} cores ({usable} in this process's affinity); GPU: {'; '.join(gpus) or 'none'}",
+        f"onnxruntime: {ort_dist} {ort.__version__} (device {ort.get_device()}, providers offered: {', '.join(ort.get_available_providers())})",
+        f"versions: python {platform.python_version()}, numpy {np.__version__}, opencv {cv2.__version__}, facegate {_version('facegate')}",
+    ]
+
+
+def _sample(images: list[Path], pipeline: FacePipeline):
     if not images:
         raise SystemExit("pass some photos with faces, e.g. a few LFW images")
     blobs = [p.read_bytes() for p in images]
@@ -51,8 +92,16 @@ def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: floa
     with_face = [(img, f[:1]) for img, f in zip(decoded, faces) if f]
     if not with_face:
         raise SystemExit("no face found in the given images")
+    return blobs, decoded, with_face
+
+
+def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: float, console: Console, batches: tuple[int, ...] = (1, 8, 32), header: bool = True, sample=None) -> None:
+    blobs, decoded, with_face = sample or _sample(images, pipeline)
     providers = pipeline.detector_model.session.get_providers()
-    console.print(f"machine: {_cpu_name()}, {os.cpu_count()} cores; onnxruntime providers: {', '.join(providers)}")
+    if header:
+        for line in machine_lines():
+            console.print(line)
+    console.print(f"onnxruntime providers (detector): {', '.join(providers)}")
     console.print(f"images: {len(images)} ({sum(len(b) for b in blobs) / len(blobs) / 1024:.0f} KiB mean), faces found in {len(with_face)}")
 
     table = Table("stage", "batch", "items/s", "ms/call")
@@ -68,21 +117,106 @@ def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: floa
     ]:
         rate, ms = _rate(fn, seconds)
         table.add_row(name, "1", f"{rate:.1f}", f"{ms:.2f}")
-    if pipeline.embedder is not None:
+    if pipeline.embedder is not None and batches:
         crops = np.concatenate([pipeline.align(img, f) for img, f in with_face])
         manifest = pipeline.embedder_model.manifest
         gflops = manifest.provenance.get("export", {}).get("gflops_per_face")
-        for batch in (1, 8, 32):
+        for batch in batches:
             chunk = np.resize(crops, (batch, *crops.shape[1:]))
             rate, ms = _rate(lambda: pipeline.embedder.embed(chunk), seconds, batch)
             table.add_row(f"embed ({manifest.name})", str(batch), f"{rate:.1f}", f"{ms:.2f}")
         if gflops:
-            line = f"embedder: {gflops:.3f} GFLOP per face (manifest) → {gflops * rate:.1f} GFLOP/s at batch 32"
+            line = f"embedder: {gflops:.3f} GFLOP per face (manifest) → {gflops * rate:.1f} GFLOP/s at batch {batch}"
             if pipeline.embedder_model.session.get_providers()[0] == "CPUExecutionProvider":
                 peak = gemm_peak_gflops(seconds)
                 line += (f", {100 * gflops * rate / peak:.0f}% of this CPU's fp32 GEMM peak ({peak:.0f} GFLOP/s, "
                          f"which bounds it at {peak / gflops:.0f} faces/s)")
             console.print(line)
-    else:
+    elif pipeline.embedder is None:
         console.print("[yellow]no embedder loaded (FACEGATE_EMBEDDER): embed stage skipped[/yellow]")
+    console.print(table)
+
+
+def _paired_rates(bare, piped, seconds: float, items: int) -> tuple[float, float]:
+    """Items per second of two calls timed alternately, from each one's median call: a noisy,
+    shared machine then slows both alike, and a burst of other work moves neither figure much."""
+    bare(), piped()  # warm-up: first runs allocate
+    times: tuple[list[float], list[float]] = ([], [])
+    while sum(map(sum, times)) < 2 * seconds or len(times[0]) < 5:
+        for spent, fn in zip(times, (bare, piped)):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return items / float(np.median(times[0])), items / float(np.median(times[1]))
+
+
+def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int, ...], seconds: float) -> Table:
+    """Faces/s of the bare session (one run on an input already in the model's form) against the
+    pipeline's embed stage (`FaceEmbedder.embed`: preprocessing, runs of at most
+    FACEGATE_EMBED_MAX_BATCH, normalization) at each batch size: what the service adds to the model."""
+    from service.models.embedder import preprocess
+
+    embedder = pipeline.embedder
+    manifest = embedder.manifest
+    table = Table("batch", "bare session faces/s", "pipeline embed faces/s", "pipeline / bare", "pipeline ms/call (median)", title=f"embed batch scaling ({manifest.name})")
+    for batch in batches:
+        chunk = np.resize(crops, (batch, *crops.shape[1:]))
+        feed = {embedder.input_name: preprocess(chunk, manifest.input)}
+        bare, piped = _paired_rates(lambda: embedder.session.run([embedder.output_name], feed), lambda: embedder.embed(chunk), seconds, batch)
+        table.add_row(str(batch), f"{bare:.1f}", f"{piped:.1f}", f"{100 * piped / bare:.1f}%", f"{1000 * batch / piped:.2f}")
+    return table
+
+
+def run_all(
+    settings: Settings,
+    images: list[Path],
+    console: Console,
+    seconds: float = 3.0,
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128),
+    concurrency: tuple[int, ...] = (1, 8, 32, 64),
+    requests: int = 200,
+    routes: tuple[str, ...] = ("verify", "identify"),
+) -> None:
+    """`facegate bench all`: machine, versions and providers, then pipeline stages, embed batch
+    scaling and HTTP load (a server of this checkout spawned with the same settings' models)."""
+    pipeline = FacePipeline.from_settings(settings)
+    for line in machine_lines():
+        console.print(line)
+    model = pipeline.embedder_model
+    spec = model.manifest.input
+    console.print(
+        f"embedder: {model.manifest.name} {model.manifest.version} ({spec.dtype} {spec.layout} input"
+        f"{', preprocessing in the graph' if spec.in_graph else ', preprocessing in numpy'}; "
+        f"weights {model.manifest.provenance.get('export', {}).get('dtype', 'float32')}), "
+        f"providers {', '.join(model.session.get_providers())}, IO binding {'on' if pipeline.embedder.io_binding else 'off'}"
+    )
+    console.print(f"settings: intra_op_threads={settings.intra_op_threads}, worker_threads={settings.worker_threads}, "
+                  f"embed_max_batch={settings.embed_max_batch}, batching={settings.batching}")
+
+    console.rule("pipeline stages")
+    sample = _sample(images, pipeline)  # decoded and detected once for both tables
+    run_pipeline_bench(pipeline, images, seconds, console, batches=(), header=False, sample=sample)
+
+    console.rule("embed batch scaling")
+    with_face = sample[2]
+    crops = np.concatenate([pipeline.align(img, f) for img, f in with_face])
+    console.print(embed_scaling(pipeline, crops, batches, seconds))
+
+    console.rule("HTTP load")
+    if not concurrency or not routes:
+        return
+    try:
+        import httpx  # noqa: F401  (the dev extra)
+    except ImportError:
+        console.print("[yellow]HTTP load skipped: it needs httpx (pip install -e '.[dev]')[/yellow]")
+        return
+    from service.loadtest import matrix, spawned
+
+    env = {"FACEGATE_EMBEDDER": str(settings.embedder), "FACEGATE_DEVICE": settings.device}
+    table = Table("route", "concurrency", "req/s", "p50 ms", "p95 ms", "p99 ms", "statuses", title=f"HTTP load ({requests} requests each, batching {'on' if settings.batching else 'off'})")
+    blobs = [p.read_bytes() for p in images[:64]]
+    with spawned(env) as url:
+        results = asyncio.run(matrix(url, blobs, list(routes), list(concurrency), requests))
+    for r in results:
+        table.add_row(r.route, str(r.concurrency), f"{r.rps:.1f}", f"{r.p50:.0f}", f"{r.p95:.0f}", f"{r.p99:.0f}", r.status_text())
     console.print(table)

@@ -212,6 +212,27 @@ def bench_pipeline(
     run_pipeline_bench(pipeline, images or [], seconds, Console())
 
 
+@bench_app.command("all")
+def bench_all(
+    images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, e.g. LFW's (decoded, detected, aligned, and sent over HTTP).")],
+    embedder: Annotated[Optional[str], typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
+    seconds: Annotated[float, typer.Option(help="Time budget per stage and per batch size.")] = 3.0,
+    batch: Annotated[Optional[list[int]], typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
+    concurrency: Annotated[Optional[list[int]], typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 200,
+) -> None:
+    """The whole table: machine, versions, providers; pipeline stages; embed batch scaling (bare
+    session against the pipeline's embed stage); HTTP load on /verify and /identify."""
+    from service.bench import run_all
+
+    settings = get_settings()
+    if embedder:
+        settings = settings.model_copy(update={"embedder": embedder})
+    levels = tuple(c for c in (concurrency or [1, 8, 32, 64]) if c > 0)
+    with _fail_on_error():
+        run_all(settings, images, Console(width=max(Console().width, 120)), seconds, tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)), levels, requests)
+
+
 @gallery_app.command("reembed")
 def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per embedder run.")] = 64) -> None:
     """Re-embed faces another model made, from the chips stored with FACEGATE_STORE_CROPS, re-aligned for the active embedder.

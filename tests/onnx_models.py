@@ -63,3 +63,21 @@ def write_test_embedder(
     path = folder / f"{name}.json"
     manifest.save(path)
     return path
+
+
+def write_in_graph(manifest_path: Path, folder: Path) -> Path:
+    """The model of `manifest_path` (float32 NCHW) with its preprocessing moved into the graph
+    (uint8 NHWC input), saved with its manifest under `folder`."""
+    import onnx
+
+    from service.models.in_graph import in_graph_spec, uint8_nhwc_input
+
+    manifest = Manifest.load(manifest_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx_path = folder / manifest.file.name
+    onnx.save(uint8_nhwc_input(onnx.load(str(manifest_path.parent / manifest.file.name)), manifest.input), onnx_path)
+    spec = in_graph_spec(manifest.input)
+    file = manifest.file.model_copy(update={"sha256": sha256_file(onnx_path), "bytes": onnx_path.stat().st_size})
+    path = folder / manifest_path.name
+    manifest.model_copy(update={"input": spec, "file": file}).save(path)
+    return path

@@ -3,6 +3,10 @@
 The export is not trusted until onnxruntime agrees with torch: a parity check at batch 1 and 16 on
 real aligned crops (from the run's training data when readable) must give cosine ≥ 0.9999 between
 the normalized embeddings (0.999 for --fp16), or the command fails and leaves no model behind.
+
+By default the model takes the aligned crops as uint8 NHWC and normalizes them in its graph
+(`service.models.in_graph`): the same embeddings as numpy preprocessing, done on the device when
+the service runs on a GPU. `input_format="float32_nchw"` keeps the older form.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.models.embedder import l2_normalize
+from service.models.embedder import l2_normalize, preprocess
+from service.models.in_graph import in_graph_spec, uint8_nhwc_input
 from service.models.manifest import Manifest
 from service.models.store import sha256_file
 from training.checkpoint import load_backbone
@@ -25,6 +30,7 @@ from training.data.preprocess import ALIGNMENT, INPUT_SPEC, OUTPUT_NAME, SIZE, t
 
 MIN_OPSET = 17
 PARITY = {False: 0.9999, True: 0.999}  # fp16 → threshold
+INPUT_FORMATS = ("uint8_nhwc", "float32_nchw")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -82,18 +88,19 @@ def parity_crops(config: dict, n: int = 16) -> tuple[np.ndarray, str]:
         return np.clip(crops, 0, 255).astype(np.uint8), "synthetic"
 
 
-def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool) -> float:
+def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool, input_format: str = "uint8_nhwc") -> float:
     """The smallest cosine between float32 torch's and onnxruntime's normalized embeddings over batch 1 and
-    batch len(crops); raises ExportError below the threshold."""
+    batch len(crops), onnxruntime fed as the service feeds it; raises ExportError below the threshold."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    spec = _input_spec(input_format)
     worst = 1.0
     for batch in (crops[:1], crops):
-        x = to_input(batch)
         with torch.no_grad():
-            expected = l2_normalize(backbone(torch.from_numpy(x)).float().numpy())
-        got = l2_normalize(session.run([OUTPUT_NAME], {INPUT_SPEC.name: x})[0].astype(np.float32))
+            expected = l2_normalize(backbone(torch.from_numpy(to_input(batch))).float().numpy())
+        feed = preprocess(batch, spec)
+        got = l2_normalize(session.run([OUTPUT_NAME], {INPUT_SPEC.name: feed})[0].astype(np.float32))
         if got.shape != expected.shape:
             raise ExportError(f"onnxruntime returned {got.shape}, torch {expected.shape}")
         worst = min(worst, float(np.sum(got * expected, axis=1).min()))
@@ -102,10 +109,17 @@ def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: 
     return worst
 
 
+def _input_spec(input_format: str):
+    if input_format not in INPUT_FORMATS:
+        raise ExportError(f"input format is one of {INPUT_FORMATS}, got {input_format!r}")
+    return in_graph_spec(INPUT_SPEC) if input_format == "uint8_nhwc" else INPUT_SPEC
+
+
 def export(
     checkpoint: Path,
     out: Path,
     fp16: bool = False,
+    input_format: str = "uint8_nhwc",
     flip_tta: bool = False,
     opset: int = MIN_OPSET,
     metrics: dict | None = None,
@@ -114,6 +128,7 @@ def export(
 ) -> Manifest:
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} < {MIN_OPSET}")
+    input_spec = _input_spec(input_format)
     out = Path(out)
     if out.suffix != ".onnx":
         raise ExportError(f"--out must name an .onnx file, got {out}")
@@ -143,8 +158,10 @@ def export(
         onnx.checker.check_model(str(tmp))
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(tmp), load_external_data=False).graph.initializer):
             raise ExportError("the export uses external data; a model must be a single file")
+        if input_spec.in_graph:  # float32 preprocessing in front of the (float32 or float16) network
+            onnx.save(uint8_nhwc_input(onnx.load(str(tmp)), INPUT_SPEC), str(tmp))
         crops, crops_from = parity_crops(config)
-        worst = check_parity(backbone, tmp, crops, fp16)
+        worst = check_parity(backbone, tmp, crops, fp16, input_format)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -159,7 +176,7 @@ def export(
         version=version or f"{config['backbone']}-{config['head']['name']}-step{state['step']}",
         task="embedder",
         file={"name": out.name, "sha256": sha256_file(out), "bytes": out.stat().st_size},
-        input=INPUT_SPEC,
+        input=input_spec,
         outputs=[{"name": OUTPUT_NAME, "shape": ["batch", dim]}],
         embedding_dim=dim,
         alignment=ALIGNMENT,
@@ -176,6 +193,7 @@ def export(
             "export": {
                 "opset": opset,
                 "fp16": fp16,
+                "dtype": "float16" if fp16 else "float32",  # of the weights and arithmetic; the output is float32
                 "flip_tta": flip_tta,
                 "torch": torch.__version__,
                 "python": platform.python_version(),

@@ -81,7 +81,18 @@ class TensorSpec(StrictModel):
 
 
 class InputSpec(TensorSpec):
-    layout: Literal["NCHW"] = "NCHW"
+    """What the model's input takes. Two forms:
+
+    - `float32` `NCHW` (older manifests, the default): the service casts, normalizes and transposes
+      the crops in numpy before the run.
+    - `uint8` `NHWC`: the aligned RGB crops go in as they are and the graph does the cast, mean/std
+      and layout (on the GPU, where that is cheap); `color`, `mean` and `std` then record what the
+      graph does (a BGR model swaps the channels in its graph), so both forms are checked against
+      one numpy reference.
+    """
+
+    dtype: Literal["float32", "uint8"] = "float32"
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
     color: Literal["RGB", "BGR"]
     mean: list[float] | None = Field(None, description="Per-channel mean subtracted from 0–255 values; None = raw.")
     std: list[float] | None = Field(None, description="Per-channel divisor after the mean; None = raw.")
@@ -93,17 +104,27 @@ class InputSpec(TensorSpec):
         for values in (self.mean, self.std):
             if values is not None and len(values) != 3:
                 raise ValueError("mean and std have one value per colour channel")
+        if (self.dtype, self.layout) not in (("float32", "NCHW"), ("uint8", "NHWC")):
+            raise ValueError("input is float32 NCHW (normalized by the service) or uint8 NHWC (normalized in the graph)")
         if len(self.shape) != 4:
-            raise ValueError("input shape is [batch, channels, height, width]")
+            raise ValueError(f"input shape has the 4 dimensions of {self.layout}, batch first")
+        channels = self.shape[self.layout.index("C")]
+        if isinstance(channels, int) and channels != 3:
+            raise ValueError(f"input has 3 colour channels, the shape says {channels}")
         return self
 
     @property
+    def in_graph(self) -> bool:
+        """The graph does the preprocessing: the service feeds the uint8 crops."""
+        return self.dtype == "uint8"
+
+    @property
     def height(self) -> int:
-        return int(self.shape[2])
+        return int(self.shape[self.layout.index("H")])
 
     @property
     def width(self) -> int:
-        return int(self.shape[3])
+        return int(self.shape[self.layout.index("W")])
 
 
 class Manifest(StrictModel):

@@ -193,6 +193,9 @@ def verify_io(manifest: Manifest, inputs: list, outputs: list) -> None:
         raise ModelError(f"{manifest.name}: model inputs {[i.name for i in inputs]}, manifest says [{manifest.input.name!r}]")
     if not _dims_match(manifest.input.shape, list(inputs[0].shape)):
         raise ModelError(f"{manifest.name}: input shape {inputs[0].shape}, manifest says {manifest.input.shape}")
+    want = {"float32": "tensor(float)", "uint8": "tensor(uint8)"}[manifest.input.dtype]
+    if inputs[0].type != want:
+        raise ModelError(f"{manifest.name}: input type {inputs[0].type}, manifest says {manifest.input.dtype} {manifest.input.layout}")
     actual = {o.name: list(o.shape) for o in outputs}
     for spec in manifest.outputs:
         if spec.name not in actual:

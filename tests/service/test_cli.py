@@ -86,3 +86,19 @@ def test_console_script_has_every_command():
     assert result.returncode == 0
     for command in ("serve", "models", "detect", "embed", "compare", "bench", "heads", "align", "train", "eval", "export", "model-info"):
         assert command in result.stdout
+
+
+def test_bench_all_prints_the_whole_table(run, lfw):
+    """Machine and versions, stages, embed scaling at the asked batch sizes, and HTTP load on a
+    spawned server (a few requests: the figures are printed, never asserted)."""
+    images = [lfw("Aaron_Peirsol"), lfw("George_W_Bush", 7), lfw("Colin_Powell", 40)]
+    result = run("bench", "all", *images, "--seconds", "0.01", "--batch", "1", "--batch", "3", "--concurrency", "2", "--requests", "2")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "machine:" in out and "onnxruntime" in out and "numpy" in out and "opencv" in out
+    assert "float32 NCHW input" in out and "IO binding off" in out
+    for stage in ("decode", "detect", "align"):
+        assert f"│ {stage}" in out
+    scaling = out[out.index("embed batch scaling (") :]
+    assert [line.split("│")[1].strip() for line in scaling.splitlines() if line.startswith("│")][:2] == ["1", "3"]
+    assert "│ /verify" in out and "│ /identify" in out and out.count("200:2") == 2

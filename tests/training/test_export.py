@@ -42,7 +42,8 @@ def test_single_file_fixed_names_dynamic_batch(exported):
     (inp,), (outp,) = model.graph.input, model.graph.output
     assert inp.name == "input" and outp.name == "embedding"
     assert inp.type.tensor_type.shape.dim[0].dim_param == "batch"
-    assert [d.dim_value for d in inp.type.tensor_type.shape.dim[1:]] == [3, 112, 112]
+    assert [d.dim_value for d in inp.type.tensor_type.shape.dim[1:]] == [112, 112, 3]  # uint8 NHWC by default
+    assert inp.type.tensor_type.elem_type == onnx.TensorProto.UINT8
 
 
 def test_manifest(exported, checkpoint):
@@ -52,6 +53,7 @@ def test_manifest(exported, checkpoint):
     assert saved.name == "tiny-face" and saved.task == "embedder" and saved.alignment == "arcface_112"
     assert saved.file.sha256 == sha256_file(out) and saved.embedding_dim == 32
     assert saved.input.mean == [127.5] * 3 and saved.input.std == [127.5] * 3 and saved.input.color == "RGB"
+    assert (saved.input.dtype, saved.input.layout, saved.input.shape) == ("uint8", "NHWC", ["batch", 112, 112, 3])
     assert saved.thresholds == {} and saved.license["terms"] == "research, non-commercial"
     p = saved.provenance
     assert p["head"]["name"] == "arcface" and p["step"] == 2 and p["checkpoint_sha256"] == sha256_file(checkpoint)
@@ -81,8 +83,8 @@ def test_parity_failure_is_loud(exported, checkpoint):
     crops, _ = parity_crops(config, 4)
     other = build_backbone("mobilefacenet", 32, blocks=(1, 1, 1, 1), width=0.25).eval()  # not the exported weights
     with pytest.raises(ExportError, match="parity"):
-        check_parity(other, out, crops, fp16=False)
-    assert check_parity(backbone, out, crops, fp16=False) >= 0.9999
+        check_parity(other, out, crops, fp16=False, input_format="uint8_nhwc")
+    assert check_parity(backbone, out, crops, fp16=False, input_format="uint8_nhwc") >= 0.9999
 
 
 def test_refuses_low_opset_and_leaves_nothing(checkpoint, tmp_path):
@@ -91,11 +93,46 @@ def test_refuses_low_opset_and_leaves_nothing(checkpoint, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_fp16_export_keeps_float32_io(checkpoint, tmp_path):
+def _service_embedder(manifest_path):
+    from service.models.embedder import FaceEmbedder
+
+    loaded = load_model(str(manifest_path), manifest_path.parent, manifest_path.parent, device="cpu")
+    return FaceEmbedder(loaded.manifest, loaded.session)
+
+
+def test_older_float32_nchw_form_embeds_like_the_in_graph_form(exported, checkpoint, tmp_path):
+    """`--input-format float32_nchw`: the service normalizes in numpy; the embeddings are the
+    default export's (in-graph preprocessing) to 1e-5."""
+    from training.checkpoint import load_backbone
+
+    out, _ = exported
+    manifest = export(checkpoint, tmp_path / "nchw.onnx", input_format="float32_nchw")
+    assert (manifest.input.dtype, manifest.input.shape) == ("float32", ["batch", 3, 112, 112])
+    assert onnx.load(str(tmp_path / "nchw.onnx")).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    crops, _ = parity_crops(load_backbone(checkpoint)[1], 16)
+    numpy_path = _service_embedder(tmp_path / "nchw.json").embed(crops)
+    in_graph = _service_embedder(out.with_suffix(".json")).embed(crops)
+    assert np.abs(numpy_path - in_graph).max() <= 1e-5
+    with pytest.raises(ExportError, match="input format"):
+        export(checkpoint, tmp_path / "bad.onnx", input_format="float16_nhwc")
+
+
+def test_fp16_export_keeps_uint8_input_float32_output_and_serves(exported, checkpoint, tmp_path):
+    from training.checkpoint import load_backbone
+
+    out, _ = exported
     manifest = export(checkpoint, tmp_path / "half.onnx", fp16=True)
-    assert manifest.provenance["export"]["fp16"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.999
+    export_info = manifest.provenance["export"]
+    assert export_info["fp16"] and export_info["dtype"] == "float16" and export_info["parity_min_cosine"] >= 0.999
     model = onnx.load(str(tmp_path / "half.onnx"))
-    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)  # the weights are half
+    crops, _ = parity_crops(load_backbone(checkpoint)[1], 16)
+    half = _service_embedder(tmp_path / "half.json").embed(crops)
+    full = _service_embedder(out.with_suffix(".json")).embed(crops)
+    assert half.dtype == np.float32 and np.sum(half * full, axis=1).min() >= 0.999
+    assert np.abs(half - full).max() > 0  # really another arithmetic
 
 
 def test_flip_tta_export_embeds_crop_plus_mirror(checkpoint, tmp_path):
@@ -103,7 +140,7 @@ def test_flip_tta_export_embeds_crop_plus_mirror(checkpoint, tmp_path):
 
     from training.checkpoint import load_backbone
 
-    manifest = export(checkpoint, tmp_path / "tta.onnx", flip_tta=True)
+    manifest = export(checkpoint, tmp_path / "tta.onnx", flip_tta=True, input_format="float32_nchw")  # fed float inputs below
     assert manifest.provenance["export"]["flip_tta"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.9999
     backbone = load_backbone(checkpoint)[0]
     x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 112, 112)).astype(np.float32)

@@ -14,7 +14,8 @@ from training.commands import console, fail
 def export(
     checkpoint: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option(help="models/NAME.onnx; the manifest goes to models/NAME.json.")],
-    fp16: Annotated[bool, typer.Option(help="float16 weights and arithmetic (float32 input and output).")] = False,
+    fp16: Annotated[bool, typer.Option(help="float16 weights and arithmetic (uint8 or float32 input, float32 output): for GPUs.")] = False,
+    input_format: Annotated[str, typer.Option(help="uint8_nhwc: the model normalizes the aligned crops in its graph (on the GPU when served there); float32_nchw: the older form, normalized by the service in numpy.")] = "uint8_nhwc",
     flip_tta: Annotated[bool, typer.Option(help="Embed each crop plus its mirror inside the model (twice the compute).")] = False,
     opset: Annotated[int, typer.Option(help="ONNX opset (≥ 17).")] = 17,
     eval_: Annotated[Optional[Path], typer.Option("--eval", help="Results JSON of `facegate eval --out`, recorded in the manifest.")] = None,
@@ -28,7 +29,7 @@ def export(
     license = {"name": license_name, **({"terms": license_terms} if license_terms else {})} if license_name else None
     metrics = json.loads(eval_.read_text()) if eval_ else None
     try:
-        manifest = run(checkpoint, out, fp16=fp16, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
+        manifest = run(checkpoint, out, fp16=fp16, input_format=input_format, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
     except ExportError as exc:
         fail(exc)
     console.print(f"[green]ok[/green] {out} (parity cosine ≥ {manifest.provenance['export']['parity_min_cosine']}) + {out.with_suffix('.json')}")

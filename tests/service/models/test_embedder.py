@@ -43,8 +43,8 @@ def test_preprocess_follows_the_manifest(tmp_path):
     manifest = Manifest.load(write_test_embedder(tmp_path / "rgb"))
     crop = np.zeros((1, 112, 112, 3), np.uint8)
     crop[..., 0] = 255  # pure red in RGB
-    x = preprocess(crop, manifest)
+    x = preprocess(crop, manifest.input)
     assert x.shape == (1, 3, 112, 112)
     assert np.allclose(x[0, 0], 1.0) and np.allclose(x[0, 2], -1.0)
     bgr = Manifest.load(write_test_embedder(tmp_path / "bgr", color="BGR"))
-    assert np.allclose(preprocess(crop, bgr)[0, 2], 1.0)  # red moves to the last channel
+    assert np.allclose(preprocess(crop, bgr.input)[0, 2], 1.0)  # red moves to the last channel
