@@ -181,6 +181,7 @@ def corpus_api(tmp_path_factory, model_cache, embedder_manifest):
         max_request_bytes=MAX_REQUEST_BYTES,
     )
     with TestClient(create_app(settings)) as client:
+        assert client.app.state.service.readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
         assert client.post("/subjects", json={"id": "known", "name": "Known", "metadata": {"badge": 7}}, headers=AUTH).status_code == 201
         response = client.post("/subjects/known/faces", files={"image": CROP}, data={"aligned": "true"}, headers=AUTH)
         assert response.status_code == 201, response.text
