@@ -17,6 +17,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from service.cores import available_cores
 from service.pipeline import FacePipeline
 from service.settings import Settings
 
@@ -73,11 +74,10 @@ def machine_lines() -> list[str]:
     import cv2
     import onnxruntime as ort
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = _gpu_names()
     ort_dist = next((d for d in ("onnxruntime-gpu", "onnxruntime") if _version(d) != "-"), "onnxruntime")
     return [
-        f"machine: {_cpu_name()}, {os.cpu_count()} cores ({usable} in this process's affinity); GPU: {'; '.join(gpus) or 'none'}",
+        f"machine: {_cpu_name()}, {os.cpu_count()} cores ({available_cores()} usable: affinity and cgroup quota); GPU: {'; '.join(gpus) or 'none'}",
         f"onnxruntime: {ort_dist} {ort.__version__} (device {ort.get_device()}, providers offered: {', '.join(ort.get_available_providers())})",
         f"versions: python {platform.python_version()}, numpy {np.__version__}, opencv {cv2.__version__}, facegate {_version('facegate')}",
     ]
@@ -152,8 +152,8 @@ def _paired_rates(bare, piped, seconds: float, items: int) -> tuple[float, float
 
 def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int, ...], seconds: float) -> Table:
     """Faces/s of the bare session (one run on an input already in the model's form) against the
-    pipeline's embed stage (`FaceEmbedder.embed`: preprocessing, runs of at most
-    FACEGATE_EMBED_MAX_BATCH, normalization) at each batch size: what the service adds to the model."""
+    pipeline's embed stage (`FaceEmbedder.embed`: preprocessing, runs of at most the
+    largest of FACEGATE_BATCH_SIZES, normalization) at each batch size: what the service adds to the model."""
     from service.models.embedder import preprocess
 
     embedder = pipeline.embedder
@@ -191,7 +191,7 @@ def run_all(
         f"providers {', '.join(model.session.get_providers())}, IO binding {'on' if pipeline.embedder.io_binding else 'off'}"
     )
     console.print(f"settings: intra_op_threads={settings.intra_op_threads}, worker_threads={settings.worker_threads}, "
-                  f"embed_max_batch={settings.embed_max_batch}, batching={settings.batching}")
+                  f"batch_sizes={settings.batch_sizes}, batching={settings.batching}")
 
     console.rule("pipeline stages")
     sample = _sample(images, pipeline)  # decoded and detected once for both tables
