@@ -1,13 +1,16 @@
 """All run-time settings in one object, read from `FACEGATE_*` environment variables."""
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
+# Settings that were replaced: still set, they would be ignored silently, so start-up says what replaced them.
+REPLACED = {"FACEGATE_EMBED_MAX_BATCH": "FACEGATE_BATCH_SIZES, a JSON list of the batch sizes the embedder runs at, e.g. [1,2,4,8]"}
 
 
 class Settings(BaseSettings):
@@ -99,6 +102,14 @@ class Settings(BaseSettings):
     timeout_keep_alive: int = Field(5, ge=1, description="Seconds an idle keep-alive connection is kept open.")
     limit_concurrency: int = Field(512, ge=1, description="Connections (and tasks) served at once; beyond it new requests get 503.")
     h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_replaced_settings(cls, values):
+        for name, replacement in REPLACED.items():
+            if name in os.environ:
+                raise ValueError(f"{name} is no longer read: use {replacement}")
+        return values
 
     @field_validator("database_url")
     @classmethod

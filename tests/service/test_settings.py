@@ -1,0 +1,18 @@
+import pytest
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+
+def test_a_replaced_setting_stops_start_up_and_names_its_replacement(monkeypatch):
+    monkeypatch.setenv("FACEGATE_EMBED_MAX_BATCH", "8")
+    with pytest.raises(ValidationError, match="FACEGATE_BATCH_SIZES"):
+        Settings()
+
+
+def test_batch_sizes_are_sorted_and_must_be_positive(monkeypatch):
+    monkeypatch.setenv("FACEGATE_BATCH_SIZES", "[8, 1, 4, 4]")
+    assert Settings().batch_sizes == [1, 4, 8]
+    monkeypatch.setenv("FACEGATE_BATCH_SIZES", "[0, 4]")
+    with pytest.raises(ValidationError, match="positive"):
+        Settings()
