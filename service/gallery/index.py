@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import faiss
 import numpy as np
+
+from service.gallery.interface import Candidate
 
 
 def set_search_threads(threads: int) -> None:
@@ -65,3 +68,25 @@ class FaissIndex:
     @property
     def size(self) -> int:
         return int(self._index.ntotal)
+
+
+def best_subjects(index: VectorIndex, query: np.ndarray, top_k: int, owners: Callable[[list[int]], dict[int, tuple[str, str]]]) -> list[Candidate]:
+    """The top_k subjects by their best face's similarity, best first; each subject once.
+
+    The index ranks faces, so it is asked for more neighbours until top_k distinct subjects are
+    found or the whole index has been seen. `owners` maps face ids to (subject id, name) as the
+    store has them now: faces it no longer has (deleted meanwhile) are dropped.
+    """
+    k = max(4 * top_k, 16)
+    while True:
+        size = index.size
+        scores, ids = index.search(query[None], min(k, size))
+        owner_of = owners([int(i) for i in ids[0] if i >= 0])
+        best: dict[str, Candidate] = {}
+        for score, face_id in zip(scores[0], ids[0]):
+            owner = owner_of.get(int(face_id))
+            if owner and owner[0] not in best:
+                best[owner[0]] = Candidate(owner[0], owner[1], float(score), int(face_id))
+        if len(best) >= top_k or k >= size:
+            return list(best.values())[:top_k]
+        k *= 4

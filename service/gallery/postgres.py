@@ -26,7 +26,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex
+from service.gallery.index import FaissIndex, best_subjects
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.store import chip_columns, embedding_blob, stored_chip
 from service.gallery.sync import IndexSync, database_sequence, record_change
@@ -264,23 +264,9 @@ class PostgresGallery(GalleryStore):
     # search
 
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
-        """The top_k subjects by their best face's similarity, best first; each subject once. Faces
-        the database no longer has (deleted, perhaps through another replica) are dropped."""
-        if self.index is None:
-            return []
-        k = max(4 * top_k, 16)
-        while True:
-            size = self.index.size
-            scores, ids = self.index.search(query[None], min(k, size))
-            owners = self._subjects_of([int(i) for i in ids[0] if i >= 0])
-            best: dict[str, Candidate] = {}
-            for score, face_id in zip(scores[0], ids[0]):
-                owner = owners.get(int(face_id))
-                if owner and owner[0] not in best:
-                    best[owner[0]] = Candidate(owner[0], owner[1], float(score), int(face_id))
-            if len(best) >= top_k or k >= size:
-                return list(best.values())[:top_k]
-            k *= 4
+        """The top_k subjects by their best face's similarity, best first; each subject once
+        (faces deleted meanwhile, perhaps through another replica, are dropped)."""
+        return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
 
     def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
         if not face_ids:

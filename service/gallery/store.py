@@ -23,7 +23,7 @@ import numpy as np
 
 from service.align import TEMPLATES, FaceChip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, VectorIndex
+from service.gallery.index import FaissIndex, VectorIndex, best_subjects
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.models.manifest import EmbedderKey
 
@@ -309,26 +309,9 @@ class SqliteGallery(GalleryStore):
     # search
 
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
-        """The top_k subjects by their best face's similarity, best first; each subject once.
-
-        The index ranks faces, so it is asked for more neighbours until top_k distinct subjects
-        are found or the whole index has been seen. Faces deleted while the search ran are dropped.
-        """
-        if self.index is None:
-            return []
-        k = max(4 * top_k, 16)
-        while True:
-            size = self.index.size
-            scores, ids = self.index.search(query[None], min(k, size))
-            names = self._subjects_of([int(i) for i in ids[0] if i >= 0])
-            best: dict[str, Candidate] = {}
-            for score, face_id in zip(scores[0], ids[0]):
-                owner = names.get(int(face_id))
-                if owner and owner[0] not in best:
-                    best[owner[0]] = Candidate(owner[0], owner[1], float(score), int(face_id))
-            if len(best) >= top_k or k >= size:
-                return list(best.values())[:top_k]
-            k *= 4
+        """The top_k subjects by their best face's similarity, best first; each subject once
+        (faces deleted while the search ran are dropped)."""
+        return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
 
     def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
         out: dict[int, tuple[str, str]] = {}
