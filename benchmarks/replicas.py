@@ -24,7 +24,6 @@ import base64
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from service.gallery.postgres import PostgresGallery, migrate  # noqa: E402
+from service.loadtest import spawned  # noqa: E402
 from service.models.manifest import EmbedderKey  # noqa: E402
-from tests.postgres import PostgresServer, free_port  # noqa: E402
+from tests.postgres import PostgresServer  # noqa: E402
 
 FACES_PER_SUBJECT = 10
 
@@ -129,33 +129,9 @@ def cold_start(admin_url: str, sizes: list[int], dims: list[int]) -> None:
             print(f"{size:>9} {dim:>4} {copied:>7.1f} {table:>10.0f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} {size * (dim * 4 + 8) / 2**20:>10.0f}")
 
 
-@contextmanager
-def replica(url: str, embedder: Path, log: Path):
-    port = free_port()
-    env = {**os.environ, "FACEGATE_DATABASE_URL": url, "FACEGATE_EMBEDDER": str(embedder), "FACEGATE_DEVICE": "cpu"}
-    env.pop("FACEGATE_API_KEYS", None)
-    command = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"replica did not start:\n{log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def replica(url: str, embedder: Path):
+    """A `facegate` server of this checkout on the shared database (no keys: loopback only)."""
+    return spawned({"FACEGATE_DATABASE_URL": url, "FACEGATE_EMBEDDER": str(embedder), "FACEGATE_DEVICE": "cpu", "FACEGATE_API_KEYS": ""})
 
 
 def crop(seed: int) -> str:
@@ -209,8 +185,8 @@ def http_parts(admin_url: str, args) -> None:
     work = Path(tempfile.mkdtemp(prefix="facegate-bench-"))
     embedder = write_test_embedder(work / "embedder")
     with ExitStack() as stack:
-        a = stack.enter_context(replica(url, embedder, work / "a.log"))
-        b = stack.enter_context(replica(url, embedder, work / "b.log"))
+        a = stack.enter_context(replica(url, embedder))
+        b = stack.enter_context(replica(url, embedder))
         propagation(a, b, args.enrollments)
         images = [crop(10_000 + i) for i in range(min(args.enrollments, 50))]
         print(f"\n3. /identify throughput, concurrency {args.concurrency}, {args.requests} requests, gallery of {args.enrollments} faces")
