@@ -1,7 +1,8 @@
 """Preprocessing moved into the graph: a float32 NCHW embedder becomes one that takes the aligned
 uint8 RGB crops (NHWC) and does the cast, channel order, mean/std and transpose itself. On a GPU
 that work then runs on the device, and a quarter of the bytes cross the bus; on a CPU it costs what
-numpy did. `facegate export` and the dlib importer use it; the manifest's input says uint8 NHWC."""
+numpy did. `facegate export` uses it (the shipped files keep float32 NCHW: a new file would need a
+`gallery reembed`); the manifest's input says uint8 NHWC."""
 
 from __future__ import annotations
 
