@@ -134,3 +134,20 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     build_cache(three, tmp_path / "cache3", progress=False)
     build_cache(cfg, tmp_path / "cache4", progress=False, from_cache=tmp_path / "cache3")
     np.testing.assert_allclose(np.load(tmp_path / "cache4" / "features.npy"), np.load(tmp_path / "cache" / "features.npy"), atol=1e-5)
+
+
+def test_export_of_a_finetuned_dlib_names_the_base_model_and_both_licences(data, dat, tmp_path):
+    from training.export import export
+    from training.train import Trainer
+
+    cfg = _config(data, tmp_path / "run", dat, steps=1, finetune={"freeze_stages": 5})
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"license": {"name": "TINY", "terms": "research use only"}})})
+    Trainer(cfg).run(progress=False)
+    manifest = export(tmp_path / "run" / "last.pt", tmp_path / "m" / "tuned.onnx")
+    assert manifest.alignment == "dlib_150" and manifest.input.height == 150 and manifest.embedding_dim == 128
+    assert manifest.input.mean == for_backbone("dlib_resnet_v1").spec.mean and manifest.input.std == [256.0] * 3
+    base = manifest.provenance["base_model"]
+    assert base["name"] == "dlib-resnet-v1" and base["license"]["name"] == "CC0-1.0"
+    assert "TINY" in manifest.license["name"] and "CC0-1.0" in manifest.license["name"]
+    assert "research use only" in manifest.license["terms"]
+    assert manifest.provenance["export"]["parity_min_cosine"] >= 0.9999
