@@ -213,7 +213,7 @@ class CachedRun:
         end = min(stop_at or self.total_steps, self.total_steps)
         cfg, flip_p, losses = self.cfg, self.cfg.data.augment.flip, []
         while self.step < end:
-            t0 = time.perf_counter()
+            t0, first = time.perf_counter(), self.step
             for batch in EpochBatches(len(self.train_idx), cfg.batch_size, cfg.seed, self.epoch, start=self.micro_in_epoch):
                 rows = self.train_idx[[i for i, _ in batch]]
                 # the flip `augment` would draw for this (index, seed): its generator's first number
@@ -227,6 +227,8 @@ class CachedRun:
             else:
                 self.epoch, self.micro_in_epoch = self.epoch + 1, 0
             self.seconds += time.perf_counter() - t0
+            if self.step == first:  # an epoch's end that fell on a checkpoint: nothing new to check
+                continue
             if self.step % cfg.val_every == 0 or self.step >= end:
                 metrics = self.validate()
                 if self.best is None or metrics["flip"]["accuracy"] > self.best:
