@@ -93,8 +93,7 @@ def plot(work: Path, png: Path) -> None:
         values = [100 * key(m["flip"]) for _, m, _ in rows]
         ax.barh([label for label, _, _ in rows], values, color="tab:blue")
         ax.axvline(100 * key(base), color="black", ls="--", label="dlib-resnet-v1 (import)")
-        lo = min(values + [100 * key(base)])
-        ax.set_xlim(lo - 0.5 * (100 - lo), 100 - 0.1 * (100 - lo))
+        ax.set_xlim(max(0.0, min(values + [100 * key(base)]) - 5), 100)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
     axes[0].legend(loc="lower right", fontsize=8)
