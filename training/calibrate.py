@@ -105,7 +105,7 @@ def heldout_source(manifest: Manifest, data: Path | None):
     if not config or not config["data"].get("val_fraction"):
         raise ValueError(f"{manifest.name}: no held-out split in its provenance; give --data with identities it never trained on")
     train = Path(config["data"]["train"])
-    source = open_source(train)
+    source = open_source(train, manifest.input.height)
     _, held = split_identities(source.labels, config["data"]["val_fraction"], config["seed"])
     return Subset(source, held), f"held-out identities of {train} (val_fraction {config['data']['val_fraction']}, seed {config['seed']})"
 

@@ -52,6 +52,16 @@ class OptimConfig(_Strict):
     accumulate: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
 
 
+class FinetuneConfig(_Strict):
+    """Recipe options for starting from trained weights (e.g. `backbone: dlib_resnet_v1`) on little data."""
+
+    freeze_stages: int = Field(0, ge=0, description="The first N backbone stages (the stem counts as one) keep their weights and BN statistics.")
+    backbone_lr_scale: float = Field(1.0, gt=0, description="The backbone's LR is optim.lr × this; the head keeps optim.lr.")
+    bn_eval: bool = Field(False, description="Every BatchNorm in eval mode: running statistics frozen (scale and shift still learn unless frozen).")
+    l2_sp: float = Field(0.0, ge=0, description="L2-SP: α/2·‖w − w₀‖² towards the backbone's initial weights, in place of its plain weight decay; 0 = plain weight decay.")
+    head_only_steps: int = Field(0, ge=0, description="Warm-up: the first N steps train the head only (backbone frozen, in eval mode).")
+
+
 class TrainConfig(_Strict):
     backbone: str = "iresnet50"
     backbone_params: dict[str, Any] = Field(default_factory=dict, description="e.g. {dropout: 0.0} for iresnets.")
@@ -62,6 +72,7 @@ class TrainConfig(_Strict):
     epochs: int | None = Field(None, gt=0)
     steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs.")
     optim: OptimConfig = OptimConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
     amp: Literal["off", "bf16", "fp16"] = "off"
     channels_last: bool = False
     seed: int = 0

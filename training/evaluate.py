@@ -21,7 +21,7 @@ import numpy as np
 
 from service.align import TEMPLATES, align_face
 from service.models.embedder import l2_normalize
-from training.data.preprocess import ALIGNMENT, SIZE, to_input
+from training.data.preprocess import ALIGNMENT, DEFAULT, SIZE, Preprocessing
 from training.verification import at_thresholds, plot_roc, verification_metrics
 
 
@@ -40,13 +40,17 @@ class Embedder(Protocol):
         """N aligned crops (uint8 RGB, the embedder's template) → N×D un-normalized embeddings."""
 
     alignment: str
+    device: str  # where it runs: "cpu", "cuda:0", …
 
 
 class TorchEmbedder:
-    alignment = ALIGNMENT  # training's crops
+    def __init__(self, backbone, batch_size: int = 64, preprocessing: Preprocessing = DEFAULT) -> None:
+        self.backbone, self.batch_size, self.preprocessing = backbone, batch_size, preprocessing
+        self.alignment = preprocessing.alignment  # the crops the backbone was trained on
 
-    def __init__(self, backbone, batch_size: int = 64) -> None:
-        self.backbone, self.batch_size = backbone, batch_size
+    @property
+    def device(self) -> str:
+        return str(next(self.backbone.parameters()).device)
 
     def raw(self, crops: np.ndarray) -> np.ndarray:
         import torch
@@ -57,7 +61,7 @@ class TorchEmbedder:
         out = []
         with torch.no_grad():
             for i in range(0, len(crops), self.batch_size):
-                x = torch.from_numpy(to_input(crops[i : i + self.batch_size])).to(device)
+                x = torch.from_numpy(self.preprocessing.to_input(crops[i : i + self.batch_size])).to(device)
                 out.append(self.backbone(x).float().cpu().numpy())
         self.backbone.train(was_training)
         return np.concatenate(out)
@@ -72,45 +76,73 @@ class OnnxEmbedder:
         from service.models.store import load_model
         from service.settings import get_settings
 
-        # the file beside its manifest (an export), else in the model cache (a pulled or imported model)
-        self.model = load_model(str(manifest_path), Path(manifest_path).parent, get_settings().model_cache, device="cpu")
+        settings = get_settings()
+        # the file beside its manifest (an export), else in the model cache (a pulled or imported model);
+        # the service's provider choice: CUDA when onnxruntime offers it and a GPU is usable
+        self.model = load_model(str(manifest_path), Path(manifest_path).parent, settings.model_cache, device=settings.device)
         self.alignment = self.model.manifest.alignment
+        self.device = "cuda" if self.model.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
         self.raw = FaceEmbedder(self.model.manifest, self.model.session, batch_size).raw
 
 
-def load_embedder(path: Path) -> tuple[Embedder, str]:
-    """A manifest (.json), an .onnx with its manifest beside it, or a training checkpoint."""
+def torch_device(device: str = "auto") -> str:
+    """The torch device a checkpoint is evaluated on: CUDA when present, unless told otherwise."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_embedder(path: Path, device: str = "auto") -> tuple[Embedder, str]:
+    """A manifest (.json), an .onnx with its manifest beside it, or a training checkpoint (whose
+    backbone is moved to `device`: CUDA when present under "auto")."""
     path = Path(path)
     if path.suffix == ".onnx":
         path = path.with_suffix(".json")
     if path.suffix == ".json":
         return OnnxEmbedder(path), "onnx"
     from training.checkpoint import load_backbone
+    from training.data.preprocess import for_backbone
 
-    backbone, _, _ = load_backbone(path)
-    return TorchEmbedder(backbone), "checkpoint"
-
-
-def embed(embedder: Embedder, crops: np.ndarray, flip: bool) -> np.ndarray:
-    """Unit embeddings; with flip-TTA the raw embeddings of the crop and its mirror are summed first."""
-    e = embedder.raw(crops)
-    if flip:
-        e = e + embedder.raw(np.ascontiguousarray(crops[:, :, ::-1]))
-    return l2_normalize(e)
+    backbone, config, _ = load_backbone(path)
+    return TorchEmbedder(backbone.to(torch_device(device)), preprocessing=for_backbone(config["backbone"])), "checkpoint"
 
 
-def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None) -> dict:
+CHUNK = 512  # crops per progress step
+
+
+def embed(embedder: Embedder, crops: np.ndarray, flip: bool, advance=None) -> np.ndarray:
+    """Unit embeddings; with flip-TTA the raw embeddings of the crop and its mirror are summed first.
+    `advance(n)` is called after each chunk of n crops (a progress bar)."""
+    out = []
+    for i in range(0, len(crops), CHUNK):
+        chunk = crops[i : i + CHUNK]
+        e = embedder.raw(chunk)
+        if flip:
+            e = e + embedder.raw(np.ascontiguousarray(chunk[:, :, ::-1]))
+        out.append(e)
+        if advance is not None:
+            advance(len(chunk) * (2 if flip else 1))
+    return l2_normalize(np.concatenate(out))
+
+
+def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None, progress: bool = False) -> dict:
     """10-fold metrics with and without flip-TTA; with `thresholds` (a manifest's FAR → cosine), also
-    the FAR and TAR those thresholds realize here."""
-    results, curves = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks}, {}
-    for flip in (False, True):
-        e = embed(embedder, vset.crops, flip)
-        scores = np.sum(e[vset.pairs[:, 0]] * e[vset.pairs[:, 1]], axis=1)
-        key = "flip" if flip else "no_flip"
-        results[key] = verification_metrics(scores, vset.issame, vset.folds)
-        if thresholds:
-            results[key]["at_thresholds"] = at_thresholds(scores, vset.issame, thresholds)
-        curves[key] = (scores, vset.issame)
+    the FAR and TAR those thresholds realize here. `progress` shows a bar over the forward passes."""
+    from training.commands import progress_bar
+
+    results = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks, "device": embedder.device}
+    curves = {}
+    with progress_bar(f"embed on {embedder.device}", 3 * len(vset.crops), enabled=progress) as advance:
+        for flip in (False, True):
+            e = embed(embedder, vset.crops, flip, advance)
+            scores = np.sum(e[vset.pairs[:, 0]] * e[vset.pairs[:, 1]], axis=1)
+            key = "flip" if flip else "no_flip"
+            results[key] = verification_metrics(scores, vset.issame, vset.folds)
+            if thresholds:
+                results[key]["at_thresholds"] = at_thresholds(scores, vset.issame, thresholds)
+            curves[key] = (scores, vset.issame)
     if roc_png is not None:
         plot_roc(curves, roc_png)
     return results

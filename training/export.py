@@ -26,7 +26,7 @@ from service.models.in_graph import in_graph_spec, uint8_nhwc_input
 from service.models.manifest import Manifest
 from service.models.store import sha256_file
 from training.checkpoint import load_backbone
-from training.data.preprocess import ALIGNMENT, INPUT_SPEC, OUTPUT_NAME, SIZE, to_input
+from training.data.preprocess import DEFAULT, OUTPUT_NAME, Preprocessing, for_backbone
 
 MIN_OPSET = 17
 PARITY = {False: 0.9999, True: 0.999}  # fp16 → threshold
@@ -62,6 +62,29 @@ class _FlipSum(nn.Module):
         return both[: x.shape[0]] + both[x.shape[0] :]
 
 
+def base_model(backbone: str) -> dict | None:
+    """The imported model a fine-tuned backbone started from: its name, weights and licence."""
+    from training.data.preprocess import IMPORTED_INPUT
+
+    if backbone not in IMPORTED_INPUT:
+        return None
+    from service.models.store import manifest_path
+    from service.settings import get_settings
+
+    m = Manifest.load(manifest_path(IMPORTED_INPUT[backbone], get_settings().models_dir))
+    source = m.file.source
+    return {"name": m.name, "version": m.version, "weights_sha256": source.weights_sha256 if source else m.file.sha256, "license": m.license}
+
+
+def combined_license(data: dict[str, str], base: dict) -> dict[str, str]:
+    """Both terms: the training data's (which bind the fine-tuned weights) and the base weights'."""
+    b = base["license"]
+    return {
+        "name": f"{data['name']} (training data) + {b['name']} (base model {base['name']})",
+        "terms": f"training data: {data.get('terms', 'unspecified')}; base weights: {b.get('terms', b['name'])}",
+    }
+
+
 def git_commit() -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
@@ -71,12 +94,12 @@ def git_commit() -> str | None:
         return None
 
 
-def parity_crops(config: dict, n: int = 16) -> tuple[np.ndarray, str]:
+def parity_crops(config: dict, n: int = 16, size: int = DEFAULT.size) -> tuple[np.ndarray, str]:
     """n aligned crops from the run's training data, or smooth synthetic images when it is gone."""
     from training.data.datasets import open_source
 
     try:
-        source = open_source(Path(config["data"]["train"]))
+        source = open_source(Path(config["data"]["train"]), size)
         picks = np.linspace(0, len(source) - 1, n).astype(int)
         return np.stack([source.load(int(i))[0] for i in picks]), "training data"
     except (OSError, ValueError):
@@ -84,23 +107,25 @@ def parity_crops(config: dict, n: int = 16) -> tuple[np.ndarray, str]:
         small = rng.integers(0, 256, size=(n, 7, 7, 3)).astype(np.float32)
         import cv2
 
-        crops = np.stack([cv2.resize(s, (SIZE, SIZE), interpolation=cv2.INTER_CUBIC) for s in small])
+        crops = np.stack([cv2.resize(s, (size, size), interpolation=cv2.INTER_CUBIC) for s in small])
         return np.clip(crops, 0, 255).astype(np.uint8), "synthetic"
 
 
-def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool, input_format: str = "uint8_nhwc") -> float:
+def check_parity(
+    backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: bool, prep: Preprocessing = DEFAULT, input_format: str = "uint8_nhwc"
+) -> float:
     """The smallest cosine between float32 torch's and onnxruntime's normalized embeddings over batch 1 and
     batch len(crops), onnxruntime fed as the service feeds it; raises ExportError below the threshold."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    spec = _input_spec(input_format)
+    spec = _input_spec(input_format, prep)
     worst = 1.0
     for batch in (crops[:1], crops):
         with torch.no_grad():
-            expected = l2_normalize(backbone(torch.from_numpy(to_input(batch))).float().numpy())
+            expected = l2_normalize(backbone(torch.from_numpy(prep.to_input(batch))).float().numpy())
         feed = preprocess(batch, spec)
-        got = l2_normalize(session.run([OUTPUT_NAME], {INPUT_SPEC.name: feed})[0].astype(np.float32))
+        got = l2_normalize(session.run([OUTPUT_NAME], {spec.name: feed})[0].astype(np.float32))
         if got.shape != expected.shape:
             raise ExportError(f"onnxruntime returned {got.shape}, torch {expected.shape}")
         worst = min(worst, float(np.sum(got * expected, axis=1).min()))
@@ -109,10 +134,10 @@ def check_parity(backbone: nn.Module, onnx_path: Path, crops: np.ndarray, fp16: 
     return worst
 
 
-def _input_spec(input_format: str):
+def _input_spec(input_format: str, prep: Preprocessing = DEFAULT):
     if input_format not in INPUT_FORMATS:
         raise ExportError(f"input format is one of {INPUT_FORMATS}, got {input_format!r}")
-    return in_graph_spec(INPUT_SPEC) if input_format == "uint8_nhwc" else INPUT_SPEC
+    return in_graph_spec(prep.spec) if input_format == "uint8_nhwc" else prep.spec
 
 
 def export(
@@ -128,11 +153,14 @@ def export(
 ) -> Manifest:
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} < {MIN_OPSET}")
-    input_spec = _input_spec(input_format)
+    _input_spec(input_format)  # a bad format fails before the checkpoint is read
     out = Path(out)
     if out.suffix != ".onnx":
         raise ExportError(f"--out must name an .onnx file, got {out}")
     backbone, config, state = load_backbone(checkpoint)
+    prep = for_backbone(config["backbone"])
+    input_spec = _input_spec(input_format, prep)
+    size = prep.size
     backbone = backbone.float()
     reference = _Float16(load_backbone(checkpoint)[0]).eval() if fp16 else backbone
     if flip_tta:  # the parity reference is the float32 model with the same augmentation
@@ -144,11 +172,11 @@ def export(
             warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter, chosen on purpose
             torch.onnx.export(
                 reference,
-                (torch.zeros(1, 3, SIZE, SIZE),),
+                (torch.zeros(1, 3, size, size),),
                 str(tmp),
-                input_names=[INPUT_SPEC.name],
+                input_names=[prep.spec.name],
                 output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_SPEC.name: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                dynamic_axes={prep.spec.name: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
                 opset_version=opset,
                 do_constant_folding=True,
                 dynamo=False,  # the dynamo exporter needs onnxscript, which the project does not install
@@ -159,18 +187,20 @@ def export(
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(tmp), load_external_data=False).graph.initializer):
             raise ExportError("the export uses external data; a model must be a single file")
         if input_spec.in_graph:  # float32 preprocessing in front of the (float32 or float16) network
-            onnx.save(uint8_nhwc_input(onnx.load(str(tmp)), INPUT_SPEC), str(tmp))
-        crops, crops_from = parity_crops(config)
-        worst = check_parity(backbone, tmp, crops, fp16, input_format)
+            onnx.save(uint8_nhwc_input(onnx.load(str(tmp)), prep.spec), str(tmp))
+        crops, crops_from = parity_crops(config, size=size)
+        worst = check_parity(backbone, tmp, crops, fp16, prep, input_format)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
 
     dim = int(config["embedding_dim"])
+    base = base_model(config["backbone"])
+    data_license = license or config["data"]["license"]
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        backbone(torch.zeros(1, 3, SIZE, SIZE))
+        backbone(torch.zeros(1, 3, size, size))
     manifest = Manifest(
         name=out.stem,
         version=version or f"{config['backbone']}-{config['head']['name']}-step{state['step']}",
@@ -179,7 +209,7 @@ def export(
         input=input_spec,
         outputs=[{"name": OUTPUT_NAME, "shape": ["batch", dim]}],
         embedding_dim=dim,
-        alignment=ALIGNMENT,
+        alignment=prep.alignment,
         thresholds={},
         metrics=metrics or {},
         provenance={
@@ -188,6 +218,7 @@ def export(
             "data": {"train": config["data"]["train"], "num_classes": state["num_classes"]},
             "config": config,
             "step": state["step"],
+            **({"base_model": base} if base else {}),
             "checkpoint_sha256": sha256_file(checkpoint),
             "git_commit": git_commit(),
             "export": {
@@ -202,7 +233,7 @@ def export(
                 "gflops_per_face": round(counter.get_total_flops() / 1e9, 4),  # multiply and add counted apart
             },
         },
-        license=license or config["data"]["license"],
+        license=combined_license(data_license, base) if base else data_license,
     )
     manifest.save(out.with_suffix(".json"))
     return manifest

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,12 +60,55 @@ def lr_factor(cfg: TrainConfig, total_steps: int):
     return factor
 
 
-def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr_scale: float = 1.0, weight_decay: float | None = None) -> torch.optim.Optimizer:
     o = cfg.optim
     params = [p for p in params if p.requires_grad]
+    lr, wd = o.lr * lr_scale, o.weight_decay if weight_decay is None else weight_decay
     if o.name == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=wd)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+
+
+class Recipe:
+    """The fine-tuning options of `cfg.finetune` on one backbone: frozen stages (no gradient, eval
+    mode), BatchNorm statistics frozen, L2-SP towards the initial weights, a head-only warm-up."""
+
+    def __init__(self, cfg: TrainConfig, backbone: nn.Module) -> None:
+        from training.backbones import stages
+
+        self.cfg = cfg.finetune
+        self.frozen: list[nn.Module] = []
+        if self.cfg.freeze_stages:
+            all_stages = stages(backbone)
+            if self.cfg.freeze_stages > len(all_stages):
+                raise ValueError(f"finetune.freeze_stages={self.cfg.freeze_stages}, but {cfg.backbone} has {len(all_stages)} stages")
+            self.frozen = [m for stage in all_stages[: self.cfg.freeze_stages] for m in stage]
+        for module in self.frozen:
+            module.requires_grad_(False)
+        # L2-SP's reference: the weights the run starts from (deterministic: imported, or seeded)
+        self.reference = [(p, p.detach().clone()) for p in backbone.parameters() if p.requires_grad] if self.cfg.l2_sp else []
+
+    def set_modes(self, backbone: nn.Module, step: int) -> None:
+        """After `backbone.train()`: frozen parts (all of it during the warm-up) and, with bn_eval,
+        every BatchNorm go to eval mode, so their statistics stay as they are."""
+        if self.head_only(step):
+            backbone.eval()
+            return
+        for module in self.frozen:
+            module.eval()
+        if self.cfg.bn_eval:
+            for module in backbone.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+
+    def head_only(self, step: int) -> bool:
+        return step < self.cfg.head_only_steps
+
+    def penalty(self) -> torch.Tensor | float:
+        """α/2 · Σ‖w − w₀‖² over the trainable backbone weights (0 when L2-SP is off)."""
+        if not self.reference:
+            return 0.0
+        return 0.5 * self.cfg.l2_sp * sum(((p - p0) ** 2).sum() for p, p0 in self.reference)
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -75,7 +119,10 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, env: Dist | None = None) -> None:
         self.cfg, self.env = cfg, env or init_distributed()
         torch.manual_seed(cfg.seed)
-        source = open_source(cfg.data.train)
+        from training.data.preprocess import for_backbone
+
+        self.preprocessing = for_backbone(cfg.backbone)
+        source = open_source(cfg.data.train, self.preprocessing.size)
         num_classes = cfg.data.num_classes or int(source.labels.max()) + 1
         self.val_set = None
         if cfg.data.val_fraction > 0:
@@ -89,13 +136,14 @@ class Trainer:
             from training.evaluate import load_bin
 
             self.val_set = load_bin(cfg.data.val_bin)
-        self.dataset = FaceDataset(source, cfg.data.augment)
+        self.dataset = FaceDataset(source, cfg.data.augment, self.preprocessing)
         self.num_classes = num_classes
         e, device = self.env, self.env.device
 
         backbone = build_backbone(cfg.backbone, cfg.embedding_dim, **cfg.backbone_params).to(device)
         if cfg.channels_last:
             backbone = backbone.to(memory_format=torch.channels_last)
+        self.recipe = Recipe(cfg, backbone)
         if cfg.head.sharded:
             start, stop = shard_range(num_classes, e.rank, e.world_size)
             torch.manual_seed(cfg.seed + 1 + e.rank)  # each shard its own initial rows
@@ -120,7 +168,11 @@ class Trainer:
             raise ValueError(f"{len(self.dataset)} samples give no full step of {cfg.batch_size}×{e.world_size}×{cfg.optim.accumulate}")
         self.total_steps = cfg.steps or cfg.epochs * steps_per_epoch
         # two optimizers: a sharded head's rows and their state are per rank, the backbone's are not
-        self.optimizers = [make_optimizer(cfg, list(m.parameters())) for m in (self.backbone_module, self.criterion_module)]
+        ft = cfg.finetune
+        self.optimizers = [
+            make_optimizer(cfg, list(self.backbone_module.parameters()), ft.backbone_lr_scale, 0.0 if ft.l2_sp else None),
+            make_optimizer(cfg, list(self.criterion_module.parameters())),
+        ]
         factor = lr_factor(cfg, self.total_steps)
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in self.optimizers]
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
@@ -203,6 +255,9 @@ class Trainer:
         the last micro-batch's statistics, taken before the update (after it, the head's target rows
         have just moved towards these very embeddings)."""
         cfg, device = self.cfg, self.env.device
+        head_only = self.recipe.head_only(self.step)
+        self.backbone.train()
+        self.recipe.set_modes(self.backbone_module, self.step)
         total = 0.0
         for k, (images, labels) in enumerate(micro_batches):
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -211,25 +266,29 @@ class Trainer:
             last = k == cfg.optim.accumulate - 1
             sync = contextlib.nullcontext() if last or self.env.world_size == 1 else self._no_sync()
             with sync:
-                with self._autocast():
+                with self._autocast(), torch.set_grad_enabled(not head_only):
                     embeddings = self.backbone(images)
                 loss = self.criterion(embeddings.float(), labels)  # the head always runs in float32
-                self.scaler.scale(loss / cfg.optim.accumulate).backward()
+                penalty = 0.0 if head_only else self.recipe.penalty()
+                self.scaler.scale((loss + penalty) / cfg.optim.accumulate).backward()
             total += float(loss.detach())
         stats = _unwrap(self.criterion).stats(embeddings.detach(), labels) if want_stats else None
+        stepped = self.optimizers[1:] if head_only else self.optimizers
         if cfg.optim.grad_clip is not None:
-            for o in self.optimizers:
+            for o in stepped:
                 self.scaler.unscale_(o)
             # the sharded head's rows are disjoint per rank; the clip norm is each module's own
             nn.utils.clip_grad_norm_(self.backbone_module.parameters(), cfg.optim.grad_clip)
             nn.utils.clip_grad_norm_(self.criterion_module.parameters(), cfg.optim.grad_clip)
-        for o in self.optimizers:
+        for o in stepped:
             self.scaler.step(o)
         self.scaler.update()
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
-        for s in self.schedulers:
-            s.step()
+        with warnings.catch_warnings():  # a head-only step leaves the backbone's optimizer unstepped, on purpose
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+            for s in self.schedulers:
+                s.step()
         self.step += 1
         return total / cfg.optim.accumulate, stats
 
@@ -247,7 +306,7 @@ class Trainer:
 
         if self.val_set is None:
             return None
-        metrics = evaluate(TorchEmbedder(self.backbone_module), self.val_set)
+        metrics = evaluate(TorchEmbedder(self.backbone_module, preprocessing=self.preprocessing), self.val_set)
         return metrics["flip"]["accuracy"]
 
     def run(self, resume: Path | None = None, progress: bool = True, stop_at: int | None = None) -> RunResult:
@@ -277,7 +336,7 @@ class Trainer:
                     index, batch = next(batches)
                     micro.append(batch)
                 self.micro_in_epoch = index + 1
-                lr = self.optimizers[0].param_groups[0]["lr"]
+                lr = self.optimizers[-1].param_groups[0]["lr"]  # the head's (the backbone's is × finetune.backbone_lr_scale)
                 log_now = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == end
                 loss, stats = self.train_step(micro, want_stats=log_now)
                 if not math.isfinite(loss):

@@ -62,6 +62,17 @@ class Block:
     down: Pool | None = None
 
 
+def add_prev_pads(shape: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
+    """dlib's add_prev zero-pads each operand to the elementwise larger (C, H, W) shape, at the end
+    of every axis: the trailing pad per axis of `shape` up to `target`.  One rule for every backend."""
+    return [t - s for s, t in zip(shape, target)]
+
+
+def add_prev_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape add_prev's two operands are padded to before they are added."""
+    return tuple(max(x, y) for x, y in zip(a, b))
+
+
 @dataclass
 class DlibResNet:
     mean_rgb: tuple[float, float, float]  # subtract, then divide by 256
@@ -71,6 +82,16 @@ class DlibResNet:
     stem_pool: Pool                       # after relu
     blocks: list[Block] = field(default_factory=list)
     fc_weight: np.ndarray = None          # (128, 256): y = mean_hw(x) @ fc_weight.T, no bias
+
+    def stages(self) -> list[list[Block]]:
+        """The blocks grouped by resolution: a new stage starts at each downsampling block (dlib's
+        level4 … level0: 3, 4, 3, 3 and 1 blocks)."""
+        groups: list[list[Block]] = []
+        for blk in self.blocks:
+            if blk.down is not None or not groups:
+                groups.append([])
+            groups[-1].append(blk)
+        return groups
 
 
 # ---------------------------------------------------------------------------
@@ -313,7 +334,7 @@ def to_onnx(net: DlibResNet) -> "onnx.ModelProto":
         """Zero-pad channels and rows/cols at the end, as dlib's add_prev does."""
         if shape == target:
             return x
-        pads = [0, 0, 0, 0, 0] + [t - s for s, t in zip(shape, target)]
+        pads = [0, 0, 0, 0, 0] + add_prev_pads(shape, target)
         return op("Pad", [x, const("pads", np.array(pads, np.int64))])
 
     x, hw = conv("input", net.stem_conv, net.input_size)
@@ -327,7 +348,7 @@ def to_onnx(net: DlibResNet) -> "onnx.ModelProto":
         y = affine(y, blk.bn2)
         s, hw_s = (pool(x, blk.down, hw) if blk.down else (x, hw))
         y_shape, s_shape = (blk.conv2.weight.shape[0], hw_y, hw_y), (ch, hw_s, hw_s)
-        target = tuple(max(a, b) for a, b in zip(y_shape, s_shape))
+        target = add_prev_shape(y_shape, s_shape)
         x = op("Relu", [op("Add", [pad_to(y, y_shape, target), pad_to(s, s_shape, target)])])
         ch, hw = target[0], target[1]
     x = op("Flatten", [op("GlobalAveragePool", [x])], axis=1)

@@ -75,3 +75,41 @@ def test_checkpoint_and_export_give_the_same_figures(run, tmp_path):
     assert a["flip"] != a["no_flip"]  # flip-TTA changes the embeddings
     assert (tmp_path / "roc.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(a)  # JSON-ready for scripts
+
+
+def test_results_name_the_device_and_a_checkpoint_follows_the_asked_device(run, monkeypatch):
+    """`facegate eval` moves a checkpoint's backbone to the device (CUDA when present under auto) and
+    says in the results where it ran. On a CPU host the move is shown with torch's `meta` device."""
+    import training.evaluate as ev
+
+    vset = load_bin(run / "set.bin")
+    ckpt, _ = load_embedder(run / "run" / "last.pt", device="cpu")
+    onnx, _ = load_embedder(run / "models" / "m.onnx")
+    assert evaluate(ckpt, vset)["device"] == "cpu" and evaluate(onnx, vset, progress=True)["device"] == "cpu"
+    assert load_embedder(run / "run" / "last.pt", device="meta")[0].device == "meta"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ev.torch_device("auto") == "cuda" and ev.torch_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ev.torch_device("auto") == "cpu"
+
+
+def test_an_export_is_run_on_the_services_provider_choice(run, monkeypatch):
+    """No forced CPU provider: FACEGATE_DEVICE=cuda on a host without a GPU is the service's own
+    start-up error, so on a GPU host the same call gets the CUDA provider."""
+    from service.errors import ModelError
+    from service.models.providers import select_providers
+    from service.settings import get_settings
+
+    monkeypatch.setenv("FACEGATE_DEVICE", "cuda")
+    get_settings.cache_clear()
+    try:
+        if select_providers("cuda")[0] == "CUDAExecutionProvider":  # pragma: no cover - a GPU host
+            assert load_embedder(run / "models" / "m.onnx")[0].device == "cuda"
+        else:
+            pytest.fail("select_providers should have raised")
+    except ModelError as exc:
+        assert "no usable GPU" in str(exc)
+        with pytest.raises(ModelError, match="no usable GPU"):
+            load_embedder(run / "models" / "m.onnx")
+    finally:
+        get_settings.cache_clear()

@@ -24,16 +24,16 @@ TINY = {
 }
 
 
-def write_aligned_folders(root: Path, identities: int = 4, per_identity: int = 4, seed: int = 0) -> Path:
-    """Identity folders of 112×112 JPEGs: each identity a smooth random pattern plus per-image
-    noise, so a classifier can learn them in a few steps."""
+def write_aligned_folders(root: Path, identities: int = 4, per_identity: int = 4, seed: int = 0, size: int = 112) -> Path:
+    """Identity folders of size×size JPEGs (training's 112, or 150 for dlib_resnet_v1): each identity
+    a smooth random pattern plus per-image noise, so a classifier can learn them in a few steps."""
     rng = np.random.default_rng(seed)
     for c in range(identities):
         folder = root / f"id{c:02d}"
         folder.mkdir(parents=True, exist_ok=True)
         base = rng.integers(0, 256, (7, 7, 3)).astype(np.float32)
         for k in range(per_identity):
-            image = cv2.resize(base + rng.normal(0, 12, (7, 7, 3)), (112, 112), interpolation=cv2.INTER_CUBIC)
+            image = cv2.resize(base + rng.normal(0, 12, (7, 7, 3)), (size, size), interpolation=cv2.INTER_CUBIC)
             cv2.imwrite(str(folder / f"{k:03d}.jpg"), np.clip(image, 0, 255).astype(np.uint8))
     return root
 

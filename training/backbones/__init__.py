@@ -1,4 +1,5 @@
-"""Backbones: 112×112 aligned RGB faces → D-dim embeddings. `build_backbone(name, embedding_dim)`."""
+"""Backbones: aligned RGB faces (112×112, or the imported model's input for `dlib_resnet_v1`) → D-dim
+embeddings. `build_backbone(name, embedding_dim)`; `stages(model)` for fine-tuning recipes."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from typing import Callable
 import torch
 from torch import nn
 
+from training.backbones.dlib_resnet import DlibResNetV1
 from training.backbones.iresnet import STAGES, IResNet
 from training.backbones.mobilefacenet import MobileFaceNet
 
-INPUT_SIZE = 112
 
 # name → constructor taking (embedding_dim, **params)
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {name: partial(IResNet, layers) for name, layers in STAGES.items()}
 _REGISTRY["mobilefacenet"] = MobileFaceNet
+_REGISTRY["dlib_resnet_v1"] = DlibResNetV1
 BACKBONES: tuple[str, ...] = tuple(_REGISTRY)
 
 
@@ -27,6 +29,18 @@ def build_backbone(name: str, embedding_dim: int = 512, **params: object) -> nn.
     except KeyError:
         raise ValueError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}") from None
     return factory(embedding_dim, **params)
+
+
+def stages(model: nn.Module) -> list[list[nn.Module]]:
+    """The backbone's stages, input to output (the stem first), as `finetune.freeze_stages` counts
+    them; the embedding layers after the last stage are never among them."""
+    if isinstance(model, DlibResNetV1):
+        return [[stage] for stage in model.stages]
+    if isinstance(model, IResNet):
+        return [[model.conv1, model.bn1, model.prelu], [model.layer1], [model.layer2], [model.layer3], [model.layer4]]
+    if isinstance(model, MobileFaceNet):
+        return [[layer] for layer in model.layers]
+    raise ValueError(f"{type(model).__name__} declares no stages")
 
 
 @dataclass(frozen=True)
@@ -43,11 +57,15 @@ class ModelInfo:
 
 
 def model_info(name: str, embedding_dim: int = 512, **params: object) -> ModelInfo:
-    """Parameter count and the FLOPs of one 112×112 forward pass in eval mode."""
+    """Parameter count and the FLOPs of one forward pass (the backbone's input size) in eval mode."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from training.data.preprocess import for_backbone
+
+    size = for_backbone(name).size
 
     model = build_backbone(name, embedding_dim, **params).eval()
     params = sum(p.numel() for p in model.parameters())
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(1, 3, INPUT_SIZE, INPUT_SIZE))
+        model(torch.zeros(1, 3, size, size))
     return ModelInfo(name, embedding_dim, params, counter.get_total_flops())

@@ -21,6 +21,8 @@ def eval_(
     roc: Annotated[Optional[Path], typer.Option(help="ROC curve PNG.")] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned evaluation crops.")] = Path("~/.cache/facegate/eval"),
     record: Annotated[bool, typer.Option(help="Store the results in the exported model's manifest metrics.")] = False,
+    device: Annotated[str, typer.Option(help="A checkpoint's torch device: auto (CUDA when present), cpu, cuda, cuda:N. An exported model follows FACEGATE_DEVICE.")] = "auto",
+    progress: Annotated[bool, typer.Option(help="Progress bar on stderr.")] = True,
 ) -> None:
     """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
     exported model also the FAR and TAR its calibrated thresholds realize on these pairs."""
@@ -29,7 +31,7 @@ def eval_(
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
         fail("give exactly one of: --pairs with --images, --bin, --csv")
     cache = cache.expanduser()
-    embedder, kind = load_embedder(model)
+    embedder, kind = load_embedder(model, device)
     if bin_ is not None:
         vset = load_bin(bin_)
     else:
@@ -46,7 +48,7 @@ def eval_(
     if record and kind != "onnx":
         fail("--record needs an exported model (its .json manifest)")
     thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None
-    metrics = evaluate(embedder, vset, roc, thresholds)
+    metrics = evaluate(embedder, vset, roc, thresholds, progress=progress)
     results = {"model": str(model), "kind": kind, **metrics}
     if record:
         from service.models.manifest import Manifest

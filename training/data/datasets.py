@@ -12,7 +12,7 @@ import torch
 
 from training.data.augment import AugmentConfig, augment
 from training.data.folders import list_identity_folders
-from training.data.preprocess import SIZE, to_input
+from training.data.preprocess import DEFAULT, SIZE, Preprocessing
 from training.data.recordio import RecordIODataset
 
 
@@ -119,9 +119,10 @@ def make_pairs(labels: np.ndarray, n_pairs: int, seed: int = 0) -> tuple[np.ndar
 class FaceDataset(torch.utils.data.Dataset):
     """Items addressed by (index, seed): the seed drives that sample's augmentation."""
 
-    def __init__(self, source: Source, augment_config: AugmentConfig | None = None) -> None:
+    def __init__(self, source: Source, augment_config: AugmentConfig | None = None, preprocessing: Preprocessing = DEFAULT) -> None:
         self.source = source
         self.augment_config = augment_config
+        self.preprocessing = preprocessing
 
     def __len__(self) -> int:
         return len(self.source)
@@ -131,7 +132,7 @@ class FaceDataset(torch.utils.data.Dataset):
         crop, label = self.source.load(index)
         if self.augment_config is not None:
             crop = augment(crop, self.augment_config, np.random.default_rng(seed))
-        return torch.from_numpy(to_input(crop[None])[0]), label
+        return torch.from_numpy(self.preprocessing.to_input(crop[None])[0]), label
 
 
 class EpochBatches:

@@ -16,4 +16,4 @@ def test_model_info_command():
     result = CliRunner().invoke(app, ["model-info", "mobilefacenet", "iresnet18"])
     assert result.exit_code == 0, result.output
     assert "mobilefacenet" in result.stdout and "2.06" in result.stdout and "24.03" in result.stdout
-    assert set(BACKBONES) == {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet"}
+    assert set(BACKBONES) == {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet", "dlib_resnet_v1"}
