@@ -73,6 +73,16 @@ class FaceDetector:
             cols, rows = self.width // stride, self.height // stride
             xs, ys = np.meshgrid(np.arange(cols, dtype=np.float32), np.arange(rows, dtype=np.float32))
             self._grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
+        # Where each output sits in an `infer` row, and its width: computed once, read per image.
+        self._layout, start = [], 0
+        for name in self.output_names:
+            kind, stride = name.split("_")
+            width = {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[kind]
+            size = (self.width // int(stride)) * (self.height // int(stride)) * width
+            self._layout.append((name, start, start + size, width))
+            start += size
+        # YuNet as published fixes batch 1; read once, not per run.
+        self.batchable = not isinstance(session.get_inputs()[0].shape[0], int)
 
     def letterbox(self, image: np.ndarray) -> tuple[np.ndarray, float]:
         """Scale to fit the fixed network input keeping the aspect ratio; pad right/bottom. Every
@@ -84,11 +94,6 @@ class FaceDetector:
         canvas = np.zeros((self.height, self.width, 3), dtype=np.uint8)
         canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
         return canvas, scale
-
-    @property
-    def batchable(self) -> bool:
-        """Whether the session takes several images per run (YuNet as published fixes batch 1)."""
-        return not isinstance(self.session.get_inputs()[0].shape[0], int)
 
     def infer(self, canvases: np.ndarray) -> np.ndarray:
         """N letterboxed BGR canvases → N rows of the network's outputs, flattened and packed
@@ -102,13 +107,7 @@ class FaceDetector:
         return np.concatenate([v.reshape(len(blob), -1) for v in values], axis=1)
 
     def _unpack(self, row: np.ndarray) -> dict[str, np.ndarray]:
-        outputs, start = {}, 0
-        for name in self.output_names:
-            stride, width = int(name.split("_")[1]), {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[name.split("_")[0]]
-            size = (self.width // stride) * (self.height // stride) * width
-            outputs[name] = row[start : start + size].reshape(1, -1, width)
-            start += size
-        return outputs
+        return {name: row[start:stop].reshape(1, -1, width) for name, start, stop, width in self._layout}
 
     def _decode(self, outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         boxes, landmarks, scores = [], [], []
