@@ -37,20 +37,13 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.search import rss_mib  # noqa: E402
 from service.gallery.postgres import PostgresGallery, migrate  # noqa: E402
 from service.loadtest import spawned  # noqa: E402
 from service.models.manifest import EmbedderKey  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 
 FACES_PER_SUBJECT = 10
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def machine() -> str:

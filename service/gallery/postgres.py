@@ -28,7 +28,17 @@ from psycopg_pool import ConnectionPool
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
 from service.gallery.index import FaissIndex, best_subjects
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
-from service.gallery.store import chip_columns, embedding_blob, stored_chip
+from service.gallery.store import (
+    FACE_INSERT_COLUMNS,
+    FACE_SELECT,
+    SUBJECT_SELECT,
+    embedding_blob,
+    face_record,
+    face_row,
+    incompatible_models,
+    stored_chip,
+    subject_record,
+)
 from service.gallery.sync import IndexSync, database_sequence, record_change
 from service.models.manifest import EmbedderKey
 
@@ -70,17 +80,12 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     return applied
 
 
-def _json(value: Any) -> str | None:
-    return json.dumps(value) if value is not None else None
-
-
 class PostgresGallery(GalleryStore):
     def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. Fails at once when the database cannot be reached."""
         self.url = url
         self.embedder = embedder
-        self.incompatible: dict[str, int] = {}
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="facegate-gallery")
         self.pool.open(wait=True, timeout=30)
         try:
@@ -117,16 +122,8 @@ class PostgresGallery(GalleryStore):
             conn.read_only = True
             with conn.transaction():
                 seq = database_sequence(conn)
-                for name, sha, count in conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2"):
-                    if self.embedder is None or sha != self.embedder.sha256:
-                        self.incompatible[f"{name}@{sha[:12]}"] = count
-                if self.incompatible:
-                    log.warning(
-                        "%d enrolled faces were made by another embedder than the active one and are not searched: %s; "
-                        "re-embed them with `facegate gallery reembed` (needs FACEGATE_STORE_CROPS at enrollment) or re-enroll",
-                        sum(self.incompatible.values()),
-                        self.incompatible,
-                    )
+                rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
+                self.incompatible = incompatible_models(rows, self.embedder)
                 if self.index is None:
                     return seq
                 started = time.monotonic()
@@ -157,11 +154,7 @@ class PostgresGallery(GalleryStore):
         return Subject(subject_id, name, metadata, now, now, 0)
 
     def _subject_rows(self, conn: psycopg.Connection, where: str, params: tuple) -> list[Subject]:
-        sql = (
-            "SELECT s.id, s.name, s.metadata, s.created, s.updated, "
-            "(SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s " + where
-        )
-        return [Subject(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5]) for r in conn.execute(sql, params)]
+        return [subject_record(r) for r in conn.execute(SUBJECT_SELECT + where, params)]
 
     def get_subject(self, subject_id: str) -> Subject:
         with self._conn() as conn:
@@ -206,24 +199,8 @@ class PostgresGallery(GalleryStore):
         if self.embedder is None:
             raise RuntimeError("faces cannot be enrolled without an embedder")
         key, now = self.embedder, time.time()
-        rows = [
-            (
-                subject_id,
-                embedding_blob(face.embedding),
-                key.name,
-                key.sha256,
-                _json(face.box),
-                _json(face.landmarks),
-                face.score,
-                *chip_columns(face.chip),
-                now,
-            )
-            for face in faces
-        ]
-        insert = (
-            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
-        )
+        rows = [face_row(subject_id, face, key, now) for face in faces]
+        insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
         with self._conn() as conn:
             if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR SHARE", (subject_id,)).fetchone() is None:
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
@@ -236,13 +213,8 @@ class PostgresGallery(GalleryStore):
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
         self.get_subject(subject_id)
         with self._conn() as conn:
-            rows = conn.execute(
-                "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces WHERE subject_id = %s ORDER BY id",
-                (subject_id,),
-            ).fetchall()
-        return [
-            FaceRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, json.loads(r[3]) if r[3] else None, r[4], r[5], r[6], r[7]) for r in rows
-        ]
+            rows = conn.execute(FACE_SELECT + "WHERE subject_id = %s ORDER BY id", (subject_id,)).fetchall()
+        return [face_record(r) for r in rows]
 
     def delete_face(self, face_id: int) -> None:
         with self._conn() as conn:

@@ -101,6 +101,40 @@ def embedding_blob(embedding: np.ndarray) -> bytes:
     return np.asarray(embedding, dtype="<f4").tobytes()
 
 
+# Row layouts both stores (SQLite here, PostgreSQL in postgres.py) share; only their SQL dialects differ.
+SUBJECT_SELECT = "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s "
+FACE_SELECT = "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces "
+FACE_INSERT_COLUMNS = "subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created"
+
+
+def subject_record(row: tuple) -> Subject:
+    return Subject(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5])
+
+
+def face_record(row: tuple) -> FaceRecord:
+    return FaceRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, json.loads(row[3]) if row[3] else None, *row[4:8])
+
+
+def face_row(subject_id: str, face: NewFace, key: EmbedderKey, now: float) -> tuple:
+    """The values of FACE_INSERT_COLUMNS for a new face."""
+    box, landmarks = (json.dumps(v) if v is not None else None for v in (face.box, face.landmarks))
+    return (subject_id, embedding_blob(face.embedding), key.name, key.sha256, box, landmarks, face.score, *chip_columns(face.chip), now)
+
+
+def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKey | None) -> dict[str, int]:
+    """From (model_name, model_sha256, faces) rows, the faces another embedder made (never compared),
+    warned about once at start-up."""
+    incompatible = {f"{name}@{sha[:12]}": count for name, sha, count in counts if embedder is None or sha != embedder.sha256}
+    if incompatible:
+        log.warning(
+            "%d enrolled faces were made by another embedder than the active one and are not searched: %s; "
+            "re-embed them with `facegate gallery reembed` (needs FACEGATE_STORE_CROPS at enrollment) or re-enroll",
+            sum(incompatible.values()),
+            incompatible,
+        )
+    return incompatible
+
+
 class SqliteGallery(GalleryStore):
     def __init__(self, path: Path, embedder: EmbedderKey | None, index: VectorIndex | None):
         """`index` mirrors the embedder's faces for search; None where nothing is searched (no
@@ -115,7 +149,6 @@ class SqliteGallery(GalleryStore):
             self._db.execute(f"PRAGMA {pragma}")
         self._migrate()
         self.index = index
-        self.incompatible: dict[str, int] = {}
         self._load_index()
 
     def close(self) -> None:
@@ -161,16 +194,7 @@ class SqliteGallery(GalleryStore):
         """Fill the index from SQLite; report faces another model made (they are never compared)."""
         with self._lock:
             rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
-            for name, sha, count in rows:
-                if self.embedder is None or sha != self.embedder.sha256:
-                    self.incompatible[f"{name}@{sha[:12]}"] = count
-            if self.incompatible:
-                log.warning(
-                    "%d enrolled faces were made by another embedder than the active one and are not searched: %s; "
-                    "re-embed them with `facegate gallery reembed` (needs FACEGATE_STORE_CROPS at enrollment) or re-enroll",
-                    sum(self.incompatible.values()),
-                    self.incompatible,
-                )
+            self.incompatible = incompatible_models(rows, self.embedder)
             if self.index is None:
                 return
             cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
@@ -202,13 +226,9 @@ class SqliteGallery(GalleryStore):
         return Subject(subject_id, name, metadata, now, now, 0)
 
     def _subject_rows(self, where: str, params: tuple) -> list[Subject]:
-        sql = (
-            "SELECT s.id, s.name, s.metadata, s.created, s.updated, "
-            "(SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s " + where
-        )
         with self._lock:
-            rows = self._db.execute(sql, params).fetchall()
-        return [Subject(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5]) for r in rows]
+            rows = self._db.execute(SUBJECT_SELECT + where, params).fetchall()
+        return [subject_record(r) for r in rows]
 
     def get_subject(self, subject_id: str) -> Subject:
         rows = self._subject_rows("WHERE s.id = ?", (subject_id,))
@@ -250,28 +270,12 @@ class SqliteGallery(GalleryStore):
         if self.embedder is None:
             raise RuntimeError("faces cannot be enrolled without an embedder")
         now = time.time()
-        rows = [
-            (
-                subject_id,
-                embedding_blob(face.embedding),
-                self.embedder.name,
-                self.embedder.sha256,
-                json.dumps(face.box) if face.box is not None else None,
-                json.dumps(face.landmarks) if face.landmarks is not None else None,
-                face.score,
-                *chip_columns(face.chip),
-                now,
-            )
-            for face in faces
-        ]
+        rows = [face_row(subject_id, face, self.embedder, now) for face in faces]
         with self._lock:  # held past the commit, so no delete runs between the commit and the index add
             with self._write() as db:
                 if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-                insert = (
-                    "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                )
+                insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ids = [db.execute(insert, row).lastrowid for row in rows]
             if self.index is not None:
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
@@ -281,13 +285,8 @@ class SqliteGallery(GalleryStore):
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
         self.get_subject(subject_id)
         with self._lock:
-            rows = self._db.execute(
-                "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces WHERE subject_id = ? ORDER BY id",
-                (subject_id,),
-            ).fetchall()
-        return [
-            FaceRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, json.loads(r[3]) if r[3] else None, r[4], r[5], r[6], r[7]) for r in rows
-        ]
+            rows = self._db.execute(FACE_SELECT + "WHERE subject_id = ? ORDER BY id", (subject_id,)).fetchall()
+        return [face_record(r) for r in rows]
 
     def delete_face(self, face_id: int) -> None:
         with self._lock:
