@@ -15,12 +15,10 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from training.backbones import build_backbone
 from training.checkpoint import load_checkpoint, save_checkpoint
@@ -29,7 +27,7 @@ from training.data.datasets import EpochBatches, make_pairs, open_source, split_
 from training.data.preprocess import for_backbone
 from training.heads import build_head
 from training.heads.loss import HeadLoss
-from training.train import Recipe, lr_factor, make_optimizer
+from training.train import Recipe, make_optimizers, optimizer_step
 from training.verification import verification_metrics
 
 
@@ -120,14 +118,10 @@ class CachedRun:
         self.backbone = build_backbone(cfg.backbone, cfg.embedding_dim, **cfg.backbone_params)
         self.recipe = Recipe(cfg, self.backbone)  # freezes stages[:start]: they are the cache
         self.criterion = HeadLoss(build_head(cfg.head.name, cfg.embedding_dim, self.num_classes, **cfg.head.params))
-        ft = cfg.finetune
-        self.optimizers = [
-            make_optimizer(cfg, list(self.backbone.parameters()), ft.backbone_lr_scale, 0.0 if ft.l2_sp else None),
-            make_optimizer(cfg, list(self.criterion.parameters())),
-        ]
         self.steps_per_epoch = len(self.train_idx) // cfg.batch_size
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_factor(cfg, self.total_steps)) for o in self.optimizers]
+        self.optimizers, self.schedulers = make_optimizers(cfg, self.backbone, self.criterion, self.total_steps)
+        self.scaler = torch.amp.GradScaler("cpu", enabled=False)  # float32 on the CPU: a pass-through
         self.step, self.epoch, self.micro_in_epoch, self.best, self.seconds = 0, 0, 0, None, 0.0
 
     # ---- checkpoints: the layout of `Trainer.state`, so export / eval / calibrate read them ----
@@ -171,18 +165,7 @@ class CachedRun:
         labels = torch.from_numpy(self.labels[rows])
         loss = self.criterion(embeddings, labels)
         (loss + (0.0 if head_only else self.recipe.penalty())).backward()
-        stepped = self.optimizers[1:] if head_only else self.optimizers
-        if cfg.optim.grad_clip is not None:
-            nn.utils.clip_grad_norm_(self.backbone.parameters(), cfg.optim.grad_clip)
-            nn.utils.clip_grad_norm_(self.criterion.parameters(), cfg.optim.grad_clip)
-        for o in stepped:
-            o.step()
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():  # a head-only step leaves the backbone's optimizer unstepped, on purpose
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-            for s in self.schedulers:
-                s.step()
+        optimizer_step(cfg, self.optimizers, self.schedulers, [self.backbone, self.criterion], head_only, self.scaler)
         self.step += 1
         return float(loss.detach())
 

@@ -69,6 +69,41 @@ def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr_scale: float
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
 
 
+def make_optimizers(cfg: TrainConfig, backbone: nn.Module, criterion: nn.Module, total_steps: int) -> tuple[list, list]:
+    """[backbone's, head's] optimizers and their LR schedules. Two optimizers: a sharded head's rows
+    and their state are per rank, the backbone's are not; the backbone's LR is × finetune.backbone_lr_scale,
+    and L2-SP replaces its weight decay."""
+    ft = cfg.finetune
+    optimizers = [
+        make_optimizer(cfg, list(backbone.parameters()), ft.backbone_lr_scale, 0.0 if ft.l2_sp else None),
+        make_optimizer(cfg, list(criterion.parameters())),
+    ]
+    factor = lr_factor(cfg, total_steps)
+    return optimizers, [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
+
+
+def optimizer_step(cfg: TrainConfig, optimizers: list, schedulers: list, modules: list[nn.Module], head_only: bool,
+                   scaler: torch.amp.GradScaler) -> None:
+    """The end of a step, after backward: clip (each module's own norm), step (the head's optimizer
+    only during a head-only warm-up), zero the gradients, advance every schedule."""
+    stepped = optimizers[1:] if head_only else optimizers
+    if cfg.optim.grad_clip is not None:
+        for o in stepped:
+            scaler.unscale_(o)
+        # the sharded head's rows are disjoint per rank; the clip norm is each module's own
+        for m in modules:
+            nn.utils.clip_grad_norm_(m.parameters(), cfg.optim.grad_clip)
+    for o in stepped:
+        scaler.step(o)
+    scaler.update()
+    for o in optimizers:
+        o.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():  # a head-only step leaves the backbone's optimizer unstepped, on purpose
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+        for s in schedulers:
+            s.step()
+
+
 class Recipe:
     """The fine-tuning options of `cfg.finetune` on one backbone: frozen stages (no gradient, eval
     mode), BatchNorm statistics frozen, L2-SP towards the initial weights, a head-only warm-up."""
@@ -167,14 +202,7 @@ class Trainer:
         if steps_per_epoch == 0:
             raise ValueError(f"{len(self.dataset)} samples give no full step of {cfg.batch_size}×{e.world_size}×{cfg.optim.accumulate}")
         self.total_steps = cfg.steps or cfg.epochs * steps_per_epoch
-        # two optimizers: a sharded head's rows and their state are per rank, the backbone's are not
-        ft = cfg.finetune
-        self.optimizers = [
-            make_optimizer(cfg, list(self.backbone_module.parameters()), ft.backbone_lr_scale, 0.0 if ft.l2_sp else None),
-            make_optimizer(cfg, list(self.criterion_module.parameters())),
-        ]
-        factor = lr_factor(cfg, self.total_steps)
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in self.optimizers]
+        self.optimizers, self.schedulers = make_optimizers(cfg, self.backbone_module, self.criterion_module, self.total_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
         self.step, self.epoch, self.micro_in_epoch = 0, 0, 0
         self.best: float | None = None
@@ -273,22 +301,7 @@ class Trainer:
                 self.scaler.scale((loss + penalty) / cfg.optim.accumulate).backward()
             total += float(loss.detach())
         stats = _unwrap(self.criterion).stats(embeddings.detach(), labels) if want_stats else None
-        stepped = self.optimizers[1:] if head_only else self.optimizers
-        if cfg.optim.grad_clip is not None:
-            for o in stepped:
-                self.scaler.unscale_(o)
-            # the sharded head's rows are disjoint per rank; the clip norm is each module's own
-            nn.utils.clip_grad_norm_(self.backbone_module.parameters(), cfg.optim.grad_clip)
-            nn.utils.clip_grad_norm_(self.criterion_module.parameters(), cfg.optim.grad_clip)
-        for o in stepped:
-            self.scaler.step(o)
-        self.scaler.update()
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():  # a head-only step leaves the backbone's optimizer unstepped, on purpose
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-            for s in self.schedulers:
-                s.step()
+        optimizer_step(cfg, self.optimizers, self.schedulers, [self.backbone_module, self.criterion_module], head_only, self.scaler)
         self.step += 1
         return total / cfg.optim.accumulate, stats
 
