@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "dlib-finetune.yaml"
 
 # label → (head, params): the seven heads of the issue. One scale, s = 30, for every normalized head
-# (about 3,100 classes: the papers' s = 64 is for 85k); margins at the papers' values.
+# (3,097 training identities: the papers' s = 64 is for 85k); margins at the papers' values.
 HEADS = {
     "softmax": ("softmax", {}),
     "normface": ("normface", {"s": 30.0}),
