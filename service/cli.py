@@ -48,6 +48,15 @@ def _pipeline(require_embedder: bool = True):
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
 
 
+def _raise_open_file_limit() -> None:
+    """Each connection is a file descriptor: lift the soft limit (often 1024) to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -67,6 +76,7 @@ def serve(
             "FACEGATE_ALLOW_ANONYMOUS=true when something in front authenticates."
         )
         raise typer.Exit(2)
+    _raise_open_file_limit()
     uvicorn.run(
         "service.api.app:create_app",
         factory=True,
@@ -74,9 +84,12 @@ def serve(
         port=port,
         workers=workers,
         log_level="info",
-        http="h11",  # the parser whose header limit h11_max_incomplete_event_size is
+        # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
+        http="service.api.server:HeaderDeadlineProtocol",
         timeout_keep_alive=settings.timeout_keep_alive,
-        limit_concurrency=settings.limit_concurrency,
+        # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
+        # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
+        backlog=settings.backlog,
         h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
     )
 

@@ -100,7 +100,12 @@ class Settings(BaseSettings):
 
     # the HTTP server (uvicorn, as `facegate serve` runs it)
     timeout_keep_alive: int = Field(5, ge=1, description="Seconds an idle keep-alive connection is kept open.")
-    limit_concurrency: int = Field(512, ge=1, description="Connections (and tasks) served at once; beyond it new requests get 503.")
+    header_timeout: float = Field(10.0, gt=0, description="Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); then it is closed.")
+    body_timeout: float = Field(60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed.")
+    backlog: int = Field(2048, ge=1, description="Connections the kernel queues before `facegate serve` accepts them (listen backlog).")
+    max_inflight_requests: int = Field(
+        64, ge=1, description="Requests served at once, /healthz, /readyz and /metrics aside (they are never refused); beyond it 503 overloaded with Retry-After. Open connections are not counted."
+    )
     h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
 
     @model_validator(mode="before")

@@ -15,7 +15,7 @@ from service import __version__
 from service.api import access_log, error_handlers
 from service.api.auth import ApiKeys
 from service.api.deps import Service
-from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestMetrics
+from service.api.middleware import PUBLIC_PATHS, Admission, ApiKeyAuth, BodyLimit, RequestMetrics
 from service.api.routes import ROUTERS
 from service.engine import Engine
 from service.gallery.factory import open_gallery
@@ -97,7 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.openapi = _openapi_with_api_key(app)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
+    app.add_middleware(Admission, limit=settings.max_inflight_requests)
     app.add_middleware(ApiKeyAuth, keys=keys)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

@@ -14,14 +14,16 @@ from service.api.schemas import error_responses
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz")
-def healthz() -> dict:
-    """The process is alive (says nothing about models)."""
+@router.api_route("/healthz", methods=["GET", "HEAD"])
+async def healthz() -> dict:
+    """The process is alive (says nothing about models). On the event loop, not a worker thread:
+    it answers while image work or an unreachable database holds every thread."""
     return {"status": "ok"}
 
 
-@router.get(
+@router.api_route(
     "/readyz",
+    methods=["GET", "HEAD"],
     responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
