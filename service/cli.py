@@ -66,10 +66,15 @@ def serve(
     """Run the HTTP API. Without API keys it binds loopback only, unless FACEGATE_ALLOW_ANONYMOUS=true."""
     import uvicorn
 
-    from service.api.auth import ApiKeys, is_loopback
+    from service.api.auth import ApiKeys, KeyConfigError, is_loopback
 
     settings = get_settings()
-    if not ApiKeys.from_settings(settings).enabled and not is_loopback(host) and not settings.allow_anonymous:
+    try:
+        keys = ApiKeys.from_settings(settings)
+    except KeyConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not keys.enabled and not is_loopback(host) and not settings.allow_anonymous:
         console.print(
             f"[red]error:[/red] refusing to serve the gallery on {host} without API keys: anyone who can reach the port "
             "could read, enroll and delete. Set FACEGATE_API_KEYS or FACEGATE_API_KEYS_FILE, bind 127.0.0.1, or set "

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
         None, description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored."
     )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
+    database_pool_timeout: float = Field(
+        2.0, gt=0, description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage."
+    )
     store_crops: bool = Field(
         False,
         description=(

@@ -4,7 +4,9 @@ lifespan, closed on shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import threading
 from contextlib import asynccontextmanager
 
@@ -20,6 +22,7 @@ from service.api.routes import ROUTERS
 from service.engine import Engine
 from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
+from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.models.model_set import load_models
 from service.pipeline import FacePipeline
@@ -58,6 +61,16 @@ def _openapi_with_api_key(app: FastAPI):
     return openapi
 
 
+def _on_signal(signum: int, handler) -> bool:
+    """Run `handler` on the event loop at `signum`; False where signals cannot be handled here
+    (not the main thread, as under a test client)."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signum, handler)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
@@ -77,18 +90,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done.
             threading.Thread(target=engine.warm_up, args=(readiness.warmup_done,), name="facegate-warmup", daemon=True).start()
         gallery = open_gallery(settings, models.embedder_key)
-        metrics.watch_gallery(gallery.counts)
-        if gallery.replication() is not None:
-            metrics.watch_replication(gallery.replication)
-        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
+        gallery_stats = GalleryStats(gallery)
+        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats)
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
+        reload_on_hangup = _on_signal(signal.SIGHUP, keys.reload)  # key rotation without a restart
         try:
             yield
         finally:
+            if reload_on_hangup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if engine:
                 engine.close()
+            gallery_stats.close()
             gallery.close()
 
     app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan)

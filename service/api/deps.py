@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from service.api.auth import ApiKeys
 from service.engine import Engine
 from service.gallery.interface import GalleryStore
+from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.models.model_set import ModelSet
 from service.readiness import Readiness
@@ -26,6 +27,7 @@ class Service:
     readiness: Readiness
     engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
+    gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
 
 
 def get_service(request: Request) -> Service:

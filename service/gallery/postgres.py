@@ -81,12 +81,24 @@ def migrate(conn: psycopg.Connection) -> list[int]:
 
 
 class PostgresGallery(GalleryStore):
-    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8):
+    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, pool_timeout: float = 2.0):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. Fails at once when the database cannot be reached."""
         self.url = url
         self.embedder = embedder
-        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="facegate-gallery")
+        # `timeout`: a request waits this long for a connection, then 503 gallery_unavailable (an outage
+        # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
+        # before use, so after a database restart a stale one is replaced rather than failing a request.
+        self.pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name="facegate-gallery",
+            timeout=pool_timeout,
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": max(1, round(pool_timeout))},
+        )
         self.pool.open(wait=True, timeout=30)
         try:
             with self.pool.connection() as conn:

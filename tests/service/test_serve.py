@@ -68,3 +68,12 @@ def test_start_without_keys_warns(tmp_path, make_client, caplog):
     with caplog.at_level(logging.WARNING, logger="facegate.app"):
         make_client(settings)
     assert any(r.levelno == logging.WARNING and "NO API KEYS" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unusable_key_file_stops_serve_with_the_reason(serve, tmp_path):
+    result, started = serve(FACEGATE_API_KEYS_FILE=str(tmp_path / "missing"))
+    assert result.exit_code == 2 and started is None and "No such file" in result.output  # rich wraps the line
+    comments = tmp_path / "keys"
+    comments.write_text("# only a comment\n")
+    result, started = serve(FACEGATE_API_KEYS_FILE=str(comments))
+    assert result.exit_code == 2 and started is None and "holds no key" in " ".join(result.output.split())
