@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(10_000_000, ge=1)
     max_image_pixels: int = Field(40_000_000, ge=1)
     min_image_side: int = Field(16, ge=1)
+    max_decoded_megapixels: float = Field(
+        200.0, gt=0, description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
+    )
+    decode_wait: float = Field(10.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded.")
 
     # detection
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0)
