@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from service.api.auth import ApiKeys
+from service.api.schemas import SUBJECT_ID_PATTERN
 from service.engine import Engine
+from service.errors import SubjectNotFound
 from service.gallery.interface import GalleryStore
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
@@ -35,3 +38,15 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def subject_id_path(subject_id: str) -> str:
+    """One check of a path's subject id for both stores, before either is asked: an id the
+    pattern refuses (a NUL byte, 10k characters) names no subject, so 404 on SQLite and PostgreSQL
+    alike (PostgreSQL refused NUL with a 500)."""
+    if not re.fullmatch(SUBJECT_ID_PATTERN, subject_id):
+        raise SubjectNotFound(f"no subject with id {subject_id[:140]!r}")
+    return subject_id
+
+
+SubjectIdPath = Annotated[str, Depends(subject_id_path)]
