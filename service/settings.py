@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
     database_pool_timeout: float = Field(
-        2.0, gt=0, description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage."
+        1.0, gt=0, description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage."
     )
     store_crops: bool = Field(
         False,

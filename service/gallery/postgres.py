@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
 from service.gallery.index import FaissIndex, best_subjects
@@ -81,7 +82,7 @@ def migrate(conn: psycopg.Connection) -> list[int]:
 
 
 class PostgresGallery(GalleryStore):
-    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, pool_timeout: float = 2.0):
+    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, pool_timeout: float = 1.0):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. Fails at once when the database cannot be reached."""
         self.url = url
@@ -99,6 +100,8 @@ class PostgresGallery(GalleryStore):
             check=ConnectionPool.check_connection,
             kwargs={"connect_timeout": max(1, round(pool_timeout))},
         )
+        self._connect_timeout = max(1, round(pool_timeout))
+        self._direct = threading.BoundedSemaphore(pool_size)
         self.pool.open(wait=True, timeout=30)
         try:
             with self.pool.connection() as conn:
@@ -124,6 +127,19 @@ class PostgresGallery(GalleryStore):
         try:
             with self.pool.connection() as conn:
                 yield conn
+        except PoolTimeout as exc:
+            # After an outage the pool reconnects with a growing backoff (seconds): while it has no
+            # connection, a direct one (at most pool_size at once) serves the request if the
+            # database is back, so the first request after a restart succeeds.
+            if not self._direct.acquire(blocking=False):
+                raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
+            try:
+                with psycopg.connect(self.url, connect_timeout=self._connect_timeout) as conn:
+                    yield conn
+            except psycopg.OperationalError as direct:
+                raise GalleryUnavailable(f"the gallery database is unavailable: {direct}") from direct
+            finally:
+                self._direct.release()
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 

@@ -22,7 +22,7 @@ class Snapshot:
 
 
 class GalleryStats:
-    def __init__(self, gallery: GalleryStore, wait: float = 0.5):
+    def __init__(self, gallery: GalleryStore, wait: float = 0.25):
         self.gallery, self.wait = gallery, wait
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="facegate-gallery-stats")
         self._pending: Future | None = None
