@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     max_decoded_megapixels: float = Field(
         200.0, gt=0, description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
     )
-    decode_wait: float = Field(10.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded.")
+    decode_wait: float = Field(60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded.")
 
     # detection
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0)
