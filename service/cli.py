@@ -89,7 +89,7 @@ def models_pull(
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull
+    from service.models.store import manifest_path, pull, verify_file
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
@@ -99,9 +99,14 @@ def models_pull(
     for path in paths:
         with _fail_on_error():
             manifest = Manifest.load(path)
-            if not names and not (manifest.file.url or manifest.file.source):
+            shipped = path.parent / manifest.file.name
+            if shipped.is_file() and file is None:  # ships beside its manifest (YuNet): checked, never fetched
+                verify_file(manifest, shipped)
+                target = shipped
+            elif not names and not (manifest.file.url or manifest.file.source):
                 continue
-            target = pull(manifest, settings.model_cache, url=source, local=file)
+            else:
+                target = pull(manifest, settings.model_cache, url=source, local=file)
         console.print(f"[green]ok[/green] {manifest.name} → {target}")
 
 

@@ -99,11 +99,8 @@ def image(engine) -> str:
 def image_model_cache(tmp_path_factory, dlib_model) -> Path:
     """The model cache mounted read-only: real copies (a symlink would point outside the mount),
     readable by the image's user."""
-    shared = os.environ.get("FACEGATE_MODEL_CACHE")
-    if not shared or not (Path(shared) / YUNET).is_file():
-        _skip("FACEGATE_MODEL_CACHE is unset or lacks the YuNet detector (set it to ../shared/models)")
     cache = tmp_path_factory.mktemp("image-model-cache")
-    for source in (Path(shared) / YUNET, dlib_model):
+    for source in (REPO / "models" / YUNET, dlib_model):
         shutil.copyfile(source, cache / source.name)
         (cache / source.name).chmod(0o644)
     cache.chmod(0o755)
