@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import access_log, error_handlers
+from service.api import access_log, docs_ui, error_handlers
 from service.api.auth import ApiKeys
 from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestMetrics
@@ -91,8 +91,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.close()
             gallery.close()
 
-    app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     error_handlers.install(app)
+    docs_ui.install(app)
     for router in ROUTERS:
         app.include_router(router)
     app.openapi = _openapi_with_api_key(app)
