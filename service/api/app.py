@@ -5,7 +5,6 @@ lifespan, closed on shutdown."""
 from __future__ import annotations
 
 import logging
-import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -75,7 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if engine:
             readiness.serving = engine.describe()
             # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done.
-            threading.Thread(target=engine.warm_up, args=(readiness.warmup_done,), name="facegate-warmup", daemon=True).start()
+            engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         metrics.watch_gallery(gallery.counts)
         if gallery.replication() is not None:

@@ -115,3 +115,16 @@ def test_readiness_waits_for_the_warm_up(pipeline, settings):
     readiness.require()
     readiness.warmup_done("CUDA out of memory")
     assert not readiness.ready and readiness.report()["problems"][-1]["error"] == "CUDA out of memory"
+
+
+def test_close_waits_for_the_warm_up(pipeline, settings):
+    """A model still running in the warm-up thread when the interpreter exits aborts the process
+    ("terminate called without an active exception"): close() stops the warm-up and waits for it."""
+    from service.engine import Engine
+    from service.metrics import Metrics
+
+    engine = Engine(settings, pipeline, Metrics())
+    results = []
+    engine.start_warm_up(results.append)
+    engine.close()
+    assert not engine._warm_up_thread.is_alive()
