@@ -128,3 +128,22 @@ def test_close_waits_for_the_warm_up(pipeline, settings):
     engine.start_warm_up(results.append)
     engine.close()
     assert not engine._warm_up_thread.is_alive()
+
+
+def test_an_uncalibrated_embedder_is_a_readiness_problem(settings, embedder_manifest, tmp_path):
+    """A freshly exported model has no thresholds: it loads and serves explicit thresholds, but
+    /readyz must say that default decisions will fail and how to fix it."""
+    import json
+    import shutil
+
+    from service.models.model_set import load_models
+    from service.readiness import Readiness
+
+    bare = tmp_path / embedder_manifest.name
+    shutil.copy(embedder_manifest.with_suffix(".onnx"), tmp_path)
+    bare.write_text(json.dumps({**json.loads(embedder_manifest.read_text()), "thresholds": {}}))
+    calibrated = Readiness(load_models(settings)).report()["problems"]
+    uncalibrated = Readiness(load_models(settings.model_copy(update={"embedder": str(bare)}))).report()["problems"]
+    assert calibrated == []
+    (problem,) = uncalibrated
+    assert problem["model"] == "embedder" and "unknown_far" in problem["error"] and "facegate calibrate" in problem["fix"]
