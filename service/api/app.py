@@ -4,6 +4,7 @@ lifespan, closed on shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -73,8 +74,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.loaded else None
         if engine:
             readiness.serving = engine.describe()
-            # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done.
-            engine.start_warm_up(readiness.warmup_done)
+            # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done;
+            # or before the port opens (uvicorn binds it after the lifespan's start-up).
+            if settings.warm_up_before_listening:
+                await asyncio.to_thread(engine.warm_up, readiness.warmup_done)
+            else:
+                engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         metrics.watch_gallery(gallery.counts)
         if gallery.replication() is not None:

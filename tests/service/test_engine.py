@@ -147,3 +147,19 @@ def test_an_uncalibrated_embedder_is_a_readiness_problem(settings, embedder_mani
     assert calibrated == []
     (problem,) = uncalibrated
     assert problem["model"] == "embedder" and "unknown_far" in problem["error"] and "facegate calibrate" in problem["fix"]
+
+
+def test_warm_up_before_listening_makes_start_up_wait(api_settings):
+    """With FACEGATE_WARM_UP_BEFORE_LISTENING the app's start-up (before uvicorn binds the port)
+    returns only once every shape is warm: the first request a replica accepts is served."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+        from fastapi.testclient import TestClient
+    from service.api.app import create_app
+
+    settings = api_settings.model_copy(update={"warm_up_before_listening": True})
+    with TestClient(create_app(settings)) as client:  # no waiting here, unlike make_client
+        assert client.app.state.service.readiness.ready
+        assert client.get("/readyz").status_code == 200
