@@ -70,6 +70,15 @@ class Settings(BaseSettings):
         None, description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored."
     )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
+    index: str = Field(
+        "Flat",
+        description=(
+            "The FAISS index that searches the gallery, as a FAISS index factory string: Flat (exact, the default), HNSW32, "
+            "IVF4096,Flat, IVF4096,PQ32...; approximate ones are persisted under index_dir and their candidates re-scored exactly (docs/scaling.md)."
+        ),
+    )
+    index_search_params: str = Field("", description="FAISS search parameters for the index, e.g. efSearch=128 (HNSW) or nprobe=32 (IVF).")
+    index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
     store_crops: bool = Field(
         False,
         description=(

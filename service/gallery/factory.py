@@ -3,6 +3,7 @@ set (replicas share it), else the SQLite file under FACEGATE_DATA_DIR."""
 
 from __future__ import annotations
 
+from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore
 from service.models.manifest import EmbedderKey
 from service.settings import Settings
@@ -10,6 +11,7 @@ from service.settings import Settings
 
 def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> GalleryStore:
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
+    index = IndexConfig(settings.index, settings.index_search_params, settings.index_dir or settings.data_dir / "index")
     url = settings.database_url.get_secret_value()
     if url:
         from psycopg.conninfo import make_conninfo  # psycopg is needed only here
@@ -18,7 +20,7 @@ def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: b
 
         if settings.database_password_file is not None:
             url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
-        return PostgresGallery(url, embedder, searchable, settings.database_pool_size)
+        return PostgresGallery(url, embedder, searchable, settings.database_pool_size, index)
     from service.gallery.store import SqliteGallery
 
-    return SqliteGallery.open(settings.data_dir, embedder, searchable)
+    return SqliteGallery.open(settings.data_dir, embedder, searchable, index)

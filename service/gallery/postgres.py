@@ -26,7 +26,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, best_subjects
+from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.store import (
     FACE_INSERT_COLUMNS,
@@ -80,30 +80,53 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     return applied
 
 
+def change_digest(conn: psycopg.Connection, seq: int) -> str:
+    """md5 of change `seq`'s face ids: a persisted index names the change it reflects by number and
+    digest, so a file from another database (or one restored from a backup) is never replayed onto."""
+    row = conn.execute("SELECT md5(op || face_ids::text) FROM changes WHERE seq = %s", (seq,)).fetchone()
+    return row[0] if row else ""
+
+
 class PostgresGallery(GalleryStore):
-    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8):
+    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, index: IndexConfig | None = None):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
-        changes. Fails at once when the database cannot be reached."""
+        changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
+        the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
         self.url = url
         self.embedder = embedder
+        self.index_config = (index or IndexConfig()) if embedder and searchable else None
+        self.index: FaissIndex | None = None
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="facegate-gallery")
         self.pool.open(wait=True, timeout=30)
         try:
             with self.pool.connection() as conn:
                 migrate(conn)
-            self.index = FaissIndex(embedder.dim) if embedder and searchable else None
             applied = self._load_index()
+            self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if self.index is not None else None
+            if self.sync:
+                with self.pool.connection() as conn:
+                    replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
+                if replayed:
+                    log.info("gallery index: %d changes since it was saved applied", replayed)
+                self._save_index()
+                self.sync.start()
         except BaseException:
             self.pool.close()
             raise
-        self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if self.index is not None else None
-        if self.sync:
-            self.sync.start()
 
     def close(self) -> None:
         if self.sync:
             self.sync.close()
+            try:
+                self._save_index()
+            except (psycopg.Error, OSError) as exc:  # the next start replays from the older file, or rebuilds
+                log.warning("gallery index not saved: %s", exc)
         self.pool.close()
+
+    def _save_index(self) -> None:
+        """Persist the index with the change it reflects (a no-op for flat, or when unchanged)."""
+        with self.sync.paused() as seq, self.pool.connection() as conn:
+            save_index(self.index_config, self.index, self.embedder.sha256, {"sequence": seq, "change": change_digest(conn, seq)})
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection]:
@@ -116,7 +139,8 @@ class PostgresGallery(GalleryStore):
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 
     def _load_index(self) -> int:
-        """Fill the index from one REPEATABLE READ snapshot; the change sequence it reflects."""
+        """Fill the index from one REPEATABLE READ snapshot, or load the persisted one if it comes
+        from this database; the change sequence it reflects."""
         with psycopg.connect(self.url) as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
@@ -124,18 +148,33 @@ class PostgresGallery(GalleryStore):
                 seq = database_sequence(conn)
                 rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
                 self.incompatible = incompatible_models(rows, self.embedder)
-                if self.index is None:
+                if self.index_config is None:
                     return seq
+                sha = self.embedder.sha256
+                count = sum(n for _, model, n in rows if model == sha)
+
+                def current(meta: dict) -> bool:
+                    saved = meta.get("sequence", -1)
+                    return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
+
+                def sample(n: int) -> np.ndarray:
+                    stride = max(count // max(n, 1), 1)
+                    rows = conn.execute("SELECT embedding FROM faces WHERE model_sha256 = %s AND id %% %s = 0 LIMIT %s", (sha, stride, n)).fetchall()
+                    return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+                def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                    with conn.cursor(name="facegate_load", binary=True) as cursor:
+                        cursor.itersize = LOAD_BATCH
+                        cursor.execute("SELECT id, embedding FROM faces WHERE model_sha256 = %s", (sha,))
+                        while rows := cursor.fetchmany(LOAD_BATCH):
+                            ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                            yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
                 started = time.monotonic()
-                with conn.cursor(name="facegate_load", binary=True) as cursor:
-                    cursor.itersize = LOAD_BATCH
-                    cursor.execute("SELECT id, embedding FROM faces WHERE model_sha256 = %s", (self.embedder.sha256,))
-                    while rows := cursor.fetchmany(LOAD_BATCH):
-                        ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-                        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
-                        self.index.add(ids, vectors)
-        log.info("gallery database: %d faces searchable at change %d (loaded in %.1f s)", self.index.size, seq, time.monotonic() - started)
-        return seq
+                self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, count, current, sample, batches)
+        applied = loaded["sequence"] if loaded else seq
+        log.info("gallery database: %d faces searchable at change %d (%s in %.1f s)", self.index.size, applied, "loaded" if loaded else "built", time.monotonic() - started)
+        return applied
 
     # subjects
 
@@ -240,12 +279,16 @@ class PostgresGallery(GalleryStore):
         (faces deleted meanwhile, perhaps through another replica, are dropped)."""
         return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
 
-    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
+    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
+        """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
         if not face_ids:
             return {}
         with self._conn() as conn:
-            rows = conn.execute("SELECT f.id, s.id, s.name FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id = ANY(%s)", (face_ids,))
-            return {r[0]: (r[1], r[2]) for r in rows}
+            rows = conn.execute(
+                "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id = ANY(%s) AND f.model_sha256 = %s",
+                (face_ids, self.embedder.sha256),
+            )
+            return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
 
     def counts(self) -> dict[str, int]:
         with self._conn() as conn:

@@ -23,7 +23,7 @@ import numpy as np
 
 from service.align import TEMPLATES, FaceChip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, VectorIndex, best_subjects
+from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.models.manifest import EmbedderKey
 
@@ -136,23 +136,26 @@ def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKe
 
 
 class SqliteGallery(GalleryStore):
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: VectorIndex | None):
-        """`index` mirrors the embedder's faces for search; None where nothing is searched (no
-        embedder loaded, or a CLI maintenance command)."""
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None):
+        """`index` says which index mirrors the embedder's faces for search; None where nothing is
+        searched (no embedder loaded, or a CLI maintenance command)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder
+        self.index_config = index
         self._lock = threading.RLock()
         # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
             self._db.execute(f"PRAGMA {pragma}")
         self._migrate()
-        self.index = index
+        self.index: FaissIndex | None = None
         self._load_index()
 
     def close(self) -> None:
         with self._lock:
+            if self.index is not None:
+                save_index(self.index_config, self.index, self.embedder.sha256, {"faces": self._fingerprint()})
             self._db.close()
 
     @contextmanager
@@ -190,25 +193,44 @@ class SqliteGallery(GalleryStore):
             raise RuntimeError(f"{self.path} has schema version {version}, newer than this facegate's {SCHEMA_VERSION}: upgrade facegate")
         return version
 
+    def _fingerprint(self) -> list[int]:
+        """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
+        add or delete since a persisted index was saved changes it."""
+        row = self._db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
+        return list(row.fetchone())
+
     def _load_index(self) -> None:
-        """Fill the index from SQLite; report faces another model made (they are never compared)."""
+        """Load the persisted index if it reflects the database as it is, else build it from
+        SQLite (and persist it); report faces another model made (they are never compared)."""
         with self._lock:
             rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
             self.incompatible = incompatible_models(rows, self.embedder)
-            if self.index is None:
+            if self.index_config is None or self.embedder is None:
                 return
-            cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
-            while rows := cursor.fetchmany(10_000):
-                ids = np.array([r[0] for r in rows], np.int64)
-                vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
-                self.index.add(ids, vectors)
-        log.info("gallery %s: %d faces searchable", self.path, self.index.size)
+            fingerprint = self._fingerprint()
+            sha = self.embedder.sha256
+
+            def sample(n: int) -> np.ndarray:
+                stride = max(fingerprint[0] // max(n, 1), 1)
+                rows = self._db.execute("SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (sha, stride, n)).fetchall()
+                return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+            def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (sha,))
+                while rows := cursor.fetchmany(10_000):
+                    yield np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+            self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, fingerprint[0], lambda m: m.get("faces") == fingerprint, sample, batches)
+            if loaded is None:
+                save_index(self.index_config, self.index, sha, {"faces": fingerprint})
+        log.info("gallery %s: %d faces searchable (%s)", self.path, self.index.size, self.index.spec)
 
     @classmethod
-    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True) -> SqliteGallery:
-        """The gallery under FACEGATE_DATA_DIR, with an exact FAISS index when an embedder is active."""
-        index = FaissIndex(embedder.dim) if embedder and searchable else None
-        return cls(Path(data_dir) / DATABASE, embedder, index)
+    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
+        """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
+        another) when an embedder is active."""
+        config = (index or IndexConfig()) if embedder and searchable else None
+        return cls(Path(data_dir) / DATABASE, embedder, config)
 
     # subjects
 
@@ -312,16 +334,18 @@ class SqliteGallery(GalleryStore):
         (faces deleted while the search ran are dropped)."""
         return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
 
-    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
-        out: dict[int, tuple[str, str]] = {}
+    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
+        """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
+        out: dict[int, tuple[str, str, np.ndarray]] = {}
         with self._lock:
             for start in range(0, len(face_ids), LOOKUP_CHUNK):
                 chunk = face_ids[start : start + LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(
-                    f"SELECT f.id, s.id, s.name FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id IN ({marks})", chunk
+                    f"SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id IN ({marks}) AND f.model_sha256 = ?",
+                    (*chunk, self.embedder.sha256),
                 )
-                out.update((r[0], (r[1], r[2])) for r in rows)
+                out.update((r[0], (r[1], r[2], np.frombuffer(r[3], "<f4"))) for r in rows)
         return out
 
     def counts(self) -> dict[str, int]:
