@@ -94,7 +94,8 @@ class FaissIndex:
         self._ivf = faiss.try_extract_index_ivf(inner) is not None
         self._removable = self._ivf or self.kind == "faiss-flat"
         self._index = inner if self._ivf else faiss.IndexIDMap2(inner) if self._removable else faiss.IndexIDMap(inner)
-        self._removed: set[int] = set()  # HNSW only: ids in the graph that are no longer faces
+        self._removed: set[int] = set()  # HNSW only: ids whose vector in the graph is no longer a face
+        self._dead = 0  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
         if search_params:
             faiss.ParameterSpace().set_index_parameters(self._index, search_params)
         self._lock = threading.Lock()
@@ -127,6 +128,7 @@ class FaissIndex:
             held = ids[np.isin(ids, faiss.vector_to_array(self._index.id_map))]
             present = set(held.tolist()) - self._removed
             self._removed.update(present)
+            self._dead += len(present)
             return len(present)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,21 +139,19 @@ class FaissIndex:
                 return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
             if not self._removed:
                 return self._index.search(queries, k)
-            scores, ids = self._index.search(queries, min(k + len(self._removed), self._index.ntotal))
-        keep = ~np.isin(ids, np.fromiter(self._removed, np.int64, len(self._removed)))
-        out_s, out_i = np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
-        for row in range(len(queries)):
-            s, i = scores[row][keep[row]][:k], ids[row][keep[row]][:k]
-            out_s[row, : len(s)], out_i[row, : len(i)] = s, i
-        return out_s, out_i
+            return self._index.search(queries, k, params=self._skip_removed())
+
+    def _skip_removed(self) -> faiss.SearchParameters:
+        """HNSW search parameters that leave the removed faces out while searching (so k are found)."""
+        hnsw = faiss.downcast_index(self._index.index).hnsw
+        removed = np.fromiter(self._removed, np.int64, len(self._removed))
+        params = faiss.SearchParametersHNSW(sel=faiss.IDSelectorNot(faiss.IDSelectorBatch(removed)), efSearch=hnsw.efSearch)
+        params.keep_alive = removed  # the selector does not own the array
+        return params
 
     @property
     def size(self) -> int:
-        return int(self._index.ntotal) - len(self._removed)
-
-    @property
-    def removed_fraction(self) -> float:
-        return len(self._removed) / max(int(self._index.ntotal), 1)
+        return int(self._index.ntotal) - self._dead
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.kind, "factory": self.spec, "search_params": self.search_params, "size": self.size, "trained": self.is_trained}
@@ -163,7 +163,7 @@ class FaissIndex:
         data = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:12]}.faiss")
         with self._lock:
             faiss.write_index(self._index, str(data))
-            record = {**meta, "file": data.name, "spec": self.spec, "dim": self.dim, "removed": sorted(self._removed)}
+            record = {**meta, "file": data.name, "spec": self.spec, "dim": self.dim, "removed": sorted(self._removed), "dead": self._dead}
             self.dirty = False
         with open(data, "rb+") as f:
             os.fsync(f.fileno())
@@ -181,6 +181,7 @@ class FaissIndex:
         index._ivf = faiss.try_extract_index_ivf(index._index) is not None
         index._removable = index._ivf or index.kind == "faiss-flat"
         index._removed = set(meta.get("removed", []))
+        index._dead = meta.get("dead", 0)
         if search_params:
             faiss.ParameterSpace().set_index_parameters(index._index, search_params)
         index._lock = threading.Lock()
@@ -248,7 +249,7 @@ def open_index(
         and meta.get("model_sha256") == model_sha256
         and meta.get("requested") == config.spec
         and (meta.get("spec") == config.spec or count < needed)  # still too few faces to train: flat was right
-        and len(meta.get("removed", [])) <= REBUILD_REMOVED_FRACTION * max(count, 1)
+        and meta.get("dead", 0) <= REBUILD_REMOVED_FRACTION * max(count, 1)
         and is_current(meta)
     ):
         try:
