@@ -82,6 +82,10 @@ class GalleryStore(Protocol):
 
     def counts(self) -> dict[str, int]: ...
 
+    def index_info(self) -> dict[str, Any] | None:
+        """The vector index searches run on (backend, parameters, size); None where nothing is searched."""
+        ...
+
     def replication(self) -> dict[str, int | bool] | None:
         """Where this replica's index stands in the shared change sequence (applied_sequence,
         database_sequence, lag, listening); None for a single-process store."""

@@ -296,6 +296,9 @@ class PostgresGallery(GalleryStore):
         searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
+    def index_info(self) -> dict[str, Any] | None:
+        return self.index.describe() if self.index is not None else None
+
     def replication(self) -> dict[str, int | bool] | None:
         if self.sync is None:
             return None

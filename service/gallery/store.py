@@ -355,6 +355,9 @@ class SqliteGallery(GalleryStore):
         searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
+    def index_info(self) -> dict[str, Any] | None:
+        return self.index.describe() if self.index is not None else None
+
     def replication(self) -> None:
         return None  # one process owns the file: nothing to keep in step
 
