@@ -1,5 +1,6 @@
 """The one place the settings choose the gallery store: PostgreSQL when FACEGATE_DATABASE_URL is
-set (replicas share it), else the SQLite file under FACEGATE_DATA_DIR."""
+set (replicas share it), else the SQLite file under FACEGATE_DATA_DIR; and the vector index that
+searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FACEGATE_MILVUS_URI)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ from service.settings import Settings
 
 def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> GalleryStore:
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
-    index = IndexConfig(settings.index, settings.index_search_params, settings.index_dir or settings.data_dir / "index")
+    index = IndexConfig(
+        settings.index,
+        settings.index_search_params,
+        settings.index_dir or settings.data_dir / "index",
+        settings.milvus_uri,
+        settings.milvus_token.get_secret_value(),
+        settings.milvus_index,
+        settings.milvus_consistency,
+        settings.milvus_timeout,
+    )
     url = settings.database_url.get_secret_value()
     if url:
         from psycopg.conninfo import make_conninfo  # psycopg is needed only here

@@ -40,6 +40,8 @@ def set_search_threads(threads: int) -> None:
 
 
 class VectorIndex(Protocol):
+    shared: bool  # one index every replica writes and reads (Milvus), not this process's copy
+
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None: ...
 
     def remove(self, ids: np.ndarray) -> int: ...
@@ -86,6 +88,8 @@ class FaissIndex:
     vector, so a removed face is remembered and filtered out (and the graph rebuilt at start-up once
     too many are). A FAISS index is not safe for a write beside a search, so one lock serializes them.
     """
+
+    shared = False  # this process's own copy
 
     def __init__(self, dim: int, spec: str = "Flat", search_params: str = ""):
         self.dim, self.spec, self.search_params = dim, spec, search_params
@@ -212,11 +216,22 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 @dataclass(frozen=True)
 class IndexConfig:
-    """FACEGATE_INDEX, FACEGATE_INDEX_SEARCH_PARAMS and where a non-flat index is kept."""
+    """FACEGATE_INDEX, FACEGATE_INDEX_SEARCH_PARAMS and where a non-flat index is kept; or, with
+    FACEGATE_MILVUS_URI, the Milvus collection every replica shares (milvus.py)."""
 
     spec: str = "Flat"
     search_params: str = ""
     directory: Path | None = None
+    milvus_uri: str = ""
+    milvus_token: str = ""
+    milvus_index: str = "AUTOINDEX"
+    milvus_consistency: str = "Strong"
+    milvus_timeout: float = 5.0
+
+    @property
+    def shared(self) -> bool:
+        """One index for every replica (Milvus), written by whoever writes the store."""
+        return bool(self.milvus_uri)
 
     def path(self, model_sha256: str) -> Path | None:
         """The metadata file of this embedder's persisted index; None: not persisted (flat rebuilds as fast as it loads)."""

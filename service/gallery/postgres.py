@@ -26,7 +26,8 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
+from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
+from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.store import (
     FACE_INSERT_COLUMNS,
@@ -94,15 +95,17 @@ class PostgresGallery(GalleryStore):
         the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
         self.url = url
         self.embedder = embedder
-        self.index_config = (index or IndexConfig()) if embedder and searchable else None
-        self.index: FaissIndex | None = None
+        config = index or IndexConfig()
+        self.index_config = config if embedder and (searchable or config.shared) else None
+        self.index: VectorIndex | None = None
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="facegate-gallery")
         self.pool.open(wait=True, timeout=30)
         try:
             with self.pool.connection() as conn:
                 migrate(conn)
             applied = self._load_index()
-            self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if self.index is not None else None
+            local = self.index is not None and not self.index.shared  # Milvus is shared: nothing to keep in step
+            self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if local else None
             if self.sync:
                 with self.pool.connection() as conn:
                     replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
@@ -115,6 +118,8 @@ class PostgresGallery(GalleryStore):
             raise
 
     def close(self) -> None:
+        if self.index is not None and self.index.shared:
+            self.index.close()
         if self.sync:
             self.sync.close()
             try:
@@ -149,6 +154,9 @@ class PostgresGallery(GalleryStore):
                 rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
                 self.incompatible = incompatible_models(rows, self.embedder)
                 if self.index_config is None:
+                    return seq
+                if self.index_config.shared:  # Milvus: no snapshot to load, whatever the gallery's size
+                    self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
                     return seq
                 sha = self.embedder.sha256
                 count = sum(n for _, model, n in rows if model == sha)
@@ -229,6 +237,7 @@ class PostgresGallery(GalleryStore):
             seq = record_change(conn, "remove", ids) if ids else None
         if seq and self.sync:
             self.sync.wrote(seq, "remove", ids)
+        self._unshare(ids)
         return len(ids)
 
     # faces
@@ -244,6 +253,8 @@ class PostgresGallery(GalleryStore):
             if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR SHARE", (subject_id,)).fetchone() is None:
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
             ids = [conn.execute(insert, row).fetchone()[0] for row in rows]
+            if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
+                self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             seq = record_change(conn, "add", ids)
         if self.sync:
             self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))
@@ -262,6 +273,17 @@ class PostgresGallery(GalleryStore):
             seq = record_change(conn, "remove", [face_id])
         if self.sync:
             self.sync.wrote(seq, "remove", [face_id])
+        self._unshare([face_id])
+
+    def _unshare(self, face_ids: list[int]) -> None:
+        """Take committed deletes out of a shared index (Milvus). If it cannot be reached the vectors
+        stay, never answered: search looks every candidate up in the database first."""
+        if not face_ids or self.index is None or not self.index.shared:
+            return
+        try:
+            self.index.remove(np.array(face_ids, np.int64))
+        except GalleryUnavailable as exc:
+            log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
@@ -331,6 +353,8 @@ class PostgresGallery(GalleryStore):
                         "UPDATE faces SET embedding = %s, model_name = %s, model_sha256 = %s WHERE id = %s",
                         [(embedding_blob(v), key.name, key.sha256, i) for i, v in zip(ids, vectors)],
                     )
+                if self.index is not None and self.index.shared:
+                    self.index.add(np.array(ids, np.int64), vectors)
                 record_change(conn, "remove", ids)
                 record_change(conn, "add", ids)
             done += len(rows)

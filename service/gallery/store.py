@@ -22,8 +22,9 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, FaceChip
-from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
+from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
+from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
+from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.models.manifest import EmbedderKey
 
@@ -149,12 +150,14 @@ class SqliteGallery(GalleryStore):
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
             self._db.execute(f"PRAGMA {pragma}")
         self._migrate()
-        self.index: FaissIndex | None = None
+        self.index: VectorIndex | None = None
         self._load_index()
 
     def close(self) -> None:
         with self._lock:
-            if self.index is not None:
+            if self.index is not None and self.index.shared:
+                self.index.close()
+            elif self.index is not None:
                 save_index(self.index_config, self.index, self.embedder.sha256, {"faces": self._fingerprint()})
             self._db.close()
 
@@ -207,6 +210,9 @@ class SqliteGallery(GalleryStore):
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
+            if self.index_config.shared:  # Milvus: nothing to load
+                self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
+                return
             fingerprint = self._fingerprint()
             sha = self.embedder.sha256
 
@@ -228,8 +234,9 @@ class SqliteGallery(GalleryStore):
     @classmethod
     def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
-        another) when an embedder is active."""
-        config = (index or IndexConfig()) if embedder and searchable else None
+        another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
+        config = index or IndexConfig()
+        config = config if embedder and (searchable or config.shared) else None
         return cls(Path(data_dir) / DATABASE, embedder, config)
 
     # subjects
@@ -281,8 +288,7 @@ class SqliteGallery(GalleryStore):
                 ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ?", (subject_id,))]
                 if db.execute("DELETE FROM subjects WHERE id = ?", (subject_id,)).rowcount == 0:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            if self.index is not None:
-                self.index.remove(np.array(ids, np.int64))
+            self._unindex(ids)
         return len(ids)
 
     # faces
@@ -299,7 +305,9 @@ class SqliteGallery(GalleryStore):
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ids = [db.execute(insert, row).lastrowid for row in rows]
-            if self.index is not None:
+                if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
+                    self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
+            if self.index is not None and not self.index.shared:  # after the commit: only committed faces are searched
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
         key = self.embedder
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces)]
@@ -315,8 +323,17 @@ class SqliteGallery(GalleryStore):
             with self._write() as db:
                 if db.execute("DELETE FROM faces WHERE id = ?", (face_id,)).rowcount == 0:
                     raise FaceNotFound(f"no face with id {face_id}")
-            if self.index is not None:
-                self.index.remove(np.array([face_id], np.int64))
+            self._unindex([face_id])
+
+    def _unindex(self, face_ids: list[int]) -> None:
+        """Take committed deletes out of the index. A shared index that cannot be reached keeps the
+        vectors, which are never answered: search looks every candidate up here first."""
+        if self.index is None:
+            return
+        try:
+            self.index.remove(np.array(face_ids, np.int64))
+        except GalleryUnavailable as exc:
+            log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
@@ -386,6 +403,8 @@ class SqliteGallery(GalleryStore):
                     "UPDATE faces SET embedding = ?, model_name = ?, model_sha256 = ? WHERE id = ?",
                     [(embedding_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors)],
                 )
+                if self.index is not None and self.index.shared:  # a local index is rebuilt at start-up instead
+                    self.index.add(np.array([r[0] for r in rows], np.int64), vectors)
             done += len(rows)
         with self._lock:
             missing = self._db.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != ? AND crop IS NULL", (key.sha256,)).fetchone()[0]
