@@ -28,7 +28,7 @@ from service.gallery.interface import Candidate
 log = logging.getLogger("facegate.gallery.index")
 
 MIN_TRAIN_PER_LIST = 39  # FAISS's k-means wants at least this many points per IVF list
-MAX_TRAIN_PER_LIST = 256  # ... and samples down to this many anyway
+MAX_TRAIN_PER_LIST = 64  # training k-means on more costs minutes at start-up for little recall (FAISS's own cap is 256)
 REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
 
 

@@ -35,8 +35,8 @@ def unit(seed: int) -> np.ndarray:
 def open_store(database_url):
     stores = []
 
-    def open_(key=KEY, searchable=True) -> PostgresGallery:
-        store = PostgresGallery(database_url, key, searchable, pool_size=4)
+    def open_(key=KEY, searchable=True, index=None) -> PostgresGallery:
+        store = PostgresGallery(database_url, key, searchable, pool_size=4, index=index)
         stores.append(store)
         return store
 
@@ -62,8 +62,11 @@ def database_face_ids(url: str, key=KEY) -> set[int]:
         return {r[0] for r in conn.execute("SELECT id FROM faces WHERE model_sha256 = %s", (key.sha256,))}
 
 
-def test_subject_crud_search_and_deletes(open_store):
-    g = open_store()
+@pytest.mark.parametrize("backend", ["faiss", "milvus"])
+def test_subject_crud_search_and_deletes(open_store, backend, tmp_path):
+    if backend == "milvus":
+        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    g = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if backend == "milvus" else None)
     for i in range(5):
         g.create_subject(f"person {i}", {"i": i, "nested": {"z": 1, "a": 2}}, f"s{i}")
     with pytest.raises(SubjectExists):

@@ -22,9 +22,13 @@ def unit(seed: int) -> np.ndarray:
     return x / np.linalg.norm(x)
 
 
-@pytest.fixture
-def gallery(tmp_path):
-    g = SqliteGallery.open(tmp_path, KEY)
+@pytest.fixture(params=["faiss", "milvus"])
+def gallery(tmp_path, request):
+    """The store on its own FAISS index, and on Milvus Lite (FACEGATE_MILVUS_URI)."""
+    if request.param == "milvus":
+        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    index = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if request.param == "milvus" else None
+    g = SqliteGallery.open(tmp_path, KEY, index=index)
     yield g
     g.close()
 
