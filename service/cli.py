@@ -255,6 +255,33 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
         console.print(f"[yellow]{missing} faces have no stored crop[/yellow]: re-enroll them from images")
 
 
+@gallery_app.command("sync-index")
+def gallery_sync_index(
+    after: Annotated[int, typer.Option(min=0, help="Go on after this face id (what an interrupted run printed last).")] = 0,
+    batch: Annotated[int, typer.Option(min=1, help="Faces per upsert.")] = 5000,
+) -> None:
+    """Fill Milvus (FACEGATE_MILVUS_URI) from the gallery: upsert the active embedder's faces in id
+    order, then remove what the gallery no longer has. Moves an existing SQLite or PostgreSQL gallery
+    onto Milvus; safe to rerun, and to run while the service serves."""
+    from service.gallery.factory import open_gallery
+    from service.gallery.milvus import fill
+    from service.models.model_set import load_models
+
+    settings = get_settings()
+    if not settings.milvus_uri:
+        console.print("[red]error:[/red] FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
+        raise typer.Exit(2)
+    models = load_models(settings)
+    with _fail_on_error():
+        models.require("embedder")
+        gallery = open_gallery(settings, models.embedder_key, searchable=False)
+        try:
+            upserted, removed = fill(gallery, gallery.index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}"))
+        finally:
+            gallery.close()
+    console.print(f"[green]ok[/green] {upserted} faces upserted into {gallery.index.collection}, {removed} deleted faces removed")
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for entry in entry_points(group="facegate.cli"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from service.errors import GalleryUnavailable
 from service.gallery.index import IndexConfig
+from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.milvus")
 
@@ -124,6 +126,15 @@ class MilvusIndex:
         rows = self._call(lambda client: client.query(self.collection, filter="", output_fields=["count(*)"], consistency_level=self.consistency, timeout=self.timeout))
         return int(rows[0]["count(*)"])
 
+    def ids(self, batch: int = 10_000) -> Iterator[list[int]]:
+        """Every id in the collection, a batch at a time."""
+        iterator = self._call(lambda client: client.query_iterator(self.collection, batch_size=batch, filter="", output_fields=["id"], timeout=self.timeout))
+        try:
+            while rows := self._call(lambda client: iterator.next()):
+                yield [r["id"] for r in rows]
+        finally:
+            iterator.close()
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": "milvus",
@@ -146,3 +157,24 @@ def open_milvus(config: IndexConfig, dim: int, model_sha256: str) -> MilvusIndex
     index = MilvusIndex(config.milvus_uri, config.milvus_token, dim, model_sha256, config.milvus_index, config.milvus_consistency, config.milvus_timeout)
     log.info("gallery index: Milvus at %s, collection %s (%s consistency)", redacted(config.milvus_uri), index.collection, config.milvus_consistency)
     return index
+
+
+def fill(store: GalleryStore, index: MilvusIndex, after_id: int = 0, batch: int = UPSERT_BATCH, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+    """Bring Milvus in line with the store (`facegate gallery sync-index`): upsert every face of the
+    active embedder with id > after_id, in id order, then remove ids the store no longer has
+    (deletes Milvus missed while unreachable). Upserts make it safe to rerun; an interrupted run
+    goes on from the last id `progress` reported. Returns (upserted, removed)."""
+    upserted = 0
+    while True:
+        ids, vectors = store.embeddings_after(after_id, batch)
+        if len(ids) == 0:
+            break
+        index.add(ids, vectors)
+        upserted, after_id = upserted + len(ids), int(ids[-1])
+        if progress:
+            progress(upserted, after_id)
+    removed = 0
+    for ids in index.ids():
+        gone = sorted(set(ids) - set(store.lookup_faces(ids)))
+        removed += index.remove(np.array(gone, np.int64)) if gone else 0
+    return upserted, removed

@@ -299,9 +299,9 @@ class PostgresGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted meanwhile, perhaps through another replica, are dropped)."""
-        return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
+        return [] if self.index is None else best_subjects(self.index, query, top_k, self.lookup_faces)
 
-    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
+    def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
         """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
         if not face_ids:
             return {}
@@ -311,6 +311,14 @@ class PostgresGallery(GalleryStore):
                 (face_ids, self.embedder.sha256),
             )
             return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
+
+    def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT id, embedding FROM faces WHERE model_sha256 = %s AND id > %s ORDER BY id LIMIT %s", (self.embedder.sha256, after_id, limit)
+            ).fetchall()
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), self.embedder.dim)
 
     def counts(self) -> dict[str, int]:
         with self._conn() as conn:

@@ -14,6 +14,7 @@ import pytest
 from service.errors import GalleryUnavailable
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
+from service.gallery.milvus import fill
 from service.gallery.postgres import PostgresGallery
 from service.gallery.store import SqliteGallery
 from service.models.manifest import EmbedderKey
@@ -125,3 +126,25 @@ def test_the_sqlite_store_on_milvus(tmp_path, milvus):
     again = SqliteGallery.open(tmp_path, KEY, index=milvus)  # nothing to load: Milvus kept it
     assert again.search(unit(2), 1)[0].subject_id == "b"
     again.close()
+
+
+def test_sync_index_moves_a_gallery_onto_milvus_and_drops_what_it_missed(tmp_path, milvus):
+    """An existing SQLite gallery (FAISS) moved onto Milvus, resumed after an interruption, and a
+    delete Milvus missed while unreachable removed."""
+    g = SqliteGallery.open(tmp_path, KEY)
+    for s in range(3):
+        g.create_subject(f"S{s}", {}, f"s{s}")
+        g.add_faces(f"s{s}", [NewFace(unit(10 * s + i)) for i in range(4)])
+    g.close()
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    assert g.index.size == 0 and g.search(unit(0), 1) == []  # nothing in Milvus yet
+    seen = []
+    with pytest.raises(RuntimeError):  # interrupted after the first batch
+        fill(g, g.index, batch=5, progress=lambda n, last: seen.append(last) or (n >= 5 and (_ for _ in ()).throw(RuntimeError("killed"))))
+    assert g.index.size == 5
+    uri = unreachable(g)
+    g.delete_subject("s0")  # Milvus misses this delete (its 4 faces are in Milvus already)
+    g.index.uri = uri
+    assert fill(g, g.index, after_id=seen[-1], batch=5) == (7, 4)  # the rest, then the 4 orphans
+    assert g.index.size == 8 and g.search(unit(11), 1)[0].subject_id == "s1" and g.search(unit(0), 1)[0].subject_id != "s0"
+    g.close()
