@@ -257,7 +257,10 @@ def open_index(
     with (None when built)."""
     path = config.path(model_sha256)
     meta = read_meta(path) if path else None
-    needed = train_size(config.spec, dim)
+    try:
+        needed = train_size(config.spec, dim)
+    except RuntimeError as exc:  # FAISS's own message says what it could not parse
+        raise ValueError(f"FACEGATE_INDEX={config.spec!r} is not a FAISS index factory string for {dim}-d embeddings: {exc}") from None
     if (
         meta
         and meta.get("dim") == dim

@@ -142,3 +142,8 @@ def test_candidates_are_rescored_from_the_stored_embeddings():
         assert c.similarity == pytest.approx(float(vectors[c.face_id] @ query), abs=1e-6)
     assert [c.similarity for c in found] == sorted((c.similarity for c in found), reverse=True)
     assert not np.allclose(sorted(approx[0], reverse=True)[:5], [c.similarity for c in found], atol=1e-4)  # 4-bit codes: estimates differ
+
+
+def test_a_bad_factory_string_is_a_clear_start_up_error(tmp_path):
+    with pytest.raises(ValueError, match="FACEGATE_INDEX='IVF4,PQ3'"):  # 3 sub-quantizers do not divide 16 dimensions
+        open_index(IndexConfig("IVF4,PQ3", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
