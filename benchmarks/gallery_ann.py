@@ -139,6 +139,37 @@ def build(spec: str, params: str, vectors: np.ndarray, dim: int) -> FaissIndex:
     return index
 
 
+def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> None:
+    """Restart to ready through the SQLite store: the first open builds (and persists) the index, the
+    second loads it; both include the store's start-up checks (counts, fingerprint)."""
+    import logging
+    import sqlite3
+
+    from service.gallery.store import DATABASE, SqliteGallery
+    from service.models.manifest import EmbedderKey
+
+    logging.disable(logging.WARNING)
+    key = EmbedderKey("bench", "b" * 64, vectors.shape[1])
+    SqliteGallery.open(folder, key, searchable=False).close()  # the schema
+    db = sqlite3.connect(folder / DATABASE)
+    db.execute("INSERT INTO subjects VALUES ('s', 's', '{}', 0, 0)")
+    for start in range(0, len(vectors), 100_000):
+        chunk = np.asarray(vectors[start : start + 100_000])
+        db.executemany(
+            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES ('s', ?, 'bench', ?, 0)",
+            ((v.tobytes(), key.sha256) for v in chunk),
+        )
+    db.commit()
+    db.close()
+    config = IndexConfig(spec, params, folder / "index")
+    for what in ("first start (build + save)", "restart (load)"):
+        started = time.perf_counter()
+        gallery = SqliteGallery.open(folder, key, index=config)
+        ready = time.perf_counter() - started
+        print(f"SQLite store, {gallery.index.size:,} faces, {spec}: {what} {ready:.1f} s", flush=True)
+        gallery.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1_000_000)
@@ -147,6 +178,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--real", type=Path, nargs="+", default=[Path("/work/cache/train_dlib150"), Path("/work/cache/lfw_dlib150")], help="Folders of aligned crops.")
     parser.add_argument("--cache", type=Path, default=Path("/work/cache/issue-27"), help="Where the embeddings and the gallery file are kept.")
+    parser.add_argument("--store", help="Also time a SQLite store's start and restart with this index (factory string).")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     real = embed_crops(args.real, args.cache / "real_embeddings.npy")
@@ -195,6 +227,9 @@ def main() -> None:
                 flush=True,
             )
         del index
+    if args.store:
+        with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
+            store_restart(vectors, args.store, "", Path(tmp))
     print(f"peak RSS of the run {peak_rss_gib():.1f} GiB (the index, the gallery file's pages, the exact search's buffers)")
 
 
