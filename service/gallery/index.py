@@ -29,6 +29,7 @@ log = logging.getLogger("facegate.gallery.index")
 
 MIN_TRAIN_PER_LIST = 39  # FAISS's k-means wants at least this many points per IVF list
 MAX_TRAIN_PER_LIST = 64  # training k-means on more costs minutes at start-up for little recall (FAISS's own cap is 256)
+MIN_TRAIN_OTHER = 10_000  # a quantizer outside IVF (HNSW32,SQ8) trains on this many faces, at most 10 ×
 REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
 
 
@@ -59,7 +60,7 @@ class VectorIndex(Protocol):
 
 
 def index_kind(spec: str) -> str:
-    """faiss-flat, faiss-hnsw, faiss-ivf or faiss-other for a factory string."""
+    """faiss-flat, faiss-hnsw or faiss-ivf for a factory string; ValueError for other families."""
     head = spec.split(",")[0].strip().upper()
     if head == "FLAT":
         return "faiss-flat"
@@ -67,7 +68,7 @@ def index_kind(spec: str) -> str:
         return "faiss-hnsw"
     if head.startswith("IVF"):
         return "faiss-ivf"
-    return "faiss-other"
+    raise ValueError(f"FACEGATE_INDEX={spec!r}: facegate runs Flat, HNSW… and IVF… FAISS indexes")
 
 
 def train_size(spec: str, dim: int) -> int:
@@ -76,7 +77,7 @@ def train_size(spec: str, dim: int) -> int:
     if probe.is_trained:
         return 0
     ivf = faiss.try_extract_index_ivf(probe)
-    return MIN_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 256 * 39
+    return MIN_TRAIN_PER_LIST * ivf.nlist if ivf is not None else MIN_TRAIN_OTHER
 
 
 class FaissIndex:
@@ -103,7 +104,7 @@ class FaissIndex:
         if search_params:
             faiss.ParameterSpace().set_index_parameters(self._index, search_params)
         self._lock = threading.Lock()
-        self.dirty = False  # changed since it was built or loaded (persist.py saves it then)
+        self.dirty = False  # changed since it was built or loaded (save_index writes it then)
 
     @property
     def is_trained(self) -> bool:
@@ -284,7 +285,7 @@ def open_index(
     started = time.monotonic()
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index._index)
-        index.train(sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else count)))
+        index.train(sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)))
     for ids, vectors in rows():
         index.add(ids, vectors)
     if path:

@@ -44,7 +44,7 @@ def test_empty_index_and_k_larger_than_size():
     assert sorted(ids[0]) == [1, 2]
 
 
-@pytest.mark.parametrize(("spec", "params"), [("HNSW16", "efSearch=64"), ("IVF4,Flat", "nprobe=4")])
+@pytest.mark.parametrize(("spec", "params"), [("HNSW16", "efSearch=64"), ("HNSW16,SQ8", "efSearch=64"), ("IVF4,Flat", "nprobe=4")])
 def test_approximate_index_adds_removes_and_searches(spec, params):
     index = FaissIndex(16, spec, params)
     vectors = unit(400)
@@ -145,5 +145,7 @@ def test_candidates_are_rescored_from_the_stored_embeddings():
 
 
 def test_a_bad_factory_string_is_a_clear_start_up_error(tmp_path):
+    with pytest.raises(ValueError, match="Flat, HNSW"):
+        open_index(IndexConfig("LSH", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
     with pytest.raises(ValueError, match="FACEGATE_INDEX='IVF4,PQ3'"):  # 3 sub-quantizers do not divide 16 dimensions
         open_index(IndexConfig("IVF4,PQ3", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
