@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import platform
 import tempfile
 import time
@@ -63,13 +64,15 @@ def embed_crops(folders: list[Path], cache: Path) -> np.ndarray:
     return np.load(cache)
 
 
-def split_queries(names: list[str], vectors: np.ndarray, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def split_queries(
+    names: list[str], vectors: np.ndarray, count: int, rng: np.random.Generator, folder: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(gallery part, queries, the gallery rows' identities, the queries'): one image of `count`
-    identities that have several, held out."""
+    people of `folder` that have several, held out."""
     people: dict[str, list[int]] = {}
     for i, name in enumerate(names):
         people.setdefault(name.split("/")[0], []).append(i)
-    several = [rows for person, rows in people.items() if len(rows) > 1 and person.startswith("lfw")]
+    several = [rows for person, rows in people.items() if len(rows) > 1 and person.startswith(f"{folder}:")]
     chosen = [several[i][0] for i in rng.permutation(len(several))[:count]]
     keep = np.ones(len(vectors), bool)
     keep[chosen] = False
@@ -176,14 +179,15 @@ def main() -> None:
     parser.add_argument("--indexes", nargs="+", default=["Flat", "HNSW32", "IVF1024,Flat", "IVF1024,PQ32"])
     parser.add_argument("--params", nargs="*", default=[], help="FACEGATE_INDEX_SEARCH_PARAMS per index (same order; '' for none; a|b: each on one build).")
     parser.add_argument("--queries", type=int, default=500)
-    parser.add_argument("--real", type=Path, nargs="+", default=[Path("/work/cache/train_dlib150"), Path("/work/cache/lfw_dlib150")], help="Folders of aligned crops.")
+    parser.add_argument("--real", type=Path, nargs="+", default=[Path("/work/cache/train_dlib150"), Path("/work/cache/lfw_dlib150")], help="Folders of aligned crops (person/image.jpg); queries come from the last one.")
     parser.add_argument("--cache", type=Path, default=Path("/work/cache/issue-27"), help="Where the embeddings and the gallery file are kept.")
     parser.add_argument("--store", help="Also time a SQLite store's start and restart with this index (factory string).")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    real = embed_crops(args.real, args.cache / "real_embeddings.npy")
-    names = args.cache.joinpath("real_embeddings.txt").read_text().splitlines()
-    enrolled, queries, enrolled_who, query_who = split_queries(names, real, args.queries, rng)
+    cache = args.cache / f"real_{hashlib.sha256(' '.join(str(f.resolve()) for f in args.real).encode()).hexdigest()[:12]}.npy"  # per set of folders
+    real = embed_crops(args.real, cache)
+    names = cache.with_suffix(".txt").read_text().splitlines()
+    enrolled, queries, enrolled_who, query_who = split_queries(names, real, args.queries, rng, args.real[-1].name)
     dim = real.shape[1]
     vectors = gallery_file(enrolled, args.size, args.cache / f"gallery_{args.size}.npy")
     started = time.perf_counter()
