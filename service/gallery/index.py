@@ -15,7 +15,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,6 +81,44 @@ def train_size(spec: str, dim: int) -> int:
     return MIN_TRAIN_PER_LIST * ivf.nlist if ivf is not None else MIN_TRAIN_OTHER
 
 
+class ReadWriteLock:
+    """Many readers at once, or one writer; a waiting writer goes before new readers (so a stream
+    of searches cannot starve an enrollment)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            self._cond.wait_for(lambda: not self._writing and not self._readers)
+            self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
 class FaissIndex:
     """Inner-product search (= cosine on unit vectors) with int64 ids = the store's face ids.
 
@@ -87,23 +126,27 @@ class FaissIndex:
     "IVF4096,PQ32"...; `search_params` FAISS's ParameterSpace string ("efSearch=128", "nprobe=32").
     An IVF index keeps the ids itself; the others are wrapped in an id map. HNSW cannot remove a
     vector, so a removed face is remembered and filtered out (and the graph rebuilt at start-up once
-    too many are). A FAISS index is not safe for a write beside a search, so one lock serializes them.
+    too many are). Searches run side by side; a write (not safe beside a search) runs alone.
     """
 
     shared = False  # this process's own copy
 
-    def __init__(self, dim: int, spec: str = "Flat", search_params: str = ""):
+    def __init__(self, dim: int, spec: str = "Flat", search_params: str = "", built: faiss.Index | None = None, removed: Iterable[int] = (), dead: int = 0):
+        """A new index, or (`built`) one read from a file with its removed ids."""
         self.dim, self.spec, self.search_params = dim, spec, search_params
         self.kind = index_kind(spec)
-        inner = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+        inner = built if built is not None else faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
         self._ivf = faiss.try_extract_index_ivf(inner) is not None
         self._removable = self._ivf or self.kind == "faiss-flat"
-        self._index = inner if self._ivf else faiss.IndexIDMap2(inner) if self._removable else faiss.IndexIDMap(inner)
-        self._removed: set[int] = set()  # HNSW only: ids whose vector in the graph is no longer a face
-        self._dead = 0  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
+        if built is not None:
+            self._index = built
+        else:
+            self._index = inner if self._ivf else faiss.IndexIDMap2(inner) if self._removable else faiss.IndexIDMap(inner)
+        self._removed: set[int] = set(removed)  # HNSW only: ids whose vector in the graph is no longer a face
+        self._dead = dead  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
         if search_params:
             faiss.ParameterSpace().set_index_parameters(self._index, search_params)
-        self._lock = threading.Lock()
+        self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
 
     @property
@@ -111,13 +154,13 @@ class FaissIndex:
         return bool(self._index.is_trained)
 
     def train(self, vectors: np.ndarray) -> None:
-        with self._lock:
+        with self._lock.write():
             self._index.train(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim))
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        with self._lock:
+        with self._lock.write():
             self._index.add_with_ids(vectors, ids)
             self._removed.difference_update(ids.tolist())
             self.dirty = True
@@ -126,7 +169,7 @@ class FaissIndex:
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if len(ids) == 0:
             return 0
-        with self._lock:
+        with self._lock.write():
             self.dirty = True
             if self._removable:
                 return int(self._index.remove_ids(ids))
@@ -138,7 +181,7 @@ class FaissIndex:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
-        with self._lock:
+        with self._lock.read():  # FAISS searches are safe side by side and release the GIL
             k = min(k, self.size)
             if k <= 0:
                 return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
@@ -166,7 +209,7 @@ class FaissIndex:
         name), each atomically: a crash leaves the previous pair or the new one, never a mix."""
         path.parent.mkdir(parents=True, exist_ok=True)
         data = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:12]}.faiss")
-        with self._lock:
+        with self._lock.write():  # dirty is reset: no change may slip in between
             faiss.write_index(self._index, str(data))
             record = {**meta, "file": data.name, "spec": self.spec, "dim": self.dim, "removed": sorted(self._removed), "dead": self._dead}
             self.dirty = False
@@ -179,19 +222,8 @@ class FaissIndex:
 
     @classmethod
     def load(cls, path: Path, meta: dict[str, Any], search_params: str) -> FaissIndex:
-        index = cls.__new__(cls)
-        index.dim, index.spec, index.search_params = meta["dim"], meta["spec"], search_params
-        index.kind = index_kind(index.spec)
-        index._index = faiss.read_index(str(path.with_name(meta["file"])))
-        index._ivf = faiss.try_extract_index_ivf(index._index) is not None
-        index._removable = index._ivf or index.kind == "faiss-flat"
-        index._removed = set(meta.get("removed", []))
-        index._dead = meta.get("dead", 0)
-        if search_params:
-            faiss.ParameterSpace().set_index_parameters(index._index, search_params)
-        index._lock = threading.Lock()
-        index.dirty = False
-        return index
+        built = faiss.read_index(str(path.with_name(meta["file"])))
+        return cls(meta["dim"], meta["spec"], search_params, built, meta.get("removed", []), meta.get("dead", 0))
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:

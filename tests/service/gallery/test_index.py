@@ -2,11 +2,13 @@
 through remembered removals), persistence round-trips and a stale or damaged file is rebuilt, and
 every candidate's similarity is re-scored from the stored embedding."""
 
+import threading
+
 import faiss
 import numpy as np
 import pytest
 
-from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, read_meta, save_index
+from service.gallery.index import FaissIndex, IndexConfig, ReadWriteLock, best_subjects, open_index, read_meta, save_index
 
 
 def unit(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -149,3 +151,26 @@ def test_a_bad_factory_string_is_a_clear_start_up_error(tmp_path):
         open_index(IndexConfig("LSH", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
     with pytest.raises(ValueError, match="FACEGATE_INDEX='IVF4,PQ3'"):  # 3 sub-quantizers do not divide 16 dimensions
         open_index(IndexConfig("IVF4,PQ3", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
+
+
+def test_searches_share_the_lock_and_a_write_waits_for_them():
+    lock = ReadWriteLock()
+    order = []
+
+    def hold(mode, what):
+        with getattr(lock, mode)():
+            order.append(what)
+
+    with lock.read():
+        with lock.read():  # a second search does not wait for the first
+            order.append("two readers")
+        writer = threading.Thread(target=hold, args=("write", "writer"), daemon=True)
+        writer.start()
+        writer.join(0.2)
+        late = threading.Thread(target=hold, args=("read", "late reader"), daemon=True)  # queued behind the waiting writer
+        late.start()
+        late.join(0.2)
+        assert writer.is_alive() and late.is_alive() and order == ["two readers"]
+    writer.join(5)
+    late.join(5)
+    assert order == ["two readers", "writer", "late reader"]
