@@ -173,6 +173,39 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
         gallery.close()
 
 
+def milvus_lite(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, folder: Path) -> None:
+    """Milvus Lite (one local file) as the store's shared index: fill time, a store's start-up
+    (connect and load the collection: nothing read from the store), search latency and recall."""
+    import logging
+
+    from service.gallery.milvus import MilvusIndex
+    from service.gallery.store import SqliteGallery
+    from service.models.manifest import EmbedderKey
+
+    logging.disable(logging.WARNING)
+    key = EmbedderKey("bench", "c" * 64, vectors.shape[1])
+    config = IndexConfig(milvus_uri=str(folder / "milvus.db"), milvus_index="FLAT")
+    index = MilvusIndex(config.milvus_uri, "", key.dim, key.sha256, "FLAT")
+    started = time.perf_counter()
+    for start in range(0, len(vectors), 50_000):
+        index.add(np.arange(start, min(start + 50_000, len(vectors))), np.asarray(vectors[start : start + 50_000]))
+    print(f"Milvus Lite, {index.size:,} faces: filled in {time.perf_counter() - started:.0f} s", flush=True)
+    index.close()
+    started = time.perf_counter()
+    gallery = SqliteGallery.open(folder, key, index=config)
+    print(f"Milvus Lite: a store starts in {time.perf_counter() - started:.1f} s", flush=True)
+    took, found = [], []
+    for q in queries:
+        t = time.perf_counter()
+        _, ids = gallery.index.search(q[None], CANDIDATES)
+        ids = np.sort(ids[0][ids[0] >= 0])
+        found.append(ids[np.argsort(-(np.asarray(vectors[ids]) @ q), kind="stable")][:1])
+        took.append((time.perf_counter() - t) * 1000)
+    r1 = np.mean([len(f) and f[0] == t for f, t in zip(found, truth[:, 0])])
+    print(f"Milvus Lite (FLAT): search p50 {np.percentile(took, 50):.1f} ms, p99 {np.percentile(took, 99):.1f} ms, R@1 {r1:.3f}", flush=True)
+    gallery.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1_000_000)
@@ -182,6 +215,7 @@ def main() -> None:
     parser.add_argument("--real", type=Path, nargs="+", default=[Path("/work/cache/train_dlib150"), Path("/work/cache/lfw_dlib150")], help="Folders of aligned crops (person/image.jpg); queries come from the last one.")
     parser.add_argument("--cache", type=Path, default=Path("/work/cache/issue-27"), help="Where the embeddings and the gallery file are kept.")
     parser.add_argument("--store", help="Also time a SQLite store's start and restart with this index (factory string).")
+    parser.add_argument("--milvus-lite", action="store_true", help="Also fill Milvus Lite with the gallery: start-up and search through it.")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     cache = args.cache / f"real_{hashlib.sha256(' '.join(str(f.resolve()) for f in args.real).encode()).hexdigest()[:12]}.npy"  # per set of folders
@@ -234,6 +268,9 @@ def main() -> None:
     if args.store:
         with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
             store_restart(vectors, args.store, "", Path(tmp))
+    if args.milvus_lite:
+        with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
+            milvus_lite(vectors, queries, truth, Path(tmp))
     print(f"peak RSS of the run {peak_rss_gib():.1f} GiB (the index, the gallery file's pages, the exact search's buffers)")
 
 
