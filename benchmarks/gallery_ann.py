@@ -185,10 +185,10 @@ def milvus_lite(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, fol
     logging.disable(logging.WARNING)
     key = EmbedderKey("bench", "c" * 64, vectors.shape[1])
     config = IndexConfig(milvus_uri=str(folder / "milvus.db"), milvus_index="FLAT")
-    index = MilvusIndex(config.milvus_uri, "", key.dim, key.sha256, "FLAT")
+    index = MilvusIndex(config.milvus_uri, "", key.dim, key.sha256, "FLAT", timeout=300)  # bulk upserts take longer than a request's 5 s
     started = time.perf_counter()
-    for start in range(0, len(vectors), 50_000):
-        index.add(np.arange(start, min(start + 50_000, len(vectors))), np.asarray(vectors[start : start + 50_000]))
+    for start in range(0, len(vectors), 20_000):
+        index.add(np.arange(start, min(start + 20_000, len(vectors))), np.asarray(vectors[start : start + 20_000]))
     print(f"Milvus Lite, {index.size:,} faces: filled in {time.perf_counter() - started:.0f} s", flush=True)
     index.close()
     started = time.perf_counter()

@@ -71,6 +71,7 @@ class MilvusIndex:
         return client
 
     def _call(self, fn):
+        import grpc  # pymilvus's transport: a deadline or a dropped stream surfaces as its RpcError
         from pymilvus import MilvusException
 
         try:
@@ -79,10 +80,11 @@ class MilvusIndex:
                     self._client = self._connect()
                 client = self._client
             return fn(client)
-        except MilvusException as exc:
+        except (MilvusException, grpc.RpcError) as exc:
             with self._lock:
                 self._client = None  # reconnect on the next call
-            raise GalleryUnavailable(f"the vector database (Milvus at {redacted(self.uri)}) is unavailable: {exc.message}") from exc
+            reason = exc.message if isinstance(exc, MilvusException) else f"{exc.code().name}: {exc.details()}"
+            raise GalleryUnavailable(f"the vector database (Milvus at {redacted(self.uri)}) is unavailable: {reason}") from exc
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Upsert: adding an id again (re-embedding) replaces its vector."""

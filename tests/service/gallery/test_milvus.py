@@ -148,3 +148,25 @@ def test_sync_index_moves_a_gallery_onto_milvus_and_drops_what_it_missed(tmp_pat
     assert fill(g, g.index, after_id=seen[-1], batch=5) == (7, 4)  # the rest, then the 4 orphans
     assert g.index.size == 8 and g.search(unit(11), 1)[0].subject_id == "s1" and g.search(unit(0), 1)[0].subject_id != "s0"
     g.close()
+
+
+def test_a_milvus_deadline_is_a_503_too(tmp_path, milvus):
+    """A call past FACEGATE_MILVUS_TIMEOUT fails in gRPC, not as a MilvusException: still a 503."""
+    import grpc
+
+    class Deadline(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self):
+            return "Deadline Exceeded"
+
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    try:
+        g.index._client.search = lambda *a, **k: (_ for _ in ()).throw(Deadline())
+        with pytest.raises(GalleryUnavailable, match="DEADLINE_EXCEEDED"):
+            g.index.search(unit(0)[None], 1)
+        assert g.index._client is None  # the next call reconnects
+        assert g.search(unit(0), 1) == []
+    finally:
+        g.close()
