@@ -255,6 +255,32 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
         console.print(f"[yellow]{missing} faces have no stored crop[/yellow]: re-enroll them from images")
 
 
+@gallery_app.command("migrate")
+def gallery_migrate(
+    sqlite_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="FACEGATE_DATA_DIR of the SQLite gallery to copy.")],
+    batch: Annotated[int, typer.Option(min=1, help="Rows per transaction.")] = 1000,
+) -> None:
+    """Copy a SQLite gallery into the PostgreSQL one FACEGATE_DATABASE_URL names: subjects and faces as
+    they are (ids, every model's embeddings, chips). Resumable: run it again after an interruption.
+    Then `facegate gallery sync-index` fills Milvus, if FACEGATE_MILVUS_URI is set."""
+    from service.gallery.factory import open_gallery
+    from service.gallery.migrate import sqlite_to_postgres
+    from service.gallery.store import SqliteGallery
+
+    settings = get_settings()
+    if not settings.database_url.get_secret_value():
+        console.print("[red]error:[/red] FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
+        raise typer.Exit(2)
+    source = SqliteGallery.open(sqlite_dir, None, searchable=False)
+    target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
+    try:
+        subjects, faces = sqlite_to_postgres(source, target, batch, lambda n, last: console.print(f"{n} faces copied, up to face id {last}"))
+    finally:
+        target.close()
+        source.close()
+    console.print(f"[green]ok[/green] {subjects} subjects and {faces} faces copied")
+
+
 @gallery_app.command("sync-index")
 def gallery_sync_index(
     after: Annotated[int, typer.Option(min=0, help="Go on after this face id (what an interrupted run printed last).")] = 0,

@@ -373,6 +373,11 @@ class SqliteGallery(GalleryStore):
             ).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), self.embedder.dim)
 
+    def read(self, sql: str, params: tuple) -> list[tuple]:
+        """Rows of a read-only query, under the store's lock (`facegate gallery migrate` reads through it)."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             subjects = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
