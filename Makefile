@@ -28,11 +28,11 @@ define install
 endef
 
 install-serve: $(BIN)/python
-	$(call install,$(ORT_EXTRA),$(comma)postgres)
+	$(call install,$(ORT_EXTRA),$(comma)postgres$(comma)milvus)
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(call install,cpu,$(comma)train$(comma)dev$(comma)postgres)
+	$(call install,cpu,$(comma)train$(comma)dev$(comma)postgres$(comma)milvus)
 
 serve: install-serve
 	$(BIN)/facegate models pull

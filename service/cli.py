@@ -294,6 +294,59 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
         console.print(f"[yellow]{missing} faces have no stored crop[/yellow]: re-enroll them from images")
 
 
+@gallery_app.command("migrate")
+def gallery_migrate(
+    sqlite_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="FACEGATE_DATA_DIR of the SQLite gallery to copy.")],
+    batch: Annotated[int, typer.Option(min=1, help="Rows per transaction.")] = 1000,
+) -> None:
+    """Copy a SQLite gallery into the PostgreSQL one FACEGATE_DATABASE_URL names: subjects and faces as
+    they are (ids, every model's embeddings, chips). Resumable: run it again after an interruption.
+    Then `facegate gallery sync-index` fills Milvus, if FACEGATE_MILVUS_URI is set."""
+    from service.gallery.factory import open_gallery
+    from service.gallery.migrate import sqlite_to_postgres
+    from service.gallery.store import SqliteGallery
+
+    settings = get_settings()
+    if not settings.database_url.get_secret_value():
+        console.print("[red]error:[/red] FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
+        raise typer.Exit(2)
+    source = SqliteGallery.open(sqlite_dir, None, searchable=False)
+    target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
+    try:
+        subjects, faces = sqlite_to_postgres(source, target, batch, lambda n, last: console.print(f"{n} faces copied, up to face id {last}"))
+    finally:
+        target.close()
+        source.close()
+    console.print(f"[green]ok[/green] {subjects} subjects and {faces} faces copied")
+
+
+@gallery_app.command("sync-index")
+def gallery_sync_index(
+    after: Annotated[int, typer.Option(min=0, help="Go on after this face id (what an interrupted run printed last).")] = 0,
+    batch: Annotated[int, typer.Option(min=1, help="Faces per upsert.")] = 5000,
+) -> None:
+    """Fill Milvus (FACEGATE_MILVUS_URI) from the gallery: upsert the active embedder's faces in id
+    order, then remove what the gallery no longer has. Moves an existing SQLite or PostgreSQL gallery
+    onto Milvus; safe to rerun, and to run while the service serves."""
+    from service.gallery.factory import open_gallery
+    from service.gallery.milvus import fill
+    from service.models.model_set import load_models
+
+    settings = get_settings()
+    if not settings.milvus_uri:
+        console.print("[red]error:[/red] FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
+        raise typer.Exit(2)
+    models = load_models(settings)
+    with _fail_on_error():
+        models.require("embedder")
+        gallery = open_gallery(settings, models.embedder_key, searchable=False)
+        try:
+            upserted, removed = fill(gallery, gallery.index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}"))
+        finally:
+            gallery.close()
+    console.print(f"[green]ok[/green] {upserted} faces upserted into {gallery.index.collection}, {removed} deleted faces removed")
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for entry in entry_points(group="facegate.cli"):

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from service.errors import FacegateError
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SEARCH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -27,6 +28,10 @@ class Metrics:
         self.detect_queue_wait = Histogram("facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=r)
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
+        self.gallery_index_size = Gauge("facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["backend"], registry=r)
+        self.gallery_search = Histogram(
+            "facegate_gallery_search_seconds", "Gallery search latency per face (index search + exact re-scoring).", buckets=SEARCH_BUCKETS, registry=r
+        )
         self.gallery_applied = Gauge(
             "facegate_gallery_applied_sequence", "Last gallery change this replica's index applied (PostgreSQL only).", registry=r
         )
@@ -54,6 +59,20 @@ class Metrics:
         self.gallery_subjects.set_function(lambda: counts()["subjects"])
         self.gallery_faces.labels("true").set_function(lambda: counts()["searchable_faces"])
         self.gallery_faces.labels("false").set_function(lambda: counts()["incompatible_faces"])
+
+    def watch_index(self, describe: Callable[[], dict | None]) -> None:
+        """The index's size under its backend's name, read at scrape time; NaN while it cannot be reached."""
+        info = describe()
+        if info is None:
+            return
+
+        def size() -> float:
+            try:
+                return float(describe()["size"])
+            except FacegateError:
+                return math.nan
+
+        self.gallery_index_size.labels(info["backend"]).set_function(size)
 
     def watch_replication(self, replication: Callable[[], dict]) -> None:
         """Where a replica's index stands in the shared change sequence, read at scrape time; NaN

@@ -70,6 +70,25 @@ class Settings(BaseSettings):
         None, description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored."
     )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
+    index: str = Field(
+        "Flat",
+        description=(
+            "The FAISS index that searches the gallery, as a FAISS index factory string: Flat (exact, the default), HNSW32, "
+            "IVF4096,Flat, IVF4096,PQ32...; approximate ones are persisted under index_dir and their candidates re-scored exactly (docs/scaling.md)."
+        ),
+    )
+    index_search_params: str = Field("", description="FAISS search parameters for the index, e.g. efSearch=128 (HNSW) or nprobe=32 (IVF).")
+    index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
+    milvus_uri: str = Field(
+        "",
+        description="Milvus as the vector index every replica shares: http://host:19530 (a server), or a local .db file (Milvus Lite, one process); empty = FAISS in each process.",
+    )
+    milvus_token: SecretStr = Field(SecretStr(""), description="Milvus credentials, user:password or an API key.")
+    milvus_index: str = Field("AUTOINDEX", description="Milvus index type of a new collection (AUTOINDEX, HNSW, IVF_FLAT, FLAT...).")
+    milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
+        "Strong", description="Milvus consistency level of searches: Strong makes a 2xx enrollment searchable on every replica at once (docs/scaling.md)."
+    )
+    milvus_timeout: float = Field(5.0, gt=0, description="Seconds a Milvus call may take before the request gets 503 gallery_unavailable.")
     store_crops: bool = Field(
         False,
         description=(

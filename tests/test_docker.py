@@ -179,8 +179,8 @@ def test_image_installs_like_the_makefile(stages, runtime):
     )
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r'pip install --quiet \$\(EDITABLE\) "\.\[\$\(1\)\$\(2\)\]"', makefile), "the Makefile's install line changed"
-    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\)$", makefile, re.M), (
-        "install-serve: the onnxruntime extra and postgres (the shared gallery's driver) only"
+    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\$\(comma\)milvus\)$", makefile, re.M), (
+        "install-serve: the onnxruntime extra, postgres (the shared gallery's driver) and milvus (the shared vector index's client) only"
     )
 
 

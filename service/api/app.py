@@ -82,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         metrics.watch_gallery(gallery.counts)
+        metrics.watch_index(gallery.index_info)
         if gallery.replication() is not None:
             metrics.watch_replication(gallery.replication)
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)

@@ -25,7 +25,8 @@ def healthz() -> dict:
     responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
-    """Models loaded (names, sha256, active onnxruntime providers), gallery size and, on PostgreSQL, the change this
+    """Models loaded (names, sha256, active onnxruntime providers), gallery size, the vector index (`gallery.index`:
+    backend such as faiss-flat, faiss-hnsw, faiss-ivf or milvus, its parameters and size) and, on PostgreSQL, the change this
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     status = 200 if service.readiness.ready else 503
@@ -34,6 +35,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     report = service.readiness.report()
     report["gallery"] = await run_in_threadpool(service.gallery.counts)
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
+    report["gallery"]["index"] = await run_in_threadpool(service.gallery.index_info)  # backend, parameters, size
     replication = await run_in_threadpool(service.gallery.replication)
     if replication is not None:  # PostgreSQL: this replica's applied change vs the database's
         report["gallery"]["replication"] = replication
