@@ -38,7 +38,9 @@ serve: install-serve
 	$(BIN)/facegate models pull
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
+# The default models in place as `make serve` puts them, so that no test skips for want of one.
 test: install-test
+	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).

@@ -4,7 +4,9 @@ entry-point group, so this module (and the serving image) never imports training
 from __future__ import annotations
 
 import json
+import os
 import logging
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
@@ -13,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from service.errors import FacegateError, InvalidParameters, ModelError
@@ -37,7 +40,7 @@ def _fail_on_error() -> Iterator[None]:
     try:
         yield
     except FacegateError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -46,6 +49,35 @@ def _pipeline(require_embedder: bool = True):
 
     with _fail_on_error():
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
+
+
+def _check_can_start(settings, host: str, port: int) -> None:
+    """What would fail only after the models are loaded, said in one line before: a taken address
+    (uvicorn binds after start-up) and a PostgreSQL gallery without its driver."""
+    from importlib.util import find_spec
+
+    from service.gallery.factory import POSTGRES_EXTRA_MISSING
+
+    if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
+        console.print(f"[red]error:[/red] {escape(POSTGRES_EXTRA_MISSING)}")
+        raise typer.Exit(2)
+    try:
+        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
+            pass
+    except OSError as exc:
+        console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
+        raise typer.Exit(2) from None
+
+
+class _OneLineStartupFailure(logging.Filter):
+    """A start-up failure (models, gallery, database) is reported as its reason, the exception's
+    last line, not as the traceback Starlette hands uvicorn: the process then exits non-zero."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Traceback"):
+            record.msg, record.args = f"start-up failed: {message.strip().splitlines()[-1]}", ()
+        return True
 
 
 @app.command()
@@ -67,6 +99,8 @@ def serve(
             "FACEGATE_ALLOW_ANONYMOUS=true when something in front authenticates."
         )
         raise typer.Exit(2)
+    _check_can_start(settings, host, port)
+    logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
     uvicorn.run(
         "service.api.app:create_app",
         factory=True,
@@ -89,7 +123,7 @@ def models_pull(
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull
+    from service.models.store import manifest_path, pull, verify_file
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
@@ -99,9 +133,14 @@ def models_pull(
     for path in paths:
         with _fail_on_error():
             manifest = Manifest.load(path)
-            if not names and not (manifest.file.url or manifest.file.source):
+            shipped = path.parent / manifest.file.name
+            if shipped.is_file() and file is None:  # ships beside its manifest (YuNet): checked, never fetched
+                verify_file(manifest, shipped)
+                target = shipped
+            elif not names and not (manifest.file.url or manifest.file.source):
                 continue
-            target = pull(manifest, settings.model_cache, url=source, local=file)
+            else:
+                target = pull(manifest, settings.model_cache, url=source, local=file)
         console.print(f"[green]ok[/green] {manifest.name} → {target}")
 
 

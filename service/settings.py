@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     worker_threads: int = Field(0, ge=0, description="Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use.")
     search_threads: int = Field(1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host.")
     batching: bool = Field(True, description="Collect the images (detector) and faces (embedder) of concurrent requests into one model run.")
+    warm_up_before_listening: bool = Field(
+        False,
+        description="Warm up before the port opens, so that a process that accepts a connection is ready (replicas behind a "
+        "load balancer: a connection refused is retried elsewhere, a warm-up 503 is not); /healthz then waits too.",
+    )
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
 
     # security and limits

@@ -4,10 +4,14 @@ searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FAC
 
 from __future__ import annotations
 
+from service.errors import GalleryUnavailable
 from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore
 from service.models.manifest import EmbedderKey
 from service.settings import Settings
+
+
+POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
 
 
 def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> GalleryStore:
@@ -24,8 +28,10 @@ def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: b
     )
     url = settings.database_url.get_secret_value()
     if url:
-        from psycopg.conninfo import make_conninfo  # psycopg is needed only here
-
+        try:
+            from psycopg.conninfo import make_conninfo  # psycopg is needed only here
+        except ImportError:
+            raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
         from service.gallery.postgres import PostgresGallery
 
         if settings.database_password_file is not None:
