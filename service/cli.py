@@ -4,7 +4,9 @@ entry-point group, so this module (and the serving image) never imports training
 from __future__ import annotations
 
 import json
+import os
 import logging
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
@@ -13,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from service.errors import FacegateError, InvalidParameters, ModelError
@@ -37,7 +40,7 @@ def _fail_on_error() -> Iterator[None]:
     try:
         yield
     except FacegateError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -55,6 +58,35 @@ def _raise_open_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _check_can_start(settings, host: str, port: int) -> None:
+    """What would fail only after the models are loaded, said in one line before: a taken address
+    (uvicorn binds after start-up) and a PostgreSQL gallery without its driver."""
+    from importlib.util import find_spec
+
+    from service.gallery.factory import POSTGRES_EXTRA_MISSING
+
+    if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
+        console.print(f"[red]error:[/red] {escape(POSTGRES_EXTRA_MISSING)}")
+        raise typer.Exit(2)
+    try:
+        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
+            pass
+    except OSError as exc:
+        console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
+        raise typer.Exit(2) from None
+
+
+class _OneLineStartupFailure(logging.Filter):
+    """A start-up failure (models, gallery, database) is reported as its reason, the exception's
+    last line, not as the traceback Starlette hands uvicorn: the process then exits non-zero."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Traceback"):
+            record.msg, record.args = f"start-up failed: {message.strip().splitlines()[-1]}", ()
+        return True
 
 
 @app.command()
@@ -82,6 +114,8 @@ def serve(
         )
         raise typer.Exit(2)
     _raise_open_file_limit()
+    _check_can_start(settings, host, port)
+    logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
     uvicorn.run(
         "service.api.app:create_app",
         factory=True,
@@ -107,7 +141,7 @@ def models_pull(
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull
+    from service.models.store import manifest_path, pull, verify_file
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
@@ -117,9 +151,14 @@ def models_pull(
     for path in paths:
         with _fail_on_error():
             manifest = Manifest.load(path)
-            if not names and not (manifest.file.url or manifest.file.source):
+            shipped = path.parent / manifest.file.name
+            if shipped.is_file() and file is None:  # ships beside its manifest (YuNet): checked, never fetched
+                verify_file(manifest, shipped)
+                target = shipped
+            elif not names and not (manifest.file.url or manifest.file.source):
                 continue
-            target = pull(manifest, settings.model_cache, url=source, local=file)
+            else:
+                target = pull(manifest, settings.model_cache, url=source, local=file)
         console.print(f"[green]ok[/green] {manifest.name} → {target}")
 
 
@@ -271,6 +310,59 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
     console.print(f"[green]ok[/green] {done} faces re-embedded with {manifest.name} {manifest.version}")
     if missing:
         console.print(f"[yellow]{missing} faces have no stored crop[/yellow]: re-enroll them from images")
+
+
+@gallery_app.command("migrate")
+def gallery_migrate(
+    sqlite_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="FACEGATE_DATA_DIR of the SQLite gallery to copy.")],
+    batch: Annotated[int, typer.Option(min=1, help="Rows per transaction.")] = 1000,
+) -> None:
+    """Copy a SQLite gallery into the PostgreSQL one FACEGATE_DATABASE_URL names: subjects and faces as
+    they are (ids, every model's embeddings, chips). Resumable: run it again after an interruption.
+    Then `facegate gallery sync-index` fills Milvus, if FACEGATE_MILVUS_URI is set."""
+    from service.gallery.factory import open_gallery
+    from service.gallery.migrate import sqlite_to_postgres
+    from service.gallery.store import SqliteGallery
+
+    settings = get_settings()
+    if not settings.database_url.get_secret_value():
+        console.print("[red]error:[/red] FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
+        raise typer.Exit(2)
+    source = SqliteGallery.open(sqlite_dir, None, searchable=False)
+    target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
+    try:
+        subjects, faces = sqlite_to_postgres(source, target, batch, lambda n, last: console.print(f"{n} faces copied, up to face id {last}"))
+    finally:
+        target.close()
+        source.close()
+    console.print(f"[green]ok[/green] {subjects} subjects and {faces} faces copied")
+
+
+@gallery_app.command("sync-index")
+def gallery_sync_index(
+    after: Annotated[int, typer.Option(min=0, help="Go on after this face id (what an interrupted run printed last).")] = 0,
+    batch: Annotated[int, typer.Option(min=1, help="Faces per upsert.")] = 5000,
+) -> None:
+    """Fill Milvus (FACEGATE_MILVUS_URI) from the gallery: upsert the active embedder's faces in id
+    order, then remove what the gallery no longer has. Moves an existing SQLite or PostgreSQL gallery
+    onto Milvus; safe to rerun, and to run while the service serves."""
+    from service.gallery.factory import open_gallery
+    from service.gallery.milvus import fill
+    from service.models.model_set import load_models
+
+    settings = get_settings()
+    if not settings.milvus_uri:
+        console.print("[red]error:[/red] FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
+        raise typer.Exit(2)
+    models = load_models(settings)
+    with _fail_on_error():
+        models.require("embedder")
+        gallery = open_gallery(settings, models.embedder_key, searchable=False)
+        try:
+            upserted, removed = fill(gallery, gallery.index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}"))
+        finally:
+            gallery.close()
+    console.print(f"[green]ok[/green] {upserted} faces upserted into {gallery.index.collection}, {removed} deleted faces removed")
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ class Engine:
         self._detect = partial(self.detect_shapes.run, detector.infer)
         self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
         self.embed_batcher = self.detect_batcher = None
+        self._closing = threading.Event()
+        self._warm_up_thread: threading.Thread | None = None
         if settings.batching:
             self.embed_batcher = MicroBatcher(self._embed, self.embed_shapes.largest, settings.batch_wait_ms, metrics, "embedder")
             self.detect_batcher = MicroBatcher(self._detect, self.detect_shapes.largest, settings.batch_wait_ms, metrics, "detector")
@@ -59,15 +62,24 @@ class Engine:
     def _detector_run_sizes(self) -> tuple[int, ...]:
         return self.detect_shapes.sizes if self.pipeline.detector.batchable else (1,)
 
+    def start_warm_up(self, done: Callable[[str | None], None]) -> None:
+        """Warm up in the background: /healthz answers meanwhile; close() waits for it, since a model
+        still running when the interpreter exits aborts the process."""
+        self._warm_up_thread = threading.Thread(target=self.warm_up, args=(done,), name="facegate-warmup", daemon=True)
+        self._warm_up_thread.start()
+
     def warm_up(self, done: Callable[[str | None], None]) -> None:
-        """Run each model once at every batch shape it will see, then report (None, or the error)."""
+        """Run each model once at every batch shape it will see, then report (None, or the error).
+        Stops between shapes once close() was called (a start-up that failed after it began)."""
         started = time.perf_counter()
         detector, embedder = self.pipeline.detector, self.pipeline.require_embedder()
+        runs = [partial(detector.infer, np.zeros((n, detector.height, detector.width, 3), np.uint8)) for n in self._detector_run_sizes()]
+        runs += [partial(embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8)) for n in self.embed_shapes.sizes]
         try:
-            for n in self._detector_run_sizes():
-                detector.infer(np.zeros((n, detector.height, detector.width, 3), np.uint8))
-            for n in self.embed_shapes.sizes:
-                embedder.embed(np.zeros((n, *embedder.size, 3), np.uint8))
+            for run in runs:
+                if self._closing.is_set():
+                    return
+                run()
         except Exception as exc:  # reported by /readyz; the service stays up and says why
             log.error("warm-up failed: %s", exc)
             done(f"{type(exc).__name__}: {exc}")
@@ -76,6 +88,9 @@ class Engine:
         done(None)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._warm_up_thread is not None:
+            self._warm_up_thread.join()
         for batcher in (self.embed_batcher, self.detect_batcher):
             if batcher:
                 batcher.close()

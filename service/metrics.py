@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SEARCH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -25,6 +27,10 @@ class Metrics:
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
         self.gallery_up = Gauge("facegate_gallery_up", "1 when the gallery's database answered this scrape in time, else 0 (the gauges keep their last values).", registry=r)
         self.replicated = False  # PostgreSQL: the replication gauges are set
+        self.gallery_index_size = Gauge("facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["backend"], registry=r)
+        self.gallery_search = Histogram(
+            "facegate_gallery_search_seconds", "Gallery search latency per face (index search + exact re-scoring).", buckets=SEARCH_BUCKETS, registry=r
+        )
         self.gallery_applied = Gauge(
             "facegate_gallery_applied_sequence", "Last gallery change this replica's index applied (PostgreSQL only).", registry=r
         )
@@ -55,6 +61,8 @@ class Metrics:
         self.gallery_subjects.set(counts.get("subjects", math.nan))
         self.gallery_faces.labels("true").set(counts.get("searchable_faces", math.nan))
         self.gallery_faces.labels("false").set(counts.get("incompatible_faces", math.nan))
+        if snapshot.index is not None:
+            self.gallery_index_size.labels(snapshot.index["backend"]).set(snapshot.index.get("size", math.nan) if snapshot.fresh else math.nan)
         if snapshot.replication is not None or self.replicated:
             self.replicated = True
             self.gallery_applied.set(replication.get("applied_sequence", math.nan))

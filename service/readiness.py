@@ -40,6 +40,19 @@ class Readiness:
             raise ModelUnavailable(f"the models failed their warm-up: {self.warmup_error}; see GET /readyz")
         raise ModelUnavailable("the models are warming up (every batch shape runs once at start-up); retry shortly")
 
+    def _uncalibrated(self) -> list[dict]:
+        """An embedder without thresholds serves, but every decision at a default FAR is a 422: say so
+        (it does not make the service unready: explicit thresholds still work)."""
+        embedder = self.models.embedder
+        if embedder is None or embedder.manifest.thresholds:
+            return []
+        return [{
+            "model": "embedder",
+            "name": embedder.manifest.name,
+            "error": "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold",
+            "fix": f"facegate calibrate {embedder.manifest.name}.json --data ALIGNED_FOLDERS (identities it never trained on)",
+        }]
+
     def report(self) -> dict:
         models = {}
         for role, loaded in (("detector", self.models.detector), ("embedder", self.models.embedder)):
@@ -58,5 +71,6 @@ class Readiness:
             "models": models,
             "serving": self.serving,
             "problems": [asdict(p) for p in self.models.problems]
-            + ([{"model": "engine", "name": "warm-up", "error": self.warmup_error, "fix": "lower FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES or free device memory"}] if self.warmup_error else []),
+            + ([{"model": "engine", "name": "warm-up", "error": self.warmup_error, "fix": "lower FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES or free device memory"}] if self.warmup_error else [])
+            + self._uncalibrated(),
         }

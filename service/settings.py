@@ -77,6 +77,25 @@ class Settings(BaseSettings):
     database_pool_timeout: float = Field(
         1.0, gt=0, description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage."
     )
+    index: str = Field(
+        "Flat",
+        description=(
+            "The FAISS index that searches the gallery, as a FAISS index factory string: Flat (exact, the default), HNSW32, "
+            "IVF4096,Flat, IVF4096,PQ32...; approximate ones are persisted under index_dir and their candidates re-scored exactly (docs/scaling.md)."
+        ),
+    )
+    index_search_params: str = Field("", description="FAISS search parameters for the index, e.g. efSearch=128 (HNSW) or nprobe=32 (IVF).")
+    index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
+    milvus_uri: str = Field(
+        "",
+        description="Milvus as the vector index every replica shares: http://host:19530 (a server), or a local .db file (Milvus Lite, one process); empty = FAISS in each process.",
+    )
+    milvus_token: SecretStr = Field(SecretStr(""), description="Milvus credentials, user:password or an API key.")
+    milvus_index: str = Field("AUTOINDEX", description="Milvus index type of a new collection (AUTOINDEX, HNSW, IVF_FLAT, FLAT...).")
+    milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
+        "Strong", description="Milvus consistency level of searches: Strong makes a 2xx enrollment searchable on every replica at once (docs/scaling.md)."
+    )
+    milvus_timeout: float = Field(5.0, gt=0, description="Seconds a Milvus call may take before the request gets 503 gallery_unavailable.")
     store_crops: bool = Field(
         False,
         description=(
@@ -95,6 +114,11 @@ class Settings(BaseSettings):
     worker_threads: int = Field(0, ge=0, description="Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use.")
     search_threads: int = Field(1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host.")
     batching: bool = Field(True, description="Collect the images (detector) and faces (embedder) of concurrent requests into one model run.")
+    warm_up_before_listening: bool = Field(
+        False,
+        description="Warm up before the port opens, so that a process that accepts a connection is ready (replicas behind a "
+        "load balancer: a connection refused is retried elsewhere, a warm-up 503 is not); /healthz then waits too.",
+    )
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
 
     # security and limits

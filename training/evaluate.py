@@ -151,15 +151,16 @@ def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = N
 # ---- verification sets ----
 
 
-def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT) -> tuple[np.ndarray, int]:
+def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance=lambda n: None) -> tuple[np.ndarray, int]:
     """Images → crops aligned onto `template` through the service pipeline (largest face). An image of
     the template's size is taken as already aligned. Undetected faces fall back to the median
-    landmarks of the detected ones."""
+    landmarks of the detected ones. `advance(1)` after each image (a progress bar)."""
     points, size = TEMPLATES[template]
     crops: list[np.ndarray | None] = []
     found, missing = [], []
     images = []
     for i, path in enumerate(paths):
+        advance(1)
         image = pipeline.decode(Path(path).read_bytes())
         images.append(None)
         if image.shape[:2] == (size, size):
@@ -186,15 +187,21 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT) -> tupl
     return np.stack(crops), len(missing)
 
 
-def _cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str) -> tuple[np.ndarray, int]:
+def _cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:
+    """Aligned crops of `paths`, from the cache when this list was aligned before (a progress bar
+    over the photos otherwise: aligning LFW takes minutes on a CPU)."""
+    from training.commands import progress_bar
+
     if cache_dir is None:
-        return align_images(paths, pipeline, template)
+        with progress_bar("align", len(paths), enabled=progress) as advance:
+            return align_images(paths, pipeline, template, advance)
     digest = hashlib.sha256((key + template + "\n".join(map(str, paths))).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"aligned-{digest}.npz"
     if cache.is_file():
         data = np.load(cache)
         return data["crops"], int(data["fallbacks"])
-    crops, fallbacks = align_images(paths, pipeline, template)
+    with progress_bar("align (cached for next time)", len(paths), enabled=progress) as advance:
+        crops, fallbacks = align_images(paths, pipeline, template, advance)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{cache.stem}.tmp.npz")
     np.savez(tmp, crops=crops, fallbacks=fallbacks)
@@ -221,12 +228,12 @@ def read_lfw_pairs(pairs_txt: Path) -> tuple[list[tuple[str, int, str, int]], np
     return pairs, np.array(issame), folds
 
 
-def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT) -> VerificationSet:
+def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT, progress: bool = False) -> VerificationSet:
     pairs, issame, folds = read_lfw_pairs(pairs_txt)
     names = sorted({(n, i) for a, ia, b, ib in pairs for n, i in ((a, ia), (b, ib))})
     position = {k: j for j, k in enumerate(names)}
     paths = [Path(images) / n / f"{n}_{i:04d}.jpg" for n, i in names]
-    crops, fallbacks = _cached_crops(paths, pipeline, cache_dir, "lfw", template)
+    crops, fallbacks = _cached_crops(paths, pipeline, cache_dir, "lfw", template, progress)
     index = np.array([(position[(a, ia)], position[(b, ib)]) for a, ia, b, ib in pairs])
     return VerificationSet(Path(pairs_txt).parent.name or "lfw", crops, index, issame, folds, fallbacks)
 
@@ -250,14 +257,14 @@ def load_bin(path: Path, n_folds: int = 10) -> VerificationSet:
     return VerificationSet(Path(path).stem, np.stack(crops), pairs, np.array(issame, bool), folds)
 
 
-def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT) -> VerificationSet:
+def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT, progress: bool = False) -> VerificationSet:
     """A CSV with columns path1,path2,issame (paths relative to the CSV; issame 1/0/true/false)."""
     root = Path(path).parent
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     files = sorted({r[k] for r in rows for k in ("path1", "path2")})
     position = {f: i for i, f in enumerate(files)}
-    crops, fallbacks = _cached_crops([root / f for f in files], pipeline, cache_dir, "csv", template)
+    crops, fallbacks = _cached_crops([root / f for f in files], pipeline, cache_dir, "csv", template, progress)
     pairs = np.array([(position[r["path1"]], position[r["path2"]]) for r in rows])
     issame = np.array([r["issame"].strip().lower() in ("1", "true", "yes") for r in rows])
     folds = np.arange(len(rows)) * n_folds // len(rows)

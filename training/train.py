@@ -172,6 +172,10 @@ class Trainer:
 
             self.val_set = load_bin(cfg.data.val_bin)
         self.dataset = FaceDataset(source, cfg.data.augment, self.preprocessing)
+        held_out = "no validation (data.val_fraction 0)" if self.val_set is None else (
+            f"validation: {len(self.val_set.issame)} pairs of {self.val_set.name} every {cfg.val_every} steps")
+        self.summary = (f"data: {len(source)} images of {len(set(source.labels.tolist()))} identities from {cfg.data.train}; "
+                        f"{held_out}; {cfg.steps} steps of {cfg.batch_size}")
         self.num_classes = num_classes
         e, device = self.env, self.env.device
 
@@ -343,6 +347,7 @@ class Trainer:
         bar = _Progress(end, self.step, enabled=progress and e.main)
         samples = cfg.batch_size * e.world_size * cfg.optim.accumulate
         with bar:
+            bar.log(self.summary)
             while self.step < end:
                 micro = []
                 for _ in range(cfg.optim.accumulate):
@@ -368,9 +373,11 @@ class Trainer:
                         if scale is not None:
                             writer.add_scalar("train/head_scale", scale, self.step)
                         bar.log(f"step {self.step}/{end} loss {loss:.4f} lr {lr:.4g} acc {stats['accuracy']:.3f} "
-                                f"θy {stats['theta_y']:.1f}° ‖x‖ {stats['feature_norm']:.2f} {bar.rate:.1f} samples/s")
+                                f"θy {stats['theta_y']:.1f}° ‖x‖ {stats['feature_norm']:.2f} {bar.rate:.1f} samples/s, ETA {bar.eta(end - self.step)}")
                 if cfg.val_every and self.step % cfg.val_every == 0 or self.step == end:
-                    self._validate_and_keep_best(writer, out)
+                    accuracy = self._validate_and_keep_best(writer, out)
+                    if accuracy is not None:
+                        bar.log(f"step {self.step}/{end} validation accuracy {accuracy:.4f} (best {self.best:.4f})")
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     self.save(out / "last.pt")
                     if self.step % cfg.checkpoint_every == 0:
@@ -381,20 +388,21 @@ class Trainer:
         result.step, result.best = self.step, self.best
         return result
 
-    def _validate_and_keep_best(self, writer, out: Path) -> None:
+    def _validate_and_keep_best(self, writer, out: Path) -> float | None:
         accuracy = self.validate() if self.env.main else None
         if self.env.world_size > 1:
             shared = [accuracy]
             dist.broadcast_object_list(shared, src=0)
             accuracy = shared[0]
         if accuracy is None:
-            return
+            return None
         if writer is not None:
             writer.add_scalar("val/accuracy", accuracy, self.step)
             writer.flush()
         if self.best is None or accuracy > self.best:
             self.best = accuracy
             self.save(out / "best.pt")
+        return accuracy
 
     def _prune(self, out: Path) -> None:
         if not self.env.main:
@@ -411,7 +419,7 @@ class _Progress:
 
     def __init__(self, total: int, done: int, enabled: bool) -> None:
         self.enabled, self.rate = enabled, 0.0
-        self._t0, self._n = time.perf_counter(), 0
+        self._t0, self._n, self._steps = time.perf_counter(), 0, 0
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -430,7 +438,14 @@ class _Progress:
         if self.enabled:
             self.progress.__exit__(*exc)
 
+    def eta(self, steps_left: int) -> str:
+        """Time left at the steps/s measured so far in this run."""
+        elapsed = time.perf_counter() - self._t0
+        seconds = round(steps_left * elapsed / self._steps) if self._steps else 0
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
     def advance(self, loss: float, samples: int) -> None:
+        self._steps += 1
         self._n += samples
         self.rate = self._n / max(time.perf_counter() - self._t0, 1e-9)
         if self.enabled:

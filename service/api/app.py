@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import access_log, error_handlers
+from service.api import access_log, docs_ui, error_handlers
 from service.api.auth import ApiKeys
 from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, Admission, ApiKeyAuth, BodyLimit, RequestMetrics
@@ -87,8 +86,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.loaded else None
         if engine:
             readiness.serving = engine.describe()
-            # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done.
-            threading.Thread(target=engine.warm_up, args=(readiness.warmup_done,), name="facegate-warmup", daemon=True).start()
+            # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done;
+            # or before the port opens (uvicorn binds it after the lifespan's start-up).
+            if settings.warm_up_before_listening:
+                await asyncio.to_thread(engine.warm_up, readiness.warmup_done)
+            else:
+                engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         gallery_stats = GalleryStats(gallery)
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats)
@@ -106,8 +109,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gallery_stats.close()
             gallery.close()
 
-    app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     error_handlers.install(app)
+    docs_ui.install(app)
     for router in ROUTERS:
         app.include_router(router)
     app.openapi = _openapi_with_api_key(app)

@@ -7,13 +7,14 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
+import numpy as np
 from fastapi import Depends, Request
 
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
 from service.engine import Engine
 from service.errors import SubjectNotFound
-from service.gallery.interface import GalleryStore
+from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.models.model_set import ModelSet
@@ -31,6 +32,11 @@ class Service:
     engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
     gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
+
+    def search(self, embedding: np.ndarray, top_k: int) -> list[Candidate]:
+        """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds."""
+        with self.metrics.gallery_search.time():
+            return self.gallery.search(embedding, top_k)
 
 
 def get_service(request: Request) -> Service:

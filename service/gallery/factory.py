@@ -1,24 +1,42 @@
 """The one place the settings choose the gallery store: PostgreSQL when FACEGATE_DATABASE_URL is
-set (replicas share it), else the SQLite file under FACEGATE_DATA_DIR."""
+set (replicas share it), else the SQLite file under FACEGATE_DATA_DIR; and the vector index that
+searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FACEGATE_MILVUS_URI)."""
 
 from __future__ import annotations
 
+from service.errors import GalleryUnavailable
+from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore
 from service.models.manifest import EmbedderKey
 from service.settings import Settings
 
 
+POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
+
+
 def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> GalleryStore:
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
+    index = IndexConfig(
+        settings.index,
+        settings.index_search_params,
+        settings.index_dir or settings.data_dir / "index",
+        settings.milvus_uri,
+        settings.milvus_token.get_secret_value(),
+        settings.milvus_index,
+        settings.milvus_consistency,
+        settings.milvus_timeout,
+    )
     url = settings.database_url.get_secret_value()
     if url:
-        from psycopg.conninfo import make_conninfo  # psycopg is needed only here
-
+        try:
+            from psycopg.conninfo import make_conninfo  # psycopg is needed only here
+        except ImportError:
+            raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
         from service.gallery.postgres import PostgresGallery
 
         if settings.database_password_file is not None:
             url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
-        return PostgresGallery(url, embedder, searchable, settings.database_pool_size, settings.database_pool_timeout)
+        return PostgresGallery(url, embedder, searchable, settings.database_pool_size, index, settings.database_pool_timeout)
     from service.gallery.store import SqliteGallery
 
-    return SqliteGallery.open(settings.data_dir, embedder, searchable)
+    return SqliteGallery.open(settings.data_dir, embedder, searchable, index)

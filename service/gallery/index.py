@@ -1,16 +1,37 @@
-"""Nearest-neighbour search over enrolled embeddings, behind a small interface so another engine
-(IVF, HNSW, a vector database) can replace the exact in-memory FAISS index later."""
+"""Nearest-neighbour search over enrolled embeddings: FAISS in this process (exact flat by default,
+or an approximate index that FACEGATE_INDEX names by FAISS's own factory string), or a shared
+vector database (milvus.py), behind one small `VectorIndex` interface.
+
+An approximate index only proposes candidates: `best_subjects` scores every proposed face again
+against the embedding the store holds, so the similarity a decision compares with its threshold is
+the exact one, as the flat index would give it for that face.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
-from collections.abc import Callable
-from typing import Protocol
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import faiss
 import numpy as np
 
 from service.gallery.interface import Candidate
+
+log = logging.getLogger("facegate.gallery.index")
+
+MIN_TRAIN_PER_LIST = 39  # FAISS's k-means wants at least this many points per IVF list
+MAX_TRAIN_PER_LIST = 64  # training k-means on more costs minutes at start-up for little recall (FAISS's own cap is 256)
+MIN_TRAIN_OTHER = 10_000  # a quantizer outside IVF (HNSW32,SQ8) trains on this many faces, at most 10 ×
+REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
 
 
 def set_search_threads(threads: int) -> None:
@@ -21,6 +42,8 @@ def set_search_threads(threads: int) -> None:
 
 
 class VectorIndex(Protocol):
+    shared: bool  # one index every replica writes and reads (Milvus), not this process's copy
+
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None: ...
 
     def remove(self, ids: np.ndarray) -> int: ...
@@ -32,61 +55,309 @@ class VectorIndex(Protocol):
     @property
     def size(self) -> int: ...
 
+    def describe(self) -> dict[str, Any]:
+        """What /readyz shows: backend (faiss-flat, faiss-hnsw, faiss-ivf, milvus), parameters, size."""
+        ...
+
+
+def index_kind(spec: str) -> str:
+    """faiss-flat, faiss-hnsw or faiss-ivf for a factory string; ValueError for other families."""
+    head = spec.split(",")[0].strip().upper()
+    if head == "FLAT":
+        return "faiss-flat"
+    if head.startswith("HNSW"):
+        return "faiss-hnsw"
+    if head.startswith("IVF"):
+        return "faiss-ivf"
+    raise ValueError(f"FACEGATE_INDEX={spec!r}: facegate runs Flat, HNSW… and IVF… FAISS indexes")
+
+
+def train_size(spec: str, dim: int) -> int:
+    """Vectors the index needs before it can be trained (0: needs no training)."""
+    probe = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    if probe.is_trained:
+        return 0
+    ivf = faiss.try_extract_index_ivf(probe)
+    return MIN_TRAIN_PER_LIST * ivf.nlist if ivf is not None else MIN_TRAIN_OTHER
+
+
+class ReadWriteLock:
+    """Many readers at once, or one writer; a waiting writer goes before new readers (so a stream
+    of searches cannot starve an enrollment)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            self._cond.wait_for(lambda: not self._writing and not self._readers)
+            self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
 
 class FaissIndex:
-    """Exact inner-product search (= cosine on unit vectors) with int64 ids = SQLite face row ids.
+    """Inner-product search (= cosine on unit vectors) with int64 ids = the store's face ids.
 
-    FAISS indexes are not safe for concurrent writes and reads, so one lock serializes them.
+    `spec` is a FAISS index factory string: "Flat" (exact), "HNSW32", "IVF4096,Flat",
+    "IVF4096,PQ32"...; `search_params` FAISS's ParameterSpace string ("efSearch=128", "nprobe=32").
+    An IVF index keeps the ids itself; the others are wrapped in an id map. HNSW cannot remove a
+    vector, so a removed face is remembered and filtered out (and the graph rebuilt at start-up once
+    too many are). Searches run side by side; a write (not safe beside a search) runs alone.
     """
 
-    def __init__(self, dim: int):
-        self.dim = dim
-        self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-        self._lock = threading.Lock()
+    shared = False  # this process's own copy
+
+    def __init__(self, dim: int, spec: str = "Flat", search_params: str = "", built: faiss.Index | None = None, removed: Iterable[int] = (), dead: int = 0):
+        """A new index, or (`built`) one read from a file with its removed ids."""
+        self.dim, self.spec, self.search_params = dim, spec, search_params
+        self.kind = index_kind(spec)
+        inner = built if built is not None else faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+        self._ivf = faiss.try_extract_index_ivf(inner) is not None
+        self._removable = self._ivf or self.kind == "faiss-flat"
+        if built is not None:
+            self._index = built
+        else:
+            self._index = inner if self._ivf else faiss.IndexIDMap2(inner) if self._removable else faiss.IndexIDMap(inner)
+        self._removed: set[int] = set(removed)  # HNSW only: ids whose vector in the graph is no longer a face
+        self._dead = dead  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
+        if search_params:
+            faiss.ParameterSpace().set_index_parameters(self._index, search_params)
+        self._lock = ReadWriteLock()
+        self.dirty = False  # changed since it was built or loaded (save_index writes it then)
+
+    @property
+    def is_trained(self) -> bool:
+        return bool(self._index.is_trained)
+
+    def train(self, vectors: np.ndarray) -> None:
+        with self._lock.write():
+            self._index.train(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim))
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        with self._lock:
+        with self._lock.write():
             self._index.add_with_ids(vectors, ids)
+            self._removed.difference_update(ids.tolist())
+            self.dirty = True
 
     def remove(self, ids: np.ndarray) -> int:
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if len(ids) == 0:
             return 0
-        with self._lock:
-            return int(self._index.remove_ids(ids))
+        with self._lock.write():
+            self.dirty = True
+            if self._removable:
+                return int(self._index.remove_ids(ids))
+            held = ids[np.isin(ids, faiss.vector_to_array(self._index.id_map))]
+            present = set(held.tolist()) - self._removed
+            self._removed.update(present)
+            self._dead += len(present)
+            return len(present)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
-        with self._lock:
-            k = min(k, self._index.ntotal)
+        with self._lock.read():  # FAISS searches are safe side by side and release the GIL
+            k = min(k, self.size)
             if k <= 0:
                 return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-            return self._index.search(queries, k)
+            if not self._removed:
+                return self._index.search(queries, k)
+            return self._index.search(queries, k, params=self._skip_removed())
+
+    def _skip_removed(self) -> faiss.SearchParameters:
+        """HNSW search parameters that leave the removed faces out while searching (so k are found)."""
+        hnsw = faiss.downcast_index(self._index.index).hnsw
+        removed = np.fromiter(self._removed, np.int64, len(self._removed))
+        params = faiss.SearchParametersHNSW(sel=faiss.IDSelectorNot(faiss.IDSelectorBatch(removed)), efSearch=hnsw.efSearch)
+        params.keep_alive = removed  # the selector does not own the array
+        return params
 
     @property
     def size(self) -> int:
-        return int(self._index.ntotal)
+        return int(self._index.ntotal) - self._dead
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.kind, "factory": self.spec, "search_params": self.search_params, "size": self.size, "trained": self.is_trained}
+
+    def save(self, path: Path, meta: dict[str, Any]) -> None:
+        """Write the index next to `path` and then `path` itself (JSON: `meta` + the index file's
+        name), each atomically: a crash leaves the previous pair or the new one, never a mix."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:12]}.faiss")
+        with self._lock.write():  # dirty is reset: no change may slip in between
+            faiss.write_index(self._index, str(data))
+            record = {**meta, "file": data.name, "spec": self.spec, "dim": self.dim, "removed": sorted(self._removed), "dead": self._dead}
+            self.dirty = False
+        with open(data, "rb+") as f:
+            os.fsync(f.fileno())
+        previous = read_meta(path)
+        write_atomically(path, json.dumps(record).encode())
+        if previous and previous.get("file") not in (None, data.name):
+            path.with_name(previous["file"]).unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path, meta: dict[str, Any], search_params: str) -> FaissIndex:
+        built = faiss.read_index(str(path.with_name(meta["file"])))
+        return cls(meta["dim"], meta["spec"], search_params, built, meta.get("removed", []), meta.get("dead", 0))
 
 
-def best_subjects(index: VectorIndex, query: np.ndarray, top_k: int, owners: Callable[[list[int]], dict[int, tuple[str, str]]]) -> list[Candidate]:
+def read_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """FACEGATE_INDEX, FACEGATE_INDEX_SEARCH_PARAMS and where a non-flat index is kept; or, with
+    FACEGATE_MILVUS_URI, the Milvus collection every replica shares (milvus.py)."""
+
+    spec: str = "Flat"
+    search_params: str = ""
+    directory: Path | None = None
+    milvus_uri: str = ""
+    milvus_token: str = ""
+    milvus_index: str = "AUTOINDEX"
+    milvus_consistency: str = "Strong"
+    milvus_timeout: float = 5.0
+
+    @property
+    def shared(self) -> bool:
+        """One index for every replica (Milvus), written by whoever writes the store."""
+        return bool(self.milvus_uri)
+
+    def path(self, model_sha256: str) -> Path | None:
+        """The metadata file of this embedder's persisted index; None: not persisted (flat rebuilds as fast as it loads)."""
+        if self.directory is None or index_kind(self.spec) == "faiss-flat":
+            return None
+        slug = "".join(c if c.isalnum() else "_" for c in self.spec)
+        return self.directory / f"{model_sha256[:16]}-{slug}.json"
+
+
+def open_index(
+    config: IndexConfig,
+    dim: int,
+    model_sha256: str,
+    count: int,
+    is_current: Callable[[dict[str, Any]], bool],
+    sample: Callable[[int], np.ndarray],
+    rows: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
+) -> tuple[FaissIndex, dict[str, Any] | None]:
+    """The persisted index when its file matches (`is_current` judges the store's side: face count,
+    change sequence), else one built from `rows` (ids, vectors batches) — trained first on
+    `sample(n)` when it needs training and the store holds enough faces; with fewer it stays
+    exact (flat) until a restart finds enough. Returns the index and the metadata it was loaded
+    with (None when built)."""
+    path = config.path(model_sha256)
+    meta = read_meta(path) if path else None
+    try:
+        needed = train_size(config.spec, dim)
+    except RuntimeError as exc:  # FAISS's own message says what it could not parse
+        raise ValueError(f"FACEGATE_INDEX={config.spec!r} is not a FAISS index factory string for {dim}-d embeddings: {exc}") from None
+    if (
+        meta
+        and meta.get("dim") == dim
+        and meta.get("model_sha256") == model_sha256
+        and meta.get("requested") == config.spec
+        and (meta.get("spec") == config.spec or count < needed)  # still too few faces to train: flat was right
+        and meta.get("dead", 0) <= REBUILD_REMOVED_FRACTION * max(count, 1)
+        and is_current(meta)
+    ):
+        try:
+            started = time.monotonic()
+            index = FaissIndex.load(path, meta, config.search_params if meta["spec"] == config.spec else "")
+            log.info("gallery index %s: %d faces loaded from %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
+            return index, meta
+        except RuntimeError as exc:  # a damaged or truncated file: build instead
+            log.warning("gallery index %s unreadable (%s): rebuilding", path, exc)
+    spec = config.spec if count >= needed else "Flat"
+    if spec != config.spec:
+        log.info("gallery index %s needs %d faces to train, the gallery has %d: searching exactly until a restart finds enough", config.spec, needed, count)
+    index = FaissIndex(dim, spec, config.search_params if spec == config.spec else "")
+    started = time.monotonic()
+    if not index.is_trained:
+        ivf = faiss.try_extract_index_ivf(index._index)
+        index.train(sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)))
+    for ids, vectors in rows():
+        index.add(ids, vectors)
+    if path:
+        log.info("gallery index %s: %d faces built in %.1f s", spec, index.size, time.monotonic() - started)
+    return index, None
+
+
+def save_index(config: IndexConfig, index: FaissIndex, model_sha256: str, state: dict[str, Any]) -> None:
+    """Persist `index` with what it reflects (`state`: the store's face count or change sequence),
+    when it is a kind that is persisted and changed since it was built or loaded."""
+    path = config.path(model_sha256)
+    if path is None or not index.dirty:
+        return
+    started = time.monotonic()
+    index.save(path, {**state, "model_sha256": model_sha256, "requested": config.spec})
+    log.info("gallery index %s: %d faces saved to %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
+
+
+def best_subjects(
+    index: VectorIndex, query: np.ndarray, top_k: int, faces: Callable[[list[int]], dict[int, tuple[str, str, np.ndarray]]]
+) -> list[Candidate]:
     """The top_k subjects by their best face's similarity, best first; each subject once.
 
     The index ranks faces, so it is asked for more neighbours until top_k distinct subjects are
-    found or the whole index has been seen. `owners` maps face ids to (subject id, name) as the
-    store has them now: faces it no longer has (deleted meanwhile) are dropped.
+    found or the whole index has been seen. `faces` maps face ids to (subject id, name, embedding)
+    as the store has them now: faces it no longer has (deleted meanwhile, or made by another
+    embedder) are dropped, and each similarity is recomputed from the stored embedding, so an
+    approximate index's estimate never reaches a decision.
     """
+    query = np.asarray(query, np.float32).reshape(-1)
     k = max(4 * top_k, 16)
     while True:
         size = index.size
-        scores, ids = index.search(query[None], min(k, size))
-        owner_of = owners([int(i) for i in ids[0] if i >= 0])
+        _, ids = index.search(query[None], min(k, size))
+        found = faces(list(dict.fromkeys(int(i) for i in ids[0] if i >= 0)))
+        scored = sorted(((float(np.dot(v, query)), face_id, owner, name) for face_id, (owner, name, v) in found.items()), key=lambda t: (-t[0], t[1]))
         best: dict[str, Candidate] = {}
-        for score, face_id in zip(scores[0], ids[0]):
-            owner = owner_of.get(int(face_id))
-            if owner and owner[0] not in best:
-                best[owner[0]] = Candidate(owner[0], owner[1], float(score), int(face_id))
+        for score, face_id, owner, name in scored:
+            if owner not in best:
+                best[owner] = Candidate(owner, name, score, face_id)
         if len(best) >= top_k or k >= size:
             return list(best.values())[:top_k]
         k *= 4

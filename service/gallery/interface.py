@@ -80,7 +80,17 @@ class GalleryStore(Protocol):
 
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]: ...
 
+    def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
+        """(subject id, name, embedding) of those of `face_ids` the store holds for the active embedder."""
+        ...
+
+    def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]: ...
+
     def counts(self) -> dict[str, int]: ...
+
+    def index_info(self) -> dict[str, Any] | None:
+        """The vector index searches run on (backend, parameters, size); None where nothing is searched."""
+        ...
 
     def replication(self) -> dict[str, int | bool] | None:
         """Where this replica's index stands in the shared change sequence (applied_sequence,

@@ -27,7 +27,8 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, best_subjects
+from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
+from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.store import (
     FACE_INSERT_COLUMNS,
@@ -81,12 +82,25 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     return applied
 
 
+def change_digest(conn: psycopg.Connection, seq: int) -> str:
+    """md5 of change `seq`'s face ids: a persisted index names the change it reflects by number and
+    digest, so a file from another database (or one restored from a backup) is never replayed onto."""
+    row = conn.execute("SELECT md5(op || face_ids::text) FROM changes WHERE seq = %s", (seq,)).fetchone()
+    return row[0] if row else ""
+
+
 class PostgresGallery(GalleryStore):
-    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, pool_timeout: float = 1.0):
+    def __init__(
+        self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, index: IndexConfig | None = None, pool_timeout: float = 1.0
+    ):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
-        changes. Fails at once when the database cannot be reached."""
+        changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
+        the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
         self.url = url
         self.embedder = embedder
+        config = index or IndexConfig()
+        self.index_config = config if embedder and (searchable or config.shared) else None
+        self.index: VectorIndex | None = None
         # `timeout`: a request waits this long for a connection, then 503 gallery_unavailable (an outage
         # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
         # before use, so after a database restart a stale one is replaced rather than failing a request.
@@ -106,19 +120,35 @@ class PostgresGallery(GalleryStore):
         try:
             with self.pool.connection() as conn:
                 migrate(conn)
-            self.index = FaissIndex(embedder.dim) if embedder and searchable else None
             applied = self._load_index()
+            local = self.index is not None and not self.index.shared  # Milvus is shared: nothing to keep in step
+            self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if local else None
+            if self.sync:
+                with self.pool.connection() as conn:
+                    replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
+                if replayed:
+                    log.info("gallery index: %d changes since it was saved applied", replayed)
+                self._save_index()
+                self.sync.start()
         except BaseException:
             self.pool.close()
             raise
-        self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if self.index is not None else None
-        if self.sync:
-            self.sync.start()
 
     def close(self) -> None:
+        if self.index is not None and self.index.shared:
+            self.index.close()
         if self.sync:
             self.sync.close()
+            try:
+                self._save_index()
+            except (psycopg.Error, OSError) as exc:  # the next start replays from the older file, or rebuilds
+                log.warning("gallery index not saved: %s", exc)
         self.pool.close()
+
+    def _save_index(self) -> None:
+        """Persist the index with the change it reflects (a no-op for flat, or when unchanged)."""
+        with self.sync.paused() as seq, self.pool.connection() as conn:
+            save_index(self.index_config, self.index, self.embedder.sha256, {"sequence": seq, "change": change_digest(conn, seq)})
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection]:
@@ -144,7 +174,8 @@ class PostgresGallery(GalleryStore):
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 
     def _load_index(self) -> int:
-        """Fill the index from one REPEATABLE READ snapshot; the change sequence it reflects."""
+        """Fill the index from one REPEATABLE READ snapshot, or load the persisted one if it comes
+        from this database; the change sequence it reflects."""
         with psycopg.connect(self.url) as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
@@ -152,18 +183,36 @@ class PostgresGallery(GalleryStore):
                 seq = database_sequence(conn)
                 rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
                 self.incompatible = incompatible_models(rows, self.embedder)
-                if self.index is None:
+                if self.index_config is None:
                     return seq
+                if self.index_config.shared:  # Milvus: no snapshot to load, whatever the gallery's size
+                    self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
+                    return seq
+                sha = self.embedder.sha256
+                count = sum(n for _, model, n in rows if model == sha)
+
+                def current(meta: dict) -> bool:
+                    saved = meta.get("sequence", -1)
+                    return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
+
+                def sample(n: int) -> np.ndarray:
+                    stride = max(count // max(n, 1), 1)
+                    rows = conn.execute("SELECT embedding FROM faces WHERE model_sha256 = %s AND id %% %s = 0 LIMIT %s", (sha, stride, n)).fetchall()
+                    return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+                def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                    with conn.cursor(name="facegate_load", binary=True) as cursor:
+                        cursor.itersize = LOAD_BATCH
+                        cursor.execute("SELECT id, embedding FROM faces WHERE model_sha256 = %s", (sha,))
+                        while rows := cursor.fetchmany(LOAD_BATCH):
+                            ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                            yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
                 started = time.monotonic()
-                with conn.cursor(name="facegate_load", binary=True) as cursor:
-                    cursor.itersize = LOAD_BATCH
-                    cursor.execute("SELECT id, embedding FROM faces WHERE model_sha256 = %s", (self.embedder.sha256,))
-                    while rows := cursor.fetchmany(LOAD_BATCH):
-                        ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-                        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
-                        self.index.add(ids, vectors)
-        log.info("gallery database: %d faces searchable at change %d (loaded in %.1f s)", self.index.size, seq, time.monotonic() - started)
-        return seq
+                self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, count, current, sample, batches)
+        applied = loaded["sequence"] if loaded else seq
+        log.info("gallery database: %d faces searchable at change %d (%s in %.1f s)", self.index.size, applied, "loaded" if loaded else "built", time.monotonic() - started)
+        return applied
 
     # subjects
 
@@ -218,6 +267,7 @@ class PostgresGallery(GalleryStore):
             seq = record_change(conn, "remove", ids) if ids else None
         if seq and self.sync:
             self.sync.wrote(seq, "remove", ids)
+        self._unshare(ids)
         return len(ids)
 
     # faces
@@ -233,6 +283,8 @@ class PostgresGallery(GalleryStore):
             if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR SHARE", (subject_id,)).fetchone() is None:
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
             ids = [conn.execute(insert, row).fetchone()[0] for row in rows]
+            if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
+                self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             seq = record_change(conn, "add", ids)
         if self.sync:
             self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))
@@ -251,6 +303,17 @@ class PostgresGallery(GalleryStore):
             seq = record_change(conn, "remove", [face_id])
         if self.sync:
             self.sync.wrote(seq, "remove", [face_id])
+        self._unshare([face_id])
+
+    def _unshare(self, face_ids: list[int]) -> None:
+        """Take committed deletes out of a shared index (Milvus). If it cannot be reached the vectors
+        stay, never answered: search looks every candidate up in the database first."""
+        if not face_ids or self.index is None or not self.index.shared:
+            return
+        try:
+            self.index.remove(np.array(face_ids, np.int64))
+        except GalleryUnavailable as exc:
+            log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
@@ -266,20 +329,35 @@ class PostgresGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted meanwhile, perhaps through another replica, are dropped)."""
-        return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
+        return [] if self.index is None else best_subjects(self.index, query, top_k, self.lookup_faces)
 
-    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
+    def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
+        """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
         if not face_ids:
             return {}
         with self._conn() as conn:
-            rows = conn.execute("SELECT f.id, s.id, s.name FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id = ANY(%s)", (face_ids,))
-            return {r[0]: (r[1], r[2]) for r in rows}
+            rows = conn.execute(
+                "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id = ANY(%s) AND f.model_sha256 = %s",
+                (face_ids, self.embedder.sha256),
+            )
+            return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
+
+    def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT id, embedding FROM faces WHERE model_sha256 = %s AND id > %s ORDER BY id LIMIT %s", (self.embedder.sha256, after_id, limit)
+            ).fetchall()
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), self.embedder.dim)
 
     def counts(self) -> dict[str, int]:
         with self._conn() as conn:
             subjects, faces = conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)").fetchone()
         searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+
+    def index_info(self) -> dict[str, Any] | None:
+        return self.index.describe() if self.index is not None else None
 
     def replication(self) -> dict[str, int | bool] | None:
         if self.sync is None:
@@ -313,6 +391,8 @@ class PostgresGallery(GalleryStore):
                         "UPDATE faces SET embedding = %s, model_name = %s, model_sha256 = %s WHERE id = %s",
                         [(embedding_blob(v), key.name, key.sha256, i) for i, v in zip(ids, vectors)],
                     )
+                if self.index is not None and self.index.shared:
+                    self.index.add(np.array(ids, np.int64), vectors)
                 record_change(conn, "remove", ids)
                 record_change(conn, "add", ids)
             done += len(rows)

@@ -22,8 +22,9 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, FaceChip
-from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.gallery.index import FaissIndex, VectorIndex, best_subjects
+from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
+from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
+from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.models.manifest import EmbedderKey
 
@@ -136,23 +137,28 @@ def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKe
 
 
 class SqliteGallery(GalleryStore):
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: VectorIndex | None):
-        """`index` mirrors the embedder's faces for search; None where nothing is searched (no
-        embedder loaded, or a CLI maintenance command)."""
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None):
+        """`index` says which index mirrors the embedder's faces for search; None where nothing is
+        searched (no embedder loaded, or a CLI maintenance command)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder
+        self.index_config = index
         self._lock = threading.RLock()
         # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
             self._db.execute(f"PRAGMA {pragma}")
         self._migrate()
-        self.index = index
+        self.index: VectorIndex | None = None
         self._load_index()
 
     def close(self) -> None:
         with self._lock:
+            if self.index is not None and self.index.shared:
+                self.index.close()
+            elif self.index is not None:
+                save_index(self.index_config, self.index, self.embedder.sha256, {"faces": self._fingerprint()})
             self._db.close()
 
     @contextmanager
@@ -190,25 +196,48 @@ class SqliteGallery(GalleryStore):
             raise RuntimeError(f"{self.path} has schema version {version}, newer than this facegate's {SCHEMA_VERSION}: upgrade facegate")
         return version
 
+    def _fingerprint(self) -> list[int]:
+        """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
+        add or delete since a persisted index was saved changes it."""
+        row = self._db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
+        return list(row.fetchone())
+
     def _load_index(self) -> None:
-        """Fill the index from SQLite; report faces another model made (they are never compared)."""
+        """Load the persisted index if it reflects the database as it is, else build it from
+        SQLite (and persist it); report faces another model made (they are never compared)."""
         with self._lock:
             rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
             self.incompatible = incompatible_models(rows, self.embedder)
-            if self.index is None:
+            if self.index_config is None or self.embedder is None:
                 return
-            cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
-            while rows := cursor.fetchmany(10_000):
-                ids = np.array([r[0] for r in rows], np.int64)
-                vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
-                self.index.add(ids, vectors)
-        log.info("gallery %s: %d faces searchable", self.path, self.index.size)
+            if self.index_config.shared:  # Milvus: nothing to load
+                self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
+                return
+            fingerprint = self._fingerprint()
+            sha = self.embedder.sha256
+
+            def sample(n: int) -> np.ndarray:
+                stride = max(fingerprint[0] // max(n, 1), 1)
+                rows = self._db.execute("SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (sha, stride, n)).fetchall()
+                return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+            def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (sha,))
+                while rows := cursor.fetchmany(10_000):
+                    yield np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+            self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, fingerprint[0], lambda m: m.get("faces") == fingerprint, sample, batches)
+            if loaded is None:
+                save_index(self.index_config, self.index, sha, {"faces": fingerprint})
+        log.info("gallery %s: %d faces searchable (%s)", self.path, self.index.size, self.index.spec)
 
     @classmethod
-    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True) -> SqliteGallery:
-        """The gallery under FACEGATE_DATA_DIR, with an exact FAISS index when an embedder is active."""
-        index = FaissIndex(embedder.dim) if embedder and searchable else None
-        return cls(Path(data_dir) / DATABASE, embedder, index)
+    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
+        """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
+        another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
+        config = index or IndexConfig()
+        config = config if embedder and (searchable or config.shared) else None
+        return cls(Path(data_dir) / DATABASE, embedder, config)
 
     # subjects
 
@@ -259,8 +288,7 @@ class SqliteGallery(GalleryStore):
                 ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ?", (subject_id,))]
                 if db.execute("DELETE FROM subjects WHERE id = ?", (subject_id,)).rowcount == 0:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            if self.index is not None:
-                self.index.remove(np.array(ids, np.int64))
+            self._unindex(ids)
         return len(ids)
 
     # faces
@@ -277,7 +305,9 @@ class SqliteGallery(GalleryStore):
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ids = [db.execute(insert, row).lastrowid for row in rows]
-            if self.index is not None:
+                if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
+                    self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
+            if self.index is not None and not self.index.shared:  # after the commit: only committed faces are searched
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
         key = self.embedder
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces)]
@@ -293,8 +323,17 @@ class SqliteGallery(GalleryStore):
             with self._write() as db:
                 if db.execute("DELETE FROM faces WHERE id = ?", (face_id,)).rowcount == 0:
                     raise FaceNotFound(f"no face with id {face_id}")
-            if self.index is not None:
-                self.index.remove(np.array([face_id], np.int64))
+            self._unindex([face_id])
+
+    def _unindex(self, face_ids: list[int]) -> None:
+        """Take committed deletes out of the index. A shared index that cannot be reached keeps the
+        vectors, which are never answered: search looks every candidate up here first."""
+        if self.index is None:
+            return
+        try:
+            self.index.remove(np.array(face_ids, np.int64))
+        except GalleryUnavailable as exc:
+            log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
@@ -310,19 +349,34 @@ class SqliteGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted while the search ran are dropped)."""
-        return [] if self.index is None else best_subjects(self.index, query, top_k, self._subjects_of)
+        return [] if self.index is None else best_subjects(self.index, query, top_k, self.lookup_faces)
 
-    def _subjects_of(self, face_ids: list[int]) -> dict[int, tuple[str, str]]:
-        out: dict[int, tuple[str, str]] = {}
+    def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
+        """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
+        out: dict[int, tuple[str, str, np.ndarray]] = {}
         with self._lock:
             for start in range(0, len(face_ids), LOOKUP_CHUNK):
                 chunk = face_ids[start : start + LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(
-                    f"SELECT f.id, s.id, s.name FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id IN ({marks})", chunk
+                    f"SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id IN ({marks}) AND f.model_sha256 = ?",
+                    (*chunk, self.embedder.sha256),
                 )
-                out.update((r[0], (r[1], r[2])) for r in rows)
+                out.update((r[0], (r[1], r[2], np.frombuffer(r[3], "<f4"))) for r in rows)
         return out
+
+    def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, embedding FROM faces WHERE model_sha256 = ? AND id > ? ORDER BY id LIMIT ?", (self.embedder.sha256, after_id, limit)
+            ).fetchall()
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), self.embedder.dim)
+
+    def read(self, sql: str, params: tuple) -> list[tuple]:
+        """Rows of a read-only query, under the store's lock (`facegate gallery migrate` reads through it)."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -330,6 +384,9 @@ class SqliteGallery(GalleryStore):
             faces = self._db.execute("SELECT COUNT(*) FROM faces").fetchone()[0]
         searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+
+    def index_info(self) -> dict[str, Any] | None:
+        return self.index.describe() if self.index is not None else None
 
     def replication(self) -> None:
         return None  # one process owns the file: nothing to keep in step
@@ -359,6 +416,8 @@ class SqliteGallery(GalleryStore):
                     "UPDATE faces SET embedding = ?, model_name = ?, model_sha256 = ? WHERE id = ?",
                     [(embedding_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors)],
                 )
+                if self.index is not None and self.index.shared:  # a local index is rebuilt at start-up instead
+                    self.index.add(np.array([r[0] for r in rows], np.int64), vectors)
             done += len(rows)
         with self._lock:
             missing = self._db.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != ? AND crop IS NULL", (key.sha256,)).fetchone()[0]

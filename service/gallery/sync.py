@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import psycopg
@@ -72,6 +74,12 @@ class IndexSync:
             database = database_sequence(conn)
         applied = self.applied
         return {"applied_sequence": applied, "database_sequence": database, "lag": max(database - applied, 0), "listening": self.listening}
+
+    @contextmanager
+    def paused(self) -> Iterator[int]:
+        """No change is applied inside the block; yields the last one applied (to persist the index as of it)."""
+        with self._lock:
+            yield self.applied
 
     def wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None) -> None:
         """A change this replica committed: applied (with every one before it) before the caller answers."""

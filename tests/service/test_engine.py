@@ -115,3 +115,51 @@ def test_readiness_waits_for_the_warm_up(pipeline, settings):
     readiness.require()
     readiness.warmup_done("CUDA out of memory")
     assert not readiness.ready and readiness.report()["problems"][-1]["error"] == "CUDA out of memory"
+
+
+def test_close_waits_for_the_warm_up(pipeline, settings):
+    """A model still running in the warm-up thread when the interpreter exits aborts the process
+    ("terminate called without an active exception"): close() stops the warm-up and waits for it."""
+    from service.engine import Engine
+    from service.metrics import Metrics
+
+    engine = Engine(settings, pipeline, Metrics())
+    results = []
+    engine.start_warm_up(results.append)
+    engine.close()
+    assert not engine._warm_up_thread.is_alive()
+
+
+def test_an_uncalibrated_embedder_is_a_readiness_problem(settings, embedder_manifest, tmp_path):
+    """A freshly exported model has no thresholds: it loads and serves explicit thresholds, but
+    /readyz must say that default decisions will fail and how to fix it."""
+    import json
+    import shutil
+
+    from service.models.model_set import load_models
+    from service.readiness import Readiness
+
+    bare = tmp_path / embedder_manifest.name
+    shutil.copy(embedder_manifest.with_suffix(".onnx"), tmp_path)
+    bare.write_text(json.dumps({**json.loads(embedder_manifest.read_text()), "thresholds": {}}))
+    calibrated = Readiness(load_models(settings)).report()["problems"]
+    uncalibrated = Readiness(load_models(settings.model_copy(update={"embedder": str(bare)}))).report()["problems"]
+    assert calibrated == []
+    (problem,) = uncalibrated
+    assert problem["model"] == "embedder" and "unknown_far" in problem["error"] and "facegate calibrate" in problem["fix"]
+
+
+def test_warm_up_before_listening_makes_start_up_wait(api_settings):
+    """With FACEGATE_WARM_UP_BEFORE_LISTENING the app's start-up (before uvicorn binds the port)
+    returns only once every shape is warm: the first request a replica accepts is served."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+        from fastapi.testclient import TestClient
+    from service.api.app import create_app
+
+    settings = api_settings.model_copy(update={"warm_up_before_listening": True})
+    with TestClient(create_app(settings)) as client:  # no waiting here, unlike make_client
+        assert client.app.state.service.readiness.ready
+        assert client.get("/readyz").status_code == 200

@@ -5,12 +5,19 @@ uvicorn.run is replaced: nothing is served."""
 from __future__ import annotations
 
 import logging
+import socket
 
 import pytest
 from typer.testing import CliRunner
 
 from service import cli
 from service.settings import get_settings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -25,7 +32,8 @@ def serve(monkeypatch):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         get_settings.cache_clear()
-        result = CliRunner().invoke(cli.app, ["serve", *args])
+        port = [] if "--port" in args else ["--port", str(_free_port())]
+        result = CliRunner().invoke(cli.app, ["serve", *args, *port])
         return result, calls[-1] if calls else None
 
     yield run
@@ -77,3 +85,31 @@ def test_an_unusable_key_file_stops_serve_with_the_reason(serve, tmp_path):
     comments.write_text("# only a comment\n")
     result, started = serve(FACEGATE_API_KEYS_FILE=str(comments))
     assert result.exit_code == 2 and started is None and "holds no key" in " ".join(result.output.split())
+
+
+def test_a_taken_port_is_one_line_before_anything_loads(serve):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        result, started = serve("--port", str(taken.getsockname()[1]))
+    assert result.exit_code == 2 and started is None
+    assert "cannot listen on 127.0.0.1" in result.output and "Traceback" not in result.output
+
+
+def test_a_database_url_without_the_driver_names_the_extra(serve, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psycopg" else real(name, *a))
+    result, started = serve(FACEGATE_DATABASE_URL="postgresql://db/facegate")
+    assert result.exit_code == 2 and started is None
+    assert "pip install 'facegate[postgres]'" in result.output.replace("\n", "")
+
+
+def test_a_start_up_failure_is_logged_as_its_reason():
+    try:
+        raise ConnectionError("database unreachable")
+    except ConnectionError:
+        import traceback
+
+        record = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, traceback.format_exc(), None, None)
+    assert cli._OneLineStartupFailure().filter(record)
+    assert record.getMessage() == "start-up failed: ConnectionError: database unreachable"

@@ -75,3 +75,12 @@ def test_config_overrides_and_errors():
 def test_partial_fc_needs_sharded_head(data, tmp_path):
     with pytest.raises(ValueError, match="sharded"):
         Trainer(tiny_config(data, tmp_path, head={"sample_rate": 0.5}))
+
+
+def test_the_log_says_what_it_trains_on_each_validation_and_the_time_left(data, tmp_path, capsys):
+    cfg = tiny_config(data, tmp_path, steps=2, log_every=1, val_every=1, data={"val_fraction": 0.5, "val_pairs": 20, "workers": 0})
+    Trainer(cfg).run(progress=True)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "data: 8 images of 2 identities" in out and "validation: 20 pairs" in out
+    assert "step 1/2 validation accuracy" in out and "step 2/2 validation accuracy" in out
+    assert "ETA 0:00:" in out

@@ -44,7 +44,8 @@ def eval_(
         except ModelError as exc:
             fail(exc)
         template = embedder.alignment
-        vset = load_lfw(pairs, images, pipeline, cache, template=template) if pairs else load_csv(csv, pipeline, cache, template=template)
+        vset = (load_lfw(pairs, images, pipeline, cache, template=template, progress=progress) if pairs
+                else load_csv(csv, pipeline, cache, template=template, progress=progress))
     if record and kind != "onnx":
         fail("--record needs an exported model (its .json manifest)")
     thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None

@@ -33,6 +33,7 @@ def _train(config: Path, sets: list[str], resume: Path | None) -> None:
     from pydantic import ValidationError
 
     from training.config import load_config
+    from training.data.datasets import DataSplitError
     from training.train import train as run
 
     try:
@@ -41,6 +42,8 @@ def _train(config: Path, sets: list[str], resume: Path | None) -> None:
         fail(exc)
     try:
         result = run(cfg, resume=resume)
+    except DataSplitError as exc:
+        fail(exc)
     finally:
         rank = dist.get_rank() if dist.is_initialized() else 0
         if dist.is_initialized():

@@ -80,15 +80,27 @@ class Subset:
         return self.source.load(int(self.indices[i]))
 
 
+class DataSplitError(ValueError):
+    """A training folder too small for the validation split its config asks for: the message names
+    the setting to change, since the user's only fix is in the config."""
+
+
 def split_identities(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Sample indices of (train, validation) with no identity in both; ~val_fraction of identities
-    go to validation (only those with ≥ 2 images, which can form a positive pair)."""
+    go to validation (only those with ≥ 2 images, which can form a positive pair; at least two
+    identities, which can form a negative one)."""
     labels = np.asarray(labels)
     identities, counts = np.unique(labels, return_counts=True)
     eligible = identities[counts >= 2]
     n_val = int(round(len(identities) * val_fraction))
-    if n_val > len(eligible):
-        raise ValueError(f"{n_val} validation identities asked, only {len(eligible)} have two images")
+    if n_val > len(eligible) or n_val < 2:
+        need = 2 / len(identities) if len(identities) else 1
+        raise DataSplitError(
+            f"data.val_fraction {val_fraction} of {len(identities)} identities holds out {n_val} for validation "
+            f"({len(eligible)} have two or more images); validation pairs need at least 2 held-out identities with "
+            f"two images each: set data.val_fraction to {min(need, 0.99):.2f} or more (e.g. --set data.val_fraction={min(max(need, 0.2), 0.5):.2f}), "
+            "or to 0 to train without validation"
+        )
     val_ids = np.random.default_rng(seed).choice(eligible, size=n_val, replace=False)
     in_val = np.isin(labels, val_ids)
     return np.flatnonzero(~in_val), np.flatnonzero(in_val)

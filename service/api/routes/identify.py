@@ -36,7 +36,7 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
         )
     results = []
     for face in found:
-        ranked = [CandidateOut.of(c) for c in await run_in_threadpool(service.gallery.search, face.embedding, options.top_k)]
+        ranked = [CandidateOut.of(c) for c in await run_in_threadpool(service.search, face.embedding, options.top_k)]
         match = ranked[0] if ranked and decision.matches(ranked[0].similarity) else None
         results.append(IdentifyResult(face=FaceOut.of(face.face), candidates=ranked, match=match))
     return IdentifyResponse(

@@ -27,7 +27,8 @@ async def healthz() -> dict:
     responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
-    """Models loaded (names, sha256, active onnxruntime providers), gallery size and, on PostgreSQL, the change this
+    """Models loaded (names, sha256, active onnxruntime providers), gallery size, the vector index (`gallery.index`:
+    backend such as faiss-flat, faiss-hnsw, faiss-ivf or milvus, its parameters and size) and, on PostgreSQL, the change this
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     status = 200 if service.readiness.ready else 503
@@ -37,6 +38,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     stats = await service.gallery_stats.snapshot()  # never waits long on the database
     report["gallery"] = dict(stats.counts or dict.fromkeys(("subjects", "faces", "searchable_faces", "incompatible_faces")))
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
+    report["gallery"]["index"] = stats.index  # backend, parameters, size
     if stats.replication is not None:  # PostgreSQL: this replica's applied change vs the database's
         report["gallery"]["replication"] = stats.replication
     if not stats.fresh:  # the database did not answer in time: the last known counts (null if none)

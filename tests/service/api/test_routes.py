@@ -307,14 +307,15 @@ def test_readyz_metrics_and_docs(api, lfw_faces):
     assert body["models"]["detector"]["providers"] == ["CPUExecutionProvider"] and len(body["models"]["embedder"]["sha256"]) == 64
     assert body["warmup"] == "done" and body["serving"]["embed_batch_sizes"] == [1, 2, 4, 8, 16, 32]
     assert "CPUExecutionProvider" in body["models"]["embedder"]["provider_options"]
-    assert body["gallery"] == {"subjects": 0, "faces": 0, "searchable_faces": 0, "incompatible_faces": 0, "incompatible_models": {}}
+    index = {"backend": "faiss-flat", "factory": "Flat", "search_params": "", "size": 0, "trained": True}
+    assert body["gallery"] == {"subjects": 0, "faces": 0, "searchable_faces": 0, "incompatible_faces": 0, "incompatible_models": {}, "index": index}
     api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][1]})
     api.get("/subjects/ghost")
     text = api.get("/metrics").text
     assert 'facegate_requests_total{method="POST",route="/verify",status="200"} 1.0' in text
     assert 'facegate_requests_total{method="GET",route="/subjects/{subject_id}",status="404"} 1.0' in text
     assert "facegate_embed_batch_size_count" in text and "facegate_faces_embedded_total 2.0" in text
-    assert 'facegate_gallery_faces{searchable="true"} 0.0' in text
+    assert 'facegate_gallery_faces{searchable="true"} 0.0' in text and 'facegate_gallery_index_size{backend="faiss-flat"} 0.0' in text
     assert api.get("/docs").status_code == 200
     schema = api.get("/openapi.json").json()
     body = schema["paths"]["/verify"]["post"]["requestBody"]["content"]
@@ -343,7 +344,7 @@ def test_starts_without_models_and_says_why(tmp_path, make_client):
     assert ready.status_code == 503
     problems = {p["model"]: p for p in ready.json()["problems"]}
     assert problems["embedder"]["name"] == "my-face" and "FACEGATE_EMBEDDER" in problems["embedder"]["fix"]
-    assert "facegate models pull" in problems["detector"]["fix"]
+    assert "detector" not in problems  # the detector ships in models/: an empty cache does not lose it
     error(api.post("/verify", files={"image1": _png(200), "image2": _png(200)}), 503, "model_unavailable")
     error(api.post("/identify", json={"image": b64(_png(200))}), 503, "model_unavailable")
     error(api.post("/embed", files={"image": _png(200)}), 503, "model_unavailable")

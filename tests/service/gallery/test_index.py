@@ -1,8 +1,14 @@
-"""The FAISS index behind the VectorIndex interface: ids are the caller's, removal is exact."""
+"""The FAISS indexes behind the VectorIndex interface: ids are the caller's, removal is exact (HNSW
+through remembered removals), persistence round-trips and a stale or damaged file is rebuilt, and
+every candidate's similarity is re-scored from the stored embedding."""
 
+import threading
+
+import faiss
 import numpy as np
+import pytest
 
-from service.gallery.index import FaissIndex
+from service.gallery.index import FaissIndex, IndexConfig, ReadWriteLock, best_subjects, open_index, read_meta, save_index
 
 
 def unit(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -38,3 +44,133 @@ def test_empty_index_and_k_larger_than_size():
     index.add(np.array([1, 2]), unit(2))
     _, ids = index.search(unit(1, seed=1)[0], 5)
     assert sorted(ids[0]) == [1, 2]
+
+
+@pytest.mark.parametrize(("spec", "params"), [("HNSW16", "efSearch=64"), ("HNSW16,SQ8", "efSearch=64"), ("IVF4,Flat", "nprobe=4")])
+def test_approximate_index_adds_removes_and_searches(spec, params):
+    index = FaissIndex(16, spec, params)
+    vectors = unit(400)
+    if not index.is_trained:
+        index.train(vectors)
+    index.add(np.arange(400), vectors)
+    assert index.remove(np.array([7, 8, 7, 9999])) == 2  # a repeat and an unknown id count once / not at all
+    assert index.size == 398
+    _, ids = index.search(vectors[7], 10)
+    assert 7 not in ids[0] and 8 not in ids[0]
+    _, ids = index.search(vectors[9], 1)
+    assert ids[0, 0] == 9
+    index.add(np.array([7]), vectors[7:8])  # a removed id added again (re-embedding) is found again
+    assert index.size == 399
+    _, ids = index.search(vectors[7], 1)
+    assert ids[0, 0] == 7
+
+
+def test_hnsw_search_skips_removed_faces_while_searching():
+    index = FaissIndex(16, "HNSW16", "efSearch=200")
+    vectors = unit(100)
+    index.add(np.arange(100), vectors)
+    index.remove(np.arange(0, 100, 2))
+    scores, ids = index.search(vectors[1], 50)
+    assert sorted(ids[0].tolist()) == list(range(1, 100, 2))
+    assert list(scores[0]) == sorted(scores[0], reverse=True)
+
+
+def test_save_and_load_keep_ids_removals_and_parameters(tmp_path):
+    index = FaissIndex(16, "HNSW16", "efSearch=77")
+    vectors = unit(50)
+    index.add(np.arange(100, 150), vectors)
+    index.remove(np.array([100]))
+    path = tmp_path / "index.json"
+    index.save(path, {"faces": [1, 2, 3]})
+    first = read_meta(path)["file"]
+    index.add(np.array([500]), unit(1, seed=5))
+    index.save(path, {"faces": [4, 5, 6]})
+    meta = read_meta(path)
+    assert meta["faces"] == [4, 5, 6] and meta["removed"] == [100]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["index.json", meta["file"]])  # the older file is gone
+    assert meta["file"] != first
+    loaded = FaissIndex.load(path, meta, "efSearch=77")
+    assert loaded.size == 50 and loaded.describe()["backend"] == "faiss-hnsw"
+    assert faiss.downcast_index(loaded._index.index).hnsw.efSearch == 77
+    _, ids = loaded.search(vectors[5], 1)
+    assert ids[0, 0] == 105
+
+
+def build_inputs(vectors: np.ndarray):
+    ids = np.arange(1, len(vectors) + 1)
+    return (lambda n: vectors[:n]), (lambda: iter([(ids, vectors)]))
+
+
+def test_open_index_loads_a_current_file_and_rebuilds_a_stale_one(tmp_path):
+    config = IndexConfig("HNSW16", "", tmp_path)
+    vectors = unit(60)
+    sample, rows = build_inputs(vectors)
+    built, loaded = open_index(config, 16, "a" * 64, 60, lambda m: True, sample, rows)
+    assert loaded is None and built.size == 60
+    save_index(config, built, "a" * 64, {"faces": 60})
+    again, loaded = open_index(config, 16, "a" * 64, 60, lambda m: m["faces"] == 60, sample, lambda: pytest.fail("a current file is loaded, not rebuilt"))
+    assert loaded is not None and again.size == 60
+    _, fresh = open_index(config, 16, "a" * 64, 61, lambda m: m["faces"] == 61, sample, rows)
+    assert fresh is None  # stale: rebuilt
+    _, other = open_index(config, 16, "b" * 64, 60, lambda m: True, sample, rows)
+    assert other is None  # another embedder's file is never used
+    config.path("a" * 64).with_name(read_meta(config.path("a" * 64))["file"]).write_bytes(b"truncated")
+    damaged, loaded = open_index(config, 16, "a" * 64, 60, lambda m: True, sample, rows)
+    assert loaded is None and damaged.size == 60
+
+
+def test_an_ivf_index_stays_exact_until_there_are_enough_faces_to_train(tmp_path):
+    config = IndexConfig("IVF8,Flat", "nprobe=2", tmp_path)
+    few = unit(100)
+    index, _ = open_index(config, 16, "a" * 64, len(few), lambda m: True, *build_inputs(few))
+    assert index.describe()["backend"] == "faiss-flat" and index.size == 100
+    many = unit(8 * 39, seed=3)
+    index, _ = open_index(config, 16, "a" * 64, len(many), lambda m: True, *build_inputs(many))
+    assert index.describe()["backend"] == "faiss-ivf" and index.is_trained and index.size == len(many)
+
+
+def test_candidates_are_rescored_from_the_stored_embeddings():
+    """An approximate index's own scores (PQ codes here) never reach a decision: each candidate's
+    similarity is the stored embedding's dot product with the query."""
+    vectors = unit(2000)
+    index = FaissIndex(16, "IVF4,SQ4", "nprobe=4")
+    index.train(vectors)
+    index.add(np.arange(2000), vectors)
+    query = unit(1, seed=9)[0]
+    approx, _ = index.search(query, 16)
+    stored = {i: (f"s{i}", f"n{i}", vectors[i]) for i in range(2000)}
+    found = best_subjects(index, query, 5, lambda ids: {i: stored[i] for i in ids})
+    for c in found:
+        assert c.similarity == pytest.approx(float(vectors[c.face_id] @ query), abs=1e-6)
+    assert [c.similarity for c in found] == sorted((c.similarity for c in found), reverse=True)
+    assert not np.allclose(sorted(approx[0], reverse=True)[:5], [c.similarity for c in found], atol=1e-4)  # 4-bit codes: estimates differ
+
+
+def test_a_bad_factory_string_is_a_clear_start_up_error(tmp_path):
+    with pytest.raises(ValueError, match="Flat, HNSW"):
+        open_index(IndexConfig("LSH", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
+    with pytest.raises(ValueError, match="FACEGATE_INDEX='IVF4,PQ3'"):  # 3 sub-quantizers do not divide 16 dimensions
+        open_index(IndexConfig("IVF4,PQ3", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
+
+
+def test_searches_share_the_lock_and_a_write_waits_for_them():
+    lock = ReadWriteLock()
+    order = []
+
+    def hold(mode, what):
+        with getattr(lock, mode)():
+            order.append(what)
+
+    with lock.read():
+        with lock.read():  # a second search does not wait for the first
+            order.append("two readers")
+        writer = threading.Thread(target=hold, args=("write", "writer"), daemon=True)
+        writer.start()
+        writer.join(0.2)
+        late = threading.Thread(target=hold, args=("read", "late reader"), daemon=True)  # queued behind the waiting writer
+        late.start()
+        late.join(0.2)
+        assert writer.is_alive() and late.is_alive() and order == ["two readers"]
+    writer.join(5)
+    late.join(5)
+    assert order == ["two readers", "writer", "late reader"]

@@ -5,6 +5,7 @@ sequence, after missed notifications, a lost connection or a restart. Synthetic 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,6 +15,7 @@ import pytest
 
 from service.align import template_chip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.gallery.index import IndexConfig, read_meta, write_atomically
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sync import LISTENER_NAME
@@ -33,8 +35,8 @@ def unit(seed: int) -> np.ndarray:
 def open_store(database_url):
     stores = []
 
-    def open_(key=KEY, searchable=True) -> PostgresGallery:
-        store = PostgresGallery(database_url, key, searchable, pool_size=4)
+    def open_(key=KEY, searchable=True, index=None) -> PostgresGallery:
+        store = PostgresGallery(database_url, key, searchable, pool_size=4, index=index)
         stores.append(store)
         return store
 
@@ -60,8 +62,11 @@ def database_face_ids(url: str, key=KEY) -> set[int]:
         return {r[0] for r in conn.execute("SELECT id FROM faces WHERE model_sha256 = %s", (key.sha256,))}
 
 
-def test_subject_crud_search_and_deletes(open_store):
-    g = open_store()
+@pytest.mark.parametrize("backend", ["faiss", "milvus"])
+def test_subject_crud_search_and_deletes(open_store, backend, tmp_path):
+    if backend == "milvus":
+        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    g = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if backend == "milvus" else None)
     for i in range(5):
         g.create_subject(f"person {i}", {"i": i, "nested": {"z": 1, "a": 2}}, f"s{i}")
     with pytest.raises(SubjectExists):
@@ -264,3 +269,40 @@ def test_the_settings_choose_the_store(database_url, tmp_path):
     sqlite.close()
     with pytest.raises(ValidationError, match="postgresql://"):
         Settings(database_url="mysql://db/x")
+
+
+def test_a_persisted_index_replays_the_changes_made_while_its_replica_was_down(open_store, database_url, tmp_path, caplog):
+    config = IndexConfig("HNSW16", "efSearch=64", tmp_path)
+    a = PostgresGallery(database_url, KEY, index=config)
+    a.create_subject("A", {}, "a")
+    (kept, gone) = a.add_faces("a", [NewFace(unit(0)), NewFace(unit(1))])
+    a.close()
+    b = open_store()  # another replica writes while a is down
+    b.create_subject("B", {}, "b")
+    b.add_faces("b", [NewFace(unit(2))])
+    b.delete_face(gone.id)
+    caplog.set_level("INFO", "facegate.gallery")
+    a = PostgresGallery(database_url, KEY, index=config)
+    try:
+        assert "loaded from" in caplog.text and "2 changes since it was saved applied" in caplog.text
+        assert a.index.size == 2 and a.index.describe()["backend"] == "faiss-hnsw"
+        assert a.search(unit(2), 1)[0].subject_id == "b"
+        assert all(c.face_id != gone.id for c in a.search(unit(1), 5))
+    finally:
+        a.close()
+
+
+def test_an_index_file_from_another_database_is_not_replayed_onto(open_store, database_url, tmp_path, caplog):
+    config = IndexConfig("HNSW16", "", tmp_path)
+    a = PostgresGallery(database_url, KEY, index=config)
+    a.create_subject("A", {}, "a")
+    a.add_faces("a", [NewFace(unit(0))])
+    a.close()
+    meta = read_meta(config.path(KEY.sha256))
+    write_atomically(config.path(KEY.sha256), json.dumps({**meta, "change": "0" * 32}).encode())  # as if saved against another database
+    caplog.set_level("INFO", "facegate.gallery")
+    a = PostgresGallery(database_url, KEY, index=config)
+    try:
+        assert "loaded from" not in caplog.text and a.index.size == 1
+    finally:
+        a.close()

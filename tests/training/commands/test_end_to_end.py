@@ -71,7 +71,7 @@ def test_raw_photos_to_served_model(cli, test_data, tmp_path):
     assert 20 < ckpt["images"] <= 40 and ckpt["flip"]["pairs"] == 20 and len(list(cache.iterdir())) == 1
 
     models = tmp_path / "models"
-    cli("export", run / "last.pt", "--out", models / "tiny-face.onnx", "--eval", tmp_path / "eval.json")
+    cli("export", run / "last.pt", "--out", models / "tiny-face.onnx", "--eval", tmp_path / "eval.json", "--license", "test photos", "--license-terms", "research use only")
     onnx = json.loads(cli("eval", models / "tiny-face.json", "--pairs", pairs, "--images", test_data / "lfw", "--cache", cache, "--record"))
     # the same figures up to float noise: a 4-step model's scores on 20 pairs are packed so tightly
     # that noise may swap two pairs' order (test_eval compares the embeddings themselves)
@@ -85,7 +85,7 @@ def test_raw_photos_to_served_model(cli, test_data, tmp_path):
 
     manifest = Manifest.load(models / "tiny-face.json")
     # `eval --record` replaced the export's (checkpoint) figures with the exported model's own
-    assert manifest.metrics["flip"] == onnx["flip"] and manifest.license["terms"] == "research use only"
+    assert manifest.metrics["flip"] == onnx["flip"] and manifest.license == {"name": "test photos", "terms": "research use only"}
     settings = Settings(models_dir=models, model_cache=Settings().model_cache, embedder="tiny-face", device="cpu")
     shutil.copy(Settings().models_dir / "face_detection_yunet_2023mar.json", models)
     face = FacePipeline.from_settings(settings).embed_file(test_data / "lfw" / "Aaron_Peirsol" / "Aaron_Peirsol_0001.jpg")

@@ -1,0 +1,182 @@
+"""Milvus as the vector index every replica shares (FACEGATE_MILVUS_URI: a Milvus server, or a local
+file for Milvus Lite). The store (SQLite or PostgreSQL) stays the system of record; Milvus holds
+only (face id, embedding), one collection per embedder, so no replica keeps a copy or loads a
+snapshot at start-up.
+
+Consistency: searches run at the configured Milvus consistency level (Strong by default: a search
+waits until every write acknowledged before it is visible, so a 2xx enrollment on any replica is
+searchable on every replica at once). Writes: a face is upserted into Milvus inside its store
+transaction, before the commit — Milvus unreachable means the enrollment is rolled back and
+answered 503, nothing half done. A delete commits in the store first and is then removed from
+Milvus; if Milvus cannot be reached then, the vector stays behind but is never answered: every
+candidate is looked up in the store (`best_subjects`), which no longer has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from service.errors import GalleryUnavailable
+from service.gallery.index import IndexConfig
+from service.gallery.interface import GalleryStore
+
+log = logging.getLogger("facegate.gallery.milvus")
+
+UPSERT_BATCH = 5_000  # rows per upsert: well under Milvus's gRPC message limit at 512-d
+
+
+def redacted(uri: str) -> str:
+    """The URI without credentials, for /readyz and logs."""
+    parts = urlsplit(uri)
+    if not parts.scheme or parts.scheme == "file" or not parts.netloc:
+        return uri
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+class MilvusIndex:
+    """The VectorIndex of a Milvus collection `facegate_<embedder sha256[:16]>` (id INT64 primary key,
+    embedding FLOAT_VECTOR, inner product). Every Milvus failure is a 503 (`GalleryUnavailable`);
+    the next call reconnects."""
+
+    shared = True
+
+    def __init__(self, uri: str, token: str, dim: int, model_sha256: str, index_type: str = "AUTOINDEX", consistency: str = "Strong", timeout: float = 5.0):
+        self.uri, self.token, self.dim = uri, token, dim
+        self.collection = f"facegate_{model_sha256[:16]}"
+        self.index_type, self.consistency, self.timeout = index_type, consistency, timeout
+        self._client = None
+        self._lock = threading.Lock()
+        self._call(lambda client: None)  # connect and create the collection now: a wrong URI fails start-up
+
+    def _connect(self):
+        from pymilvus import DataType, MilvusClient  # pymilvus is needed only with FACEGATE_MILVUS_URI
+
+        client = MilvusClient(uri=self.uri, token=self.token, timeout=self.timeout)
+        if not client.has_collection(self.collection, timeout=self.timeout):
+            schema = MilvusClient.create_schema(auto_id=False)
+            schema.add_field("id", DataType.INT64, is_primary=True)
+            schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=self.dim)
+            params = client.prepare_index_params()
+            params.add_index("embedding", index_type=self.index_type, metric_type="IP")
+            client.create_collection(self.collection, schema=schema, index_params=params, consistency_level=self.consistency, timeout=self.timeout)
+            log.info("milvus %s: collection %s created (%s, IP, %s consistency)", redacted(self.uri), self.collection, self.index_type, self.consistency)
+        client.load_collection(self.collection, timeout=self.timeout)
+        return client
+
+    def _call(self, fn):
+        import grpc  # pymilvus's transport: a deadline or a dropped stream surfaces as its RpcError
+        from pymilvus import MilvusException
+
+        try:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._connect()
+                client = self._client
+            return fn(client)
+        except (MilvusException, grpc.RpcError) as exc:
+            with self._lock:
+                self._client = None  # reconnect on the next call
+            reason = exc.message if isinstance(exc, MilvusException) else f"{exc.code().name}: {exc.details()}"
+            raise GalleryUnavailable(f"the vector database (Milvus at {redacted(self.uri)}) is unavailable: {reason}") from exc
+
+    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Upsert: adding an id again (re-embedding) replaces its vector."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        vectors = np.asarray(vectors, np.float32).reshape(-1, self.dim)
+        for start in range(0, len(ids), UPSERT_BATCH):
+            rows = [{"id": int(i), "embedding": v.tolist()} for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH])]
+            self._call(lambda client: client.upsert(self.collection, rows, timeout=self.timeout))
+
+    def remove(self, ids: np.ndarray) -> int:
+        ids = [int(i) for i in np.asarray(ids, np.int64).reshape(-1)]
+        if not ids:
+            return 0
+        result = self._call(lambda client: client.delete(self.collection, ids=ids, timeout=self.timeout))
+        return int(result.get("delete_count", len(ids))) if isinstance(result, dict) else len(ids)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.asarray(queries, np.float32).reshape(-1, self.dim)
+        if k <= 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        hits = self._call(
+            lambda client: client.search(
+                self.collection,
+                data=queries.tolist(),
+                limit=k,
+                search_params={"metric_type": "IP"},
+                consistency_level=self.consistency,
+                timeout=self.timeout,
+            )
+        )
+        scores = np.full((len(queries), k), -np.inf, np.float32)
+        ids = np.full((len(queries), k), -1, np.int64)
+        for row, found in enumerate(hits):
+            for col, hit in enumerate(found[:k]):
+                scores[row, col], ids[row, col] = hit["distance"], hit["id"]
+        return scores, ids
+
+    @property
+    def size(self) -> int:
+        """Rows in the collection now (count(*) at the configured consistency, deletes applied)."""
+        rows = self._call(lambda client: client.query(self.collection, filter="", output_fields=["count(*)"], consistency_level=self.consistency, timeout=self.timeout))
+        return int(rows[0]["count(*)"])
+
+    def ids(self, batch: int = 10_000) -> Iterator[list[int]]:
+        """Every id in the collection, a batch at a time."""
+        iterator = self._call(lambda client: client.query_iterator(self.collection, batch_size=batch, filter="", output_fields=["id"], timeout=self.timeout))
+        try:
+            while rows := self._call(lambda client: iterator.next()):
+                yield [r["id"] for r in rows]
+        finally:
+            iterator.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": "milvus",
+            "uri": redacted(self.uri),
+            "collection": self.collection,
+            "index_type": self.index_type,
+            "metric": "IP",
+            "consistency": self.consistency,
+            "size": self.size,
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def open_milvus(config: IndexConfig, dim: int, model_sha256: str) -> MilvusIndex:
+    index = MilvusIndex(config.milvus_uri, config.milvus_token, dim, model_sha256, config.milvus_index, config.milvus_consistency, config.milvus_timeout)
+    log.info("gallery index: Milvus at %s, collection %s (%s consistency)", redacted(config.milvus_uri), index.collection, config.milvus_consistency)
+    return index
+
+
+def fill(store: GalleryStore, index: MilvusIndex, after_id: int = 0, batch: int = UPSERT_BATCH, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+    """Bring Milvus in line with the store (`facegate gallery sync-index`): upsert every face of the
+    active embedder with id > after_id, in id order, then remove ids the store no longer has
+    (deletes Milvus missed while unreachable). Upserts make it safe to rerun; an interrupted run
+    goes on from the last id `progress` reported. Returns (upserted, removed)."""
+    upserted = 0
+    while True:
+        ids, vectors = store.embeddings_after(after_id, batch)
+        if len(ids) == 0:
+            break
+        index.add(ids, vectors)
+        upserted, after_id = upserted + len(ids), int(ids[-1])
+        if progress:
+            progress(upserted, after_id)
+    removed = 0
+    for ids in index.ids():
+        gone = sorted(set(ids) - set(store.lookup_faces(ids)))
+        removed += index.remove(np.array(gone, np.int64)) if gone else 0
+    return upserted, removed

@@ -1,0 +1,172 @@
+"""Milvus as the shared vector index (FACEGATE_MILVUS_URI), against Milvus Lite (a local file; one
+process may open it, so "replicas" here are several stores in this process sharing one Milvus and
+one PostgreSQL). What is promised: a 2xx enrollment is searchable on every replica at once (Strong
+consistency), a deleted face is never answered, Milvus unreachable is a 503 with nothing written and
+the next call reconnects, re-embedding fills the new model's collection, and a replica starts without
+loading anything. Synthetic embeddings."""
+
+from __future__ import annotations
+
+import numpy as np
+import psycopg
+import pytest
+
+from service.errors import GalleryUnavailable
+from service.gallery.index import IndexConfig
+from service.gallery.interface import NewFace
+from service.gallery.milvus import fill
+from service.gallery.postgres import PostgresGallery
+from service.gallery.store import SqliteGallery
+from service.models.manifest import EmbedderKey
+
+pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+
+KEY = EmbedderKey("model-a", "a" * 64, 8)
+OTHER = EmbedderKey("model-b", "b" * 64, 8)
+
+
+def unit(seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
+    return x / np.linalg.norm(x)
+
+
+@pytest.fixture
+def milvus(tmp_path) -> IndexConfig:
+    return IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT")
+
+
+@pytest.fixture
+def replicas(database_url, milvus):
+    stores = [PostgresGallery(database_url, KEY, pool_size=2, index=milvus) for _ in range(2)]
+    yield stores
+    for store in stores:
+        store.close()
+
+
+def unreachable(store) -> str:
+    """Point the store's Milvus client at a closed port (as if Milvus went down); returns the real URI."""
+    uri, store.index.uri, store.index._client = store.index.uri, "http://127.0.0.1:1", None
+    return uri
+
+
+def test_an_enrollment_is_searchable_on_every_replica_at_once(replicas):
+    a, b = replicas
+    assert a.sync is None and a.replication() is None  # nothing to keep in step: Milvus is shared
+    a.create_subject("A", {}, "a")
+    (face,) = a.add_faces("a", [NewFace(unit(0))])
+    found = b.search(unit(0), 1)  # no wait: Strong consistency
+    assert found[0].subject_id == "a" and found[0].face_id == face.id and found[0].similarity == pytest.approx(1.0, abs=1e-5)
+    assert b.index.describe() | {"uri": None} == {
+        "backend": "milvus", "uri": None, "collection": f"facegate_{'a' * 16}", "index_type": "FLAT", "metric": "IP", "consistency": "Strong", "size": 1
+    }
+    assert b.counts()["searchable_faces"] == 1
+
+
+def test_a_deleted_face_is_never_answered_even_when_milvus_kept_it(replicas):
+    a, b = replicas
+    a.create_subject("A", {}, "a")
+    a.create_subject("B", {}, "b")
+    (gone, kept) = a.add_faces("a", [NewFace(unit(0)), NewFace(unit(1))])
+    a.add_faces("b", [NewFace(unit(2))])
+    a.delete_face(gone.id)
+    assert all(c.face_id != gone.id for c in b.search(unit(0), 5)) and b.index.size == 2
+    uri = unreachable(a)  # the delete commits, Milvus keeps the vector: search still never returns it
+    a.delete_subject("b")
+    a.index.uri = uri
+    assert a.index.size == 2  # the orphan is still in Milvus...
+    assert [c.subject_id for c in b.search(unit(2), 5)] == ["a"]  # ...but never answered
+
+
+def test_milvus_unreachable_is_a_503_that_writes_nothing_and_recovers(replicas, database_url):
+    a, b = replicas
+    a.create_subject("A", {}, "a")
+    uri = unreachable(a)
+    with pytest.raises(GalleryUnavailable, match="Milvus"):
+        a.add_faces("a", [NewFace(unit(0))])
+    with pytest.raises(GalleryUnavailable):
+        a.search(unit(0), 1)
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM faces").fetchone()[0] == 0  # rolled back: no face Milvus lacks
+    a.index.uri = uri  # Milvus is back: the next call reconnects
+    a.add_faces("a", [NewFace(unit(0))])
+    assert b.search(unit(0), 1)[0].subject_id == "a"
+
+
+def test_reembedding_fills_the_new_models_collection(database_url, milvus):
+    from service.align import template_chip
+
+    old = PostgresGallery(database_url, OTHER, pool_size=2, index=milvus)
+    old.create_subject("A", {}, "a")
+    old.add_faces("a", [NewFace(unit(0), chip=template_chip(np.full((112, 112, 3), 7, np.uint8), "arcface_112"))])
+    old.close()
+    maintenance = PostgresGallery(database_url, KEY, searchable=False, pool_size=2, index=milvus)  # `facegate gallery reembed`
+    assert maintenance.reembed(lambda crops: np.stack([unit(9)] * len(crops)), "arcface_112") == (1, 0)
+    maintenance.close()
+    new = PostgresGallery(database_url, KEY, pool_size=2, index=milvus)
+    try:
+        assert new.index.size == 1 and new.search(unit(9), 1)[0].similarity == pytest.approx(1.0, abs=1e-5)
+    finally:
+        new.close()
+
+
+def test_the_sqlite_store_on_milvus(tmp_path, milvus):
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    g.create_subject("A", {}, "a")
+    g.create_subject("B", {}, "b")
+    g.add_faces("a", [NewFace(unit(0)), NewFace(unit(1))])
+    g.add_faces("b", [NewFace(unit(2))])
+    assert [c.subject_id for c in g.search(unit(1), 5)] == ["a", "b"]
+    assert g.delete_subject("a") == 2 and g.index.size == 1
+    uri = unreachable(g)
+    with pytest.raises(GalleryUnavailable):
+        g.add_faces("b", [NewFace(unit(3))])
+    g.index.uri = uri
+    assert g.counts() == {"subjects": 1, "faces": 1, "searchable_faces": 1, "incompatible_faces": 0}
+    g.close()
+    again = SqliteGallery.open(tmp_path, KEY, index=milvus)  # nothing to load: Milvus kept it
+    assert again.search(unit(2), 1)[0].subject_id == "b"
+    again.close()
+
+
+def test_sync_index_moves_a_gallery_onto_milvus_and_drops_what_it_missed(tmp_path, milvus):
+    """An existing SQLite gallery (FAISS) moved onto Milvus, resumed after an interruption, and a
+    delete Milvus missed while unreachable removed."""
+    g = SqliteGallery.open(tmp_path, KEY)
+    for s in range(3):
+        g.create_subject(f"S{s}", {}, f"s{s}")
+        g.add_faces(f"s{s}", [NewFace(unit(10 * s + i)) for i in range(4)])
+    g.close()
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    assert g.index.size == 0 and g.search(unit(0), 1) == []  # nothing in Milvus yet
+    seen = []
+    with pytest.raises(RuntimeError):  # interrupted after the first batch
+        fill(g, g.index, batch=5, progress=lambda n, last: seen.append(last) or (n >= 5 and (_ for _ in ()).throw(RuntimeError("killed"))))
+    assert g.index.size == 5
+    uri = unreachable(g)
+    g.delete_subject("s0")  # Milvus misses this delete (its 4 faces are in Milvus already)
+    g.index.uri = uri
+    assert fill(g, g.index, after_id=seen[-1], batch=5) == (7, 4)  # the rest, then the 4 orphans
+    assert g.index.size == 8 and g.search(unit(11), 1)[0].subject_id == "s1" and g.search(unit(0), 1)[0].subject_id != "s0"
+    g.close()
+
+
+def test_a_milvus_deadline_is_a_503_too(tmp_path, milvus):
+    """A call past FACEGATE_MILVUS_TIMEOUT fails in gRPC, not as a MilvusException: still a 503."""
+    import grpc
+
+    class Deadline(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self):
+            return "Deadline Exceeded"
+
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    try:
+        g.index._client.search = lambda *a, **k: (_ for _ in ()).throw(Deadline())
+        with pytest.raises(GalleryUnavailable, match="DEADLINE_EXCEEDED"):
+            g.index.search(unit(0)[None], 1)
+        assert g.index._client is None  # the next call reconnects
+        assert g.search(unit(0), 1) == []
+    finally:
+        g.close()
