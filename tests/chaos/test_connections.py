@@ -6,17 +6,13 @@ Retry-After while /healthz still answers. Every loop and wait is bounded; nothin
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.service.api.test_server_process import free_port
+from tests.chaos.server import facegate_serve
 
 pytestmark = pytest.mark.slow
 HEADER_TIMEOUT = 2.0
@@ -27,36 +23,16 @@ IDLE_SOCKETS = 600  # above uvicorn's old limit_concurrency (512), which idle so
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chaos-connections")
-    port = free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("FACEGATE_API_KEYS", "FACEGATE_API_KEYS_FILE")},
         "FACEGATE_DATA_DIR": str(tmp / "gallery"),
         "FACEGATE_MODEL_CACHE": str(tmp / "cache"),  # no models: only the HTTP layer is under test
         "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_DEVICE": "cpu",
         "FACEGATE_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
         "FACEGATE_BODY_TIMEOUT": str(BODY_TIMEOUT),
         "FACEGATE_MAX_INFLIGHT_REQUESTS": "2",
     }
-    log = open(tmp / "server.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (tmp / "server.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    else:
-        raise AssertionError("server did not start in 60 s")
-    yield port, url
-    process.terminate()
-    process.wait(15)
-    log.close()
+    with facegate_serve(env, tmp / "server.log") as (url, port, _):
+        yield port, url
 
 
 def _connect(port: int) -> socket.socket:

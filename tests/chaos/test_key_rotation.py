@@ -3,17 +3,13 @@ accepted and the old refused, and a broken file on the next SIGHUP keeps the key
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.service.api.test_server_process import free_port
+from tests.chaos.server import facegate_serve
 
 pytestmark = pytest.mark.slow
 
@@ -34,28 +30,14 @@ def _until(predicate, seconds: float = 10.0) -> bool:
 def test_sighup_reloads_the_key_file(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("old-key\n")
-    port = free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("FACEGATE_API_KEYS", "FACEGATE_DATABASE_URL")},
         "FACEGATE_API_KEYS_FILE": str(keys),
         "FACEGATE_DATA_DIR": str(tmp_path / "gallery"),
         "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"),
         "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_DEVICE": "cpu",
     }
-    log = open(tmp_path / "server.log", "wb")
-    process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            assert process.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                return _status(url, "old-key") == 200
-            except httpx.TransportError:
-                return False
-
-        assert _until(up, 60)
+    with facegate_serve(env, tmp_path / "server.log") as (url, _, process):
+        assert _status(url, "old-key") == 200
         keys.write_text("new-key\n")
         process.send_signal(signal.SIGHUP)
         assert _until(lambda: _status(url, "new-key") == 200)
@@ -65,7 +47,3 @@ def test_sighup_reloads_the_key_file(tmp_path):
         time.sleep(0.5)
         assert process.poll() is None and _status(url, "new-key") == 200
         assert "API keys not reloaded" in (tmp_path / "server.log").read_text()
-    finally:
-        process.terminate()
-        process.wait(15)
-        log.close()

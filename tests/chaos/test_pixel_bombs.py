@@ -6,10 +6,6 @@ than 503 overloaded. Bounded in count and time; 127.0.0.1 only."""
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO
-from tests.service.api.test_server_process import free_port
+from tests.chaos.server import facegate_serve
 
 pytestmark = pytest.mark.slow
 BOMBS = 16
@@ -45,30 +40,15 @@ def bomb() -> bytes:
 def test_a_burst_of_pixel_bombs_stays_within_the_memory_bound(tmp_path, model_cache, embedder_manifest, bomb):
     if not Path("/proc/self/status").is_file():
         pytest.skip("peak RSS is read from /proc (Linux)")
-    port = free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("FACEGATE_API_KEYS", "FACEGATE_API_KEYS_FILE", "FACEGATE_DATABASE_URL")},
         "FACEGATE_DATA_DIR": str(tmp_path / "gallery"),
         "FACEGATE_MODEL_CACHE": str(model_cache),
         "FACEGATE_EMBEDDER": str(embedder_manifest),
-        "FACEGATE_DEVICE": "cpu",
         "FACEGATE_WORKER_THREADS": "8",  # as on a many-core host: decodes are not serialised by the thread count
         "FACEGATE_MAX_DECODED_MEGAPIXELS": str(BUDGET_MP),
         "FACEGATE_DECODE_WAIT": "120",
     }
-    log = open(tmp_path / "server.log", "wb")
-    process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    with facegate_serve(env, tmp_path / "server.log", ready="/readyz") as (url, _, process):
         base = _status_kb(process.pid, "VmRSS") * 1024
 
         def send(_: int) -> httpx.Response:
@@ -82,7 +62,3 @@ def test_a_burst_of_pixel_bombs_stays_within_the_memory_bound(tmp_path, model_ca
         assert any(s < 500 for s in statuses), statuses
         print(f"pixel bombs: {BOMBS} × {SIDE}x{SIDE}, base RSS {base / 1e6:.0f} MB, peak {peak / 1e6:.0f} MB, statuses {sorted(set(statuses))}")
         assert peak - base < RSS_GROWTH_BOUND, f"peak RSS grew by {(peak - base) / 1e6:.0f} MB"
-    finally:
-        process.terminate()
-        process.wait(15)
-        log.close()

@@ -6,10 +6,7 @@ pooled connections are checked and replaced). Bounded in count and time; 127.0.0
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.service.api.test_server_process import free_port
+from tests.chaos.server import facegate_serve
 
 pytestmark = pytest.mark.slow
 IN_FLIGHT = 30
@@ -42,29 +38,9 @@ def database():
 
 @pytest.fixture
 def service(database, tmp_path):
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("FACEGATE_API_KEYS", "FACEGATE_API_KEYS_FILE")},
-        "FACEGATE_DATABASE_URL": database.url(),
-        "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"),  # no models: the gallery is under test
-        "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_DEVICE": "cpu",
-    }
-    log = open(tmp_path / "server.log", "wb")
-    process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait(15)
-    log.close()
+    env = {"FACEGATE_DATABASE_URL": database.url(), "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"), "FACEGATE_EMBEDDER": "none"}  # no models: the gallery is under test
+    with facegate_serve(env, tmp_path / "server.log") as (url, _, _):
+        yield url
 
 
 def _timed(call) -> tuple[httpx.Response, float]:
