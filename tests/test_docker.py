@@ -48,6 +48,7 @@ COMBINATIONS = {
     "gpu+scale": ["--profile", "scale"],
     "cpu+scale": ["-f", "compose.yaml", "--profile", "scale"],
     "cpu+scale+metrics": ["-f", "compose.yaml", "--profile", "scale", "--profile", "metrics"],
+    "cpu+scale+milvus": ["-f", "compose.yaml", "-f", "compose.milvus.yaml", "--profile", "scale"],
 }
 SCALE = {"postgres", "facegate-a", "facegate-b", "lb"}  # the scale profile (docs/scaling.md)
 SERVICE = "facegate"
@@ -536,3 +537,20 @@ def test_image_command_serves_with_the_compose_environment(runtime, model_cache,
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_compose_milvus_adds_the_shared_index_to_the_replicas():
+    """compose.milvus.yaml: one Milvus standalone (named volume, health check, unpublished) that
+    both replicas wait for and search through; nothing else of the scale profile changes."""
+    config = compose_config(COMBINATIONS["cpu+scale+milvus"])
+    services = config["services"]
+    milvus = services["milvus"]
+    assert milvus["profiles"] == ["scale"] and not milvus.get("ports")
+    assert "/healthz" in " ".join(milvus["healthcheck"]["test"])
+    assert any(target == "/var/lib/milvus" and source in config["volumes"] for source, target in map(_volume, milvus["volumes"]))
+    for name in ("facegate-a", "facegate-b"):
+        replica = services[name]
+        assert _environment(replica)["FACEGATE_MILVUS_URI"] == "http://milvus:19530"
+        assert replica["depends_on"]["milvus"]["condition"] == "service_healthy"
+        assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"  # merged, not replaced
+        assert "FACEGATE_DATABASE_URL" in _environment(replica)
