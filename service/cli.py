@@ -28,7 +28,7 @@ gallery_app = typer.Typer(help="The gallery database (FACEGATE_DATABASE_URL, els
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 app.add_typer(gallery_app, name="gallery")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # a message is one line, whatever the terminal's width
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
 Aligned = Annotated[bool, typer.Option(help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection.")]
@@ -367,6 +367,7 @@ def gallery_sync_index(
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it picked: noise before every message
     for entry in entry_points(group="facegate.cli"):
         entry.load()(app)
     app()

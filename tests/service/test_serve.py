@@ -113,3 +113,19 @@ def test_a_start_up_failure_is_logged_as_its_reason():
         record = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, traceback.format_exc(), None, None)
     assert cli._OneLineStartupFailure().filter(record)
     assert record.getMessage() == "start-up failed: ConnectionError: database unreachable"
+
+
+def test_a_taken_port_is_exactly_one_line_from_the_real_command(tmp_path):
+    """The installed entry point as a user runs it (no terminal): one line, status 2, no abort."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FACEGATE_DATA_DIR": str(tmp_path)}
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(taken.getsockname()[1])]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1"), lines
