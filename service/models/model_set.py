@@ -12,7 +12,7 @@ from service.models.store import LoadedModel, load_model
 from service.settings import Settings
 
 FIXES = {
-    "detector": "run `facegate models pull` (downloads it into FACEGATE_MODEL_CACHE) or point FACEGATE_MODEL_CACHE at a folder holding it",
+    "detector": "the detector ships beside its manifest in FACEGATE_MODELS_DIR (models/): restore it from the repository or the image, then check it with `facegate models list`",
     "embedder": "set FACEGATE_EMBEDDER to an embedder manifest (a name in FACEGATE_MODELS_DIR or a path to its .json) whose model file sits beside it or in FACEGATE_MODEL_CACHE",
 }
 
