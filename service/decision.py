@@ -63,8 +63,8 @@ def decide_search(
     if far is not None or threshold is not None:
         return decide(manifest, far, threshold, default_far="")
     rate = default_fpir if fpir is None else fpir
-    if not 0.0 < rate < 1.0:
-        raise InvalidParameters(f"fpir must be in (0, 1), got {rate}")
+    if not 1e-9 <= rate < 1.0:
+        raise InvalidParameters(f"fpir must be in [1e-9, 1), got {rate}")
     return at_rate(manifest, rate, gallery_faces)
 
 

@@ -34,7 +34,7 @@ class VerifyOptions(StrictModel):
 class IdentifyOptions(StrictModel):
     top_k: int = Field(5, ge=1, le=100, description="Candidates to return, one per subject.")
     fpir: float | None = Field(
-        None, gt=0, lt=1, description="False-positive identification rate: the chance that a person who is not enrolled is returned "
+        None, ge=1e-9, lt=1, description="False-positive identification rate: the chance that a person who is not enrolled is returned "
         "as a match, whatever the gallery's size (default FACEGATE_DEFAULT_FPIR, 1e-2). Give at most one of fpir, far, threshold.",
         examples=[1e-3],
     )

@@ -19,8 +19,8 @@ from service.strict import StrictModel
 def far_key(far: float | str) -> str:
     """Canonical text of a false-accept rate, e.g. 0.001 → "1e-3", so lookups never miss on spelling."""
     value = float(far)
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"FAR must be in (0, 1), got {far}")
+    if not 1e-300 <= value < 1.0:  # below, 10**exponent underflows
+        raise ValueError(f"FAR must be in [1e-300, 1), got {far}")
     exponent = math.floor(math.log10(value))
     mantissa = round(value / 10**exponent, 6)
     if mantissa == 10:
