@@ -137,8 +137,9 @@ class FarCurve(StrictModel):
 
     points: list[tuple[float, float]] = Field(min_length=2, description="(FAR, threshold) pairs, FAR falling, threshold rising.")
     impostor_pairs: int = Field(gt=0)
-    tail_slope: float = Field(gt=0, description="Threshold gained per decade of FAR below the last point (least squares over its last decade).")
-    tail_fit_error: float = Field(ge=0, description="Largest |threshold − fit| over the points the tail was fitted to.")
+    tail_from: tuple[float, float] = Field(description="(FAR, threshold) the fitted exponential tail starts from.")
+    tail_slope: float = Field(gt=0, description="The tail's threshold gained per decade of FAR.")
+    tail_fit_error: float = Field(ge=0, description="Largest |threshold − tail| over the measured points the tail overlaps.")
 
     @model_validator(mode="after")
     def _monotone(self) -> FarCurve:
@@ -207,42 +208,41 @@ class Manifest(StrictModel):
             raise KeyError(key)
         return self.thresholds[key]
 
-    def _curve(self) -> tuple[list[tuple[float, float]], float]:
-        """(FAR, threshold) points, FAR falling, and the tail's threshold per decade below the last:
-        the calibrated curve, else the per-FAR thresholds (their last two points give the tail)."""
+    def _curve(self) -> tuple[list[tuple[float, float]], tuple[float, float], float]:
+        """(FAR, threshold) points, FAR falling; the tail's (FAR, threshold) anchor and its threshold
+        per decade: the calibrated curve, else the per-FAR thresholds (their last two points make
+        the tail)."""
         if self.far_curve is not None:
-            return self.far_curve.points, self.far_curve.tail_slope
+            return self.far_curve.points, self.far_curve.tail_from, self.far_curve.tail_slope
         points = sorted(((float(k), t) for k, t in self.thresholds.items()), reverse=True)
         if len(points) < 2:
             raise KeyError("the manifest has fewer than two calibrated FARs: run `facegate calibrate`")
         (f1, t1), (f2, t2) = points[-2:]
-        return points, max((t2 - t1) / (math.log10(f1) - math.log10(f2)), 1e-6)
+        return points, points[-1], max((t2 - t1) / (math.log10(f1) - math.log10(f2)), 1e-6)
 
     def threshold_at(self, far: float) -> float:
         """The cosine threshold of a per-comparison FAR: log-linear between calibrated points, the
         fitted exponential tail below the last one, the first point's threshold above the first."""
-        points, slope = self._curve()
+        points, (f_tail, t_tail), slope = self._curve()
         x = math.log10(far)
         if far >= points[0][0]:
             return points[0][1]
         for (fa, ta), (fb, tb) in zip(points, points[1:]):
             if far >= fb:
                 return ta + (tb - ta) * (math.log10(fa) - x) / (math.log10(fa) - math.log10(fb))
-        f_last, t_last = points[-1]
-        return t_last + slope * (math.log10(f_last) - x)
+        return max(points[-1][1], t_tail + slope * (math.log10(f_tail) - x))
 
     def far_at(self, similarity: float) -> float:
         """The calibrated per-comparison FAR of a cosine (the inverse of threshold_at); the first
         point's FAR for any cosine at or below its threshold."""
-        points, slope = self._curve()
+        points, (f_tail, t_tail), slope = self._curve()
         if similarity <= points[0][1]:
             return points[0][0]
         for (fa, ta), (fb, tb) in zip(points, points[1:]):
             if similarity <= tb:
                 share = (similarity - ta) / (tb - ta) if tb > ta else 1.0
                 return 10 ** (math.log10(fa) - share * (math.log10(fa) - math.log10(fb)))
-        f_last, t_last = points[-1]
-        return 10 ** (math.log10(f_last) - (similarity - t_last) / slope)
+        return min(points[-1][0], 10 ** (math.log10(f_tail) - (similarity - t_tail) / slope))
 
     def beyond_calibration(self, far: float) -> bool:
         """Whether a FAR lies below the calibrated points (its threshold comes from the fitted tail)."""
