@@ -51,6 +51,15 @@ def _pipeline(require_embedder: bool = True):
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
 
 
+def _raise_open_file_limit() -> None:
+    """Each connection is a file descriptor: lift the soft limit (often 1024) to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _check_can_start(settings, host: str, port: int) -> None:
     """What would fail only after the models are loaded, said in one line before: a taken address
     (uvicorn binds after start-up) and a PostgreSQL gallery without its driver."""
@@ -89,16 +98,22 @@ def serve(
     """Run the HTTP API. Without API keys it binds loopback only, unless FACEGATE_ALLOW_ANONYMOUS=true."""
     import uvicorn
 
-    from service.api.auth import ApiKeys, is_loopback
+    from service.api.auth import ApiKeys, KeyConfigError, is_loopback
 
     settings = get_settings()
-    if not ApiKeys.from_settings(settings).enabled and not is_loopback(host) and not settings.allow_anonymous:
+    try:
+        keys = ApiKeys.from_settings(settings)
+    except KeyConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not keys.enabled and not is_loopback(host) and not settings.allow_anonymous:
         console.print(
             f"[red]error:[/red] refusing to serve the gallery on {host} without API keys: anyone who can reach the port "
             "could read, enroll and delete. Set FACEGATE_API_KEYS or FACEGATE_API_KEYS_FILE, bind 127.0.0.1, or set "
             "FACEGATE_ALLOW_ANONYMOUS=true when something in front authenticates."
         )
         raise typer.Exit(2)
+    _raise_open_file_limit()
     _check_can_start(settings, host, port)
     logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
     uvicorn.run(
@@ -108,9 +123,12 @@ def serve(
         port=port,
         workers=workers,
         log_level="info",
-        http="h11",  # the parser whose header limit h11_max_incomplete_event_size is
+        # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
+        http="service.api.server:HeaderDeadlineProtocol",
         timeout_keep_alive=settings.timeout_keep_alive,
-        limit_concurrency=settings.limit_concurrency,
+        # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
+        # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
+        backlog=settings.backlog,
         h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
     )
 

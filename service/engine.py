@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 
 from service.batching import BatchShapes, MicroBatcher
+from service.budget import PixelBudget
 from service.cores import available_cores
 from service.metrics import Metrics
 from service.models.detector import Face
@@ -39,6 +40,7 @@ class Engine:
         self.detect_shapes = BatchShapes(settings.detect_batch_sizes if detector.batchable else range(1, largest + 1))
         self._embed = partial(self.embed_shapes.run, embedder.embed)
         self._detect = partial(self.detect_shapes.run, detector.infer)
+        self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
         self.embed_batcher = self.detect_batcher = None
         self._closing = threading.Event()
         self._warm_up_thread: threading.Thread | None = None
@@ -125,7 +127,13 @@ class Engine:
         return self.pipeline.find_faces(image, False, policy, chips, faces=faces)
 
     async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
-        """The image's faces with their embeddings, largest first (and their chips, when asked)."""
+        """The image's faces with their embeddings, largest first (and their chips, when asked). The
+        decoded pixels are held against the pixel budget until the faces are embedded."""
+        _, width, height = await self._run(self.pipeline.probe, data)
+        async with self.pixels.hold(width * height):
+            return await self._faces(data, aligned, policy, chips)
+
+    async def _faces(self, data: bytes, aligned: bool, policy: FacePolicy, chips: bool) -> list[EmbeddedFace]:
         image, canvas, scale = await self._run(self._prepare, data, aligned)
         if aligned:
             found = await self._run(self.pipeline.find_faces, image, True, policy, chips)

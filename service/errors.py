@@ -45,6 +45,12 @@ class Unauthorized(FacegateError):
     code, status = "unauthorized", 401
 
 
+class RequestTimeout(FacegateError):
+    """The request body did not arrive within FACEGATE_BODY_TIMEOUT seconds."""
+
+    code, status = "request_timeout", 408
+
+
 class NotFound(FacegateError):
     """No such route."""
 
@@ -147,6 +153,12 @@ class EnrollmentFailed(FacegateError):
 # 5xx: the server's condition, never the caller's input
 
 
+class Overloaded(FacegateError):
+    """FACEGATE_MAX_INFLIGHT_REQUESTS requests are already being served: retry after Retry-After."""
+
+    code, status = "overloaded", 503
+
+
 class InternalError(FacegateError):
     """An unexpected exception (logged)."""
 
@@ -176,6 +188,7 @@ _FOR_STATUS = {
     400: BadRequest,
     401: Unauthorized,
     404: NotFound,
+    408: RequestTimeout,
     405: MethodNotAllowed,
     413: BodyTooLarge,
     415: UnsupportedMediaType,

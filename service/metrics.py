@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from service.errors import FacegateError
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 SEARCH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
@@ -28,6 +25,8 @@ class Metrics:
         self.detect_queue_wait = Histogram("facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=r)
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
+        self.gallery_up = Gauge("facegate_gallery_up", "1 when the gallery's database answered this scrape in time, else 0 (the gauges keep their last values).", registry=r)
+        self.replicated = False  # PostgreSQL: the replication gauges are set
         self.gallery_index_size = Gauge("facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["backend"], registry=r)
         self.gallery_search = Histogram(
             "facegate_gallery_search_seconds", "Gallery search latency per face (index search + exact re-scoring).", buckets=SEARCH_BUCKETS, registry=r
@@ -54,35 +53,17 @@ class Metrics:
     def waited(self, role: str, seconds: float) -> None:
         (self.queue_wait if role == "embedder" else self.detect_queue_wait).observe(seconds)
 
-    def watch_gallery(self, counts: Callable[[], dict[str, int]]) -> None:
-        """Gallery gauges read at scrape time, so they can never drift from the database."""
-        self.gallery_subjects.set_function(lambda: counts()["subjects"])
-        self.gallery_faces.labels("true").set_function(lambda: counts()["searchable_faces"])
-        self.gallery_faces.labels("false").set_function(lambda: counts()["incompatible_faces"])
-
-    def watch_index(self, describe: Callable[[], dict | None]) -> None:
-        """The index's size under its backend's name, read at scrape time; NaN while it cannot be reached."""
-        info = describe()
-        if info is None:
-            return
-
-        def size() -> float:
-            try:
-                return float(describe()["size"])
-            except FacegateError:
-                return math.nan
-
-        self.gallery_index_size.labels(info["backend"]).set_function(size)
-
-    def watch_replication(self, replication: Callable[[], dict]) -> None:
-        """Where a replica's index stands in the shared change sequence, read at scrape time; NaN
-        while the database cannot be reached."""
-
-        def read(field: str) -> float:
-            try:
-                return float(replication()[field])
-            except FacegateError:
-                return math.nan
-
-        self.gallery_applied.set_function(lambda: read("applied_sequence"))
-        self.gallery_lag.set_function(lambda: read("lag"))
+    def observe_gallery(self, snapshot) -> None:
+        """Set the gallery gauges from a `service.gallery.stats.Snapshot` (read for each scrape, never
+        waiting on the database for long): the last known values, NaN while none is known."""
+        counts, replication = snapshot.counts or {}, snapshot.replication or {}
+        self.gallery_up.set(1.0 if snapshot.fresh else 0.0)
+        self.gallery_subjects.set(counts.get("subjects", math.nan))
+        self.gallery_faces.labels("true").set(counts.get("searchable_faces", math.nan))
+        self.gallery_faces.labels("false").set(counts.get("incompatible_faces", math.nan))
+        if snapshot.index is not None:
+            self.gallery_index_size.labels(snapshot.index["backend"]).set(snapshot.index.get("size", math.nan) if snapshot.fresh else math.nan)
+        if snapshot.replication is not None or self.replicated:
+            self.replicated = True
+            self.gallery_applied.set(replication.get("applied_sequence", math.nan))
+            self.gallery_lag.set(replication.get("lag", math.nan) if snapshot.fresh else math.nan)

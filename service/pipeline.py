@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 
 from service.align import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
-from service.decode import decode_image
+from service.decode import decode_image, probe
 from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.models.detector import Face, FaceDetector
 from service.models.embedder import FaceEmbedder
@@ -63,6 +63,11 @@ class FacePipeline:
     @property
     def template(self) -> str:
         return self.embedder_model.manifest.alignment if self.embedder_model else "arcface_112"
+
+    def probe(self, data: bytes) -> tuple[str, int, int]:
+        """Format and size from the header, with the limits checked (nothing decoded)."""
+        s = self.settings
+        return probe(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side)
 
     def decode(self, data: bytes) -> np.ndarray:
         s = self.settings

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(10_000_000, ge=1)
     max_image_pixels: int = Field(40_000_000, ge=1)
     min_image_side: int = Field(16, ge=1)
+    max_decoded_megapixels: float = Field(
+        200.0, gt=0, description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
+    )
+    decode_wait: float = Field(60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded.")
 
     # detection
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0)
@@ -73,6 +77,9 @@ class Settings(BaseSettings):
         None, description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored."
     )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
+    database_pool_timeout: float = Field(
+        1.0, gt=0, description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage."
+    )
     index: str = Field(
         "Flat",
         description=(
@@ -127,7 +134,12 @@ class Settings(BaseSettings):
 
     # the HTTP server (uvicorn, as `facegate serve` runs it)
     timeout_keep_alive: int = Field(5, ge=1, description="Seconds an idle keep-alive connection is kept open.")
-    limit_concurrency: int = Field(512, ge=1, description="Connections (and tasks) served at once; beyond it new requests get 503.")
+    header_timeout: float = Field(10.0, gt=0, description="Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); then it is closed.")
+    body_timeout: float = Field(60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed.")
+    backlog: int = Field(2048, ge=1, description="Connections the kernel queues before `facegate serve` accepts them (listen backlog).")
+    max_inflight_requests: int = Field(
+        64, ge=1, description="Requests served at once, /healthz, /readyz and /metrics aside (they are never refused); beyond it 503 overloaded with Retry-After. Open connections are not counted."
+    )
     h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
 
     @model_validator(mode="before")

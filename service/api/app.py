@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -15,11 +16,12 @@ from service import __version__
 from service.api import access_log, docs_ui, error_handlers
 from service.api.auth import ApiKeys
 from service.api.deps import Service
-from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, RequestMetrics
+from service.api.middleware import PUBLIC_PATHS, Admission, ApiKeyAuth, BodyLimit, RequestMetrics
 from service.api.routes import ROUTERS
 from service.engine import Engine
 from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
+from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.models.model_set import load_models
 from service.pipeline import FacePipeline
@@ -58,6 +60,16 @@ def _openapi_with_api_key(app: FastAPI):
     return openapi
 
 
+def _on_signal(signum: int, handler) -> bool:
+    """Run `handler` on the event loop at `signum`; False where signals cannot be handled here
+    (not the main thread, as under a test client)."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signum, handler)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
@@ -81,19 +93,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else:
                 engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
-        metrics.watch_gallery(gallery.counts)
-        metrics.watch_index(gallery.index_info)
-        if gallery.replication() is not None:
-            metrics.watch_replication(gallery.replication)
-        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery)
+        gallery_stats = GalleryStats(gallery)
+        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats)
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
+        reload_on_hangup = _on_signal(signal.SIGHUP, keys.reload)  # key rotation without a restart
         try:
             yield
         finally:
+            if reload_on_hangup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if engine:
                 engine.close()
+            gallery_stats.close()
             gallery.close()
 
     app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -103,7 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.openapi = _openapi_with_api_key(app)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
+    app.add_middleware(Admission, limit=settings.max_inflight_requests)
     app.add_middleware(ApiKeyAuth, keys=keys)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

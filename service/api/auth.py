@@ -1,16 +1,24 @@
 """Optional API keys: only sha256 hashes are held, and a presented key is compared against every
-one of them in constant time, so neither timing nor a memory dump reveals a key."""
+one of them in constant time, so neither timing nor a memory dump reveals a key. The key file is
+re-read on SIGHUP (key rotation without a restart); a file that cannot be used is refused with
+the reason, never silently read as "no keys", which would turn authentication off."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import ipaddress
+import logging
 from pathlib import Path
 
 from service.settings import Settings
 
 HASH_PREFIX = "sha256:"
+log = logging.getLogger("facegate.auth")
+
+
+class KeyConfigError(ValueError):
+    """FACEGATE_API_KEYS / FACEGATE_API_KEYS_FILE cannot be used as configured (never names a key)."""
 
 
 def _hash(entry: str) -> bytes:
@@ -23,17 +31,61 @@ def _hash(entry: str) -> bytes:
     return hashlib.sha256(entry.encode()).digest()
 
 
+def _read_entries(settings: Settings) -> list[str]:
+    """Every configured key or hash; a key file must exist, parse, and hold at least one key."""
+    entries = [k.strip() for k in settings.api_keys.get_secret_value().split(",") if k.strip()]
+    for entry in entries:
+        _checked(entry, "FACEGATE_API_KEYS")
+    path = settings.api_keys_file
+    if path:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeyConfigError(f"FACEGATE_API_KEYS_FILE {path} cannot be read: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        found = [(n, line.split("#", 1)[0].strip()) for n, line in enumerate(lines, 1)]
+        found = [(n, entry) for n, entry in found if entry]
+        for n, entry in found:
+            _checked(entry, f"FACEGATE_API_KEYS_FILE {path} line {n}")
+        if not found and not settings.allow_anonymous:
+            raise KeyConfigError(
+                f"FACEGATE_API_KEYS_FILE {path} holds no key (only comments or blank lines): refusing to run without "
+                "authentication; add a key, unset the setting, or set FACEGATE_ALLOW_ANONYMOUS=true"
+            )
+        entries += [entry for _, entry in found]
+    return entries
+
+
+def _checked(entry: str, where: str) -> str:
+    try:
+        _hash(entry)
+    except ValueError:
+        raise KeyConfigError(f"{where}: an entry starting with {HASH_PREFIX!r} must be sha256:<64 hex digits>") from None
+    return entry
+
+
 class ApiKeys:
-    def __init__(self, entries: list[str]):
+    def __init__(self, entries: list[str], settings: Settings | None = None):
         self._digests = [_hash(e) for e in entries]
+        self._settings = settings
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiKeys:
-        entries = [k.strip() for k in settings.api_keys.get_secret_value().split(",")]
-        if settings.api_keys_file:
-            for line in Path(settings.api_keys_file).read_text().splitlines():
-                entries.append(line.split("#", 1)[0].strip())
-        return cls([e for e in entries if e])
+        return cls(_read_entries(settings), settings)
+
+    def reload(self) -> None:
+        """Re-read the configured keys (SIGHUP); on any error the keys in use stay, and it is logged."""
+        if self._settings is None:
+            return
+        try:
+            digests = [_hash(e) for e in _read_entries(self._settings)]
+        except KeyConfigError as exc:
+            log.error("API keys not reloaded, the previous keys stay in use: %s", exc)
+            return
+        if self.enabled and not digests:
+            log.error("API keys not reloaded: the new configuration has no key, and authentication is not turned off by a reload")
+            return
+        self._digests = digests  # one assignment: a request sees the old list or the new one
+        log.info("API keys reloaded: %d configured", len(digests))
 
     @property
     def enabled(self) -> bool:

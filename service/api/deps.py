@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -10,8 +11,11 @@ import numpy as np
 from fastapi import Depends, Request
 
 from service.api.auth import ApiKeys
+from service.api.schemas import SUBJECT_ID_PATTERN
 from service.engine import Engine
+from service.errors import SubjectNotFound
 from service.gallery.interface import Candidate, GalleryStore
+from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.models.model_set import ModelSet
 from service.readiness import Readiness
@@ -27,6 +31,7 @@ class Service:
     readiness: Readiness
     engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
+    gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
 
     def search(self, embedding: np.ndarray, top_k: int) -> list[Candidate]:
         """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds."""
@@ -39,3 +44,15 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def subject_id_path(subject_id: str) -> str:
+    """One check of a path's subject id for both stores, before either is asked: an id the
+    pattern refuses (a NUL byte, 10k characters) names no subject, so 404 on SQLite and PostgreSQL
+    alike (PostgreSQL refused NUL with a 500)."""
+    if not re.fullmatch(SUBJECT_ID_PATTERN, subject_id):
+        raise SubjectNotFound(f"no subject with id {subject_id[:140]!r}")
+    return subject_id
+
+
+SubjectIdPath = Annotated[str, Depends(subject_id_path)]

@@ -23,10 +23,27 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def _holds_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def problem(metadata: dict[str, Any], settings: Settings) -> str | None:
     """Why `metadata` exceeds the limits, or None."""
     if _deeper_than(metadata, settings.max_metadata_depth):
         return f"metadata nests deeper than {settings.max_metadata_depth} levels (FACEGATE_MAX_METADATA_DEPTH)"
+    if _holds_nul(metadata):  # PostgreSQL's jsonb refuses NUL where SQLite stored it: refused for both
+        return "metadata may not hold a NUL character (\\u0000)"
     size = len(json.dumps(metadata))  # as the gallery stores it (ASCII: characters are bytes)
     if size > settings.max_metadata_bytes:
         return f"metadata is {size} bytes as JSON; the limit is {settings.max_metadata_bytes} (FACEGATE_MAX_METADATA_BYTES)"

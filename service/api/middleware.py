@@ -1,10 +1,15 @@
-"""Pure ASGI middleware, outermost first: request metrics, API-key check, body size limit.
+"""Pure ASGI middleware, outermost first: request metrics, API-key check, admission control, body
+size limit and deadline.
 
-The body limit refuses a declared Content-Length above the limit before reading anything, and
-caps the bytes actually streamed (chunked uploads declare nothing)."""
+Admission counts requests being served, not open connections (an idle or slow socket costs a
+file descriptor, nothing more, and `service.api.server` closes it at its header deadline), and
+never refuses /healthz, /readyz or /metrics. The body limit refuses a declared Content-Length
+above the limit before reading anything, caps the bytes actually streamed (chunked uploads
+declare nothing), and gives the whole body FACEGATE_BODY_TIMEOUT seconds to arrive."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.exceptions import HTTPException
@@ -12,10 +17,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.auth import ApiKeys
 from service.api.error_handlers import error_response
-from service.errors import BodyTooLarge, Unauthorized
+from service.errors import BodyTooLarge, Overloaded, RequestTimeout, Unauthorized
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}
+ALWAYS_ADMITTED = PUBLIC_PATHS | {"/metrics"}
+# Metric label values come from closed sets: anyone can invent a method or a path.
+METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 
 class RequestMetrics:
@@ -39,8 +47,9 @@ class RequestMetrics:
         finally:
             route = scope.get("route")
             label = getattr(route, "path", "unmatched")  # the template, never the raw path: bounded label values
-            self.metrics.requests.labels(label, scope["method"], str(status)).inc()
-            self.metrics.latency.labels(label, scope["method"]).observe(time.perf_counter() - started)
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.requests.labels(label, method, str(status)).inc()
+            self.metrics.latency.labels(label, method).observe(time.perf_counter() - started)
 
 
 class ApiKeyAuth:
@@ -49,16 +58,39 @@ class ApiKeyAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.keys.enabled and scope["path"] not in PUBLIC_PATHS:
-            presented = dict(scope["headers"]).get(b"x-api-key", b"").decode("latin-1")
-            if not self.keys.check(presented):
+            presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
+            # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
+            if len(presented) != 1 or not self.keys.check(presented[0].decode("latin-1")):
                 response = error_response(Unauthorized("a valid X-API-Key header is required"))
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
 
+class Admission:
+    """At most `limit` requests in the app at once (the event loop is single-threaded: a plain
+    counter is exact); beyond it a JSON 503 `overloaded` with Retry-After, at once."""
+
+    def __init__(self, app: ASGIApp, limit: int, retry_after: int = 1):
+        self.app, self.limit, self.retry_after = app, limit, retry_after
+        self.inflight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED:
+            return await self.app(scope, receive, send)
+        if self.inflight >= self.limit:
+            error = Overloaded(f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {self.retry_after} s")
+            response = error_response(error, headers={"Retry-After": str(self.retry_after)})
+            return await response(scope, receive, send)
+        self.inflight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.inflight -= 1
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 60.0):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     def _too_large(self) -> str:
         return f"the request body exceeds the {self.max_bytes}-byte limit (FACEGATE_MAX_REQUEST_BYTES)"
@@ -71,10 +103,18 @@ class BodyLimit:
             response = error_response(BodyTooLarge(self._too_large()), headers={"Connection": "close"})
             return await response(scope, receive, send)
         seen = 0
+        deadline = time.monotonic() + self.timeout
+        complete = False
 
         async def capped() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete
+            if complete:  # after the body only a disconnect can come: no deadline on waiting for it
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                raise HTTPException(RequestTimeout.status, f"the request body did not arrive within {self.timeout:g} s (FACEGATE_BODY_TIMEOUT)", headers={"Connection": "close"}) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:

@@ -16,12 +16,17 @@ from typing import Any, Generic, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from service.errors import InvalidBase64, InvalidJson, InvalidParameters, UnsupportedMediaType
 from service.readiness import Readiness
 
 MAX_FORM_FIELDS = 64  # text fields in one multipart body: every route takes a handful
+# Objects and arrays in one JSON body, counted before parsing (an upper bound: brackets inside strings
+# count too; base64 has none). The largest legitimate body, metadata at its limit, holds far fewer;
+# millions of `{}` would cost seconds and hundreds of MB to parse.
+MAX_JSON_CONTAINERS = 10_000
 IMAGE = "An image (JPEG, PNG, WebP, BMP, GIF, TIFF): a file part, or base64 in a JSON body."
 Options = TypeVar("Options", bound=BaseModel)
 Model = TypeVar("Model", bound=BaseModel)
@@ -45,15 +50,34 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
+def _no_constant(name: str) -> Any:
+    raise InvalidJson(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
 def parse_json(raw: bytes) -> Any:
-    """The one JSON parser for request bodies. Nesting deep enough to exhaust the parser's
-    recursion (a few hundred levels) is malformed input here, not a server error."""
+    """The one JSON parser for request bodies: UTF-8 only, no NaN/Infinity, at most
+    MAX_JSON_CONTAINERS objects and arrays. Nesting deep enough to exhaust the parser's recursion
+    (a few hundred levels) and integers past Python's digit limit are malformed input here, not
+    server errors. Blocking: routes call it through `parse_json_off_loop`."""
+    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_CONTAINERS:
+        raise InvalidJson(f"the JSON body holds more than {MAX_JSON_CONTAINERS} objects and arrays")
     try:
-        return json.loads(raw, object_pairs_hook=_unique)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidJson("the JSON body is not UTF-8") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
         raise InvalidJson(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidJson("the JSON body is nested too deeply") from None
+    except ValueError:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise InvalidJson("the JSON body holds a number too long to read") from None
+
+
+async def parse_json_off_loop(raw: bytes) -> Any:
+    """`parse_json` on a worker thread: a large body must not hold the event loop (and /healthz)."""
+    return await run_in_threadpool(parse_json, raw)
 
 
 def _media(request: Request) -> str:
@@ -70,7 +94,7 @@ async def read_json_model(request: Request, model: type[Model]) -> Model:
     if media and not _is_json(media):
         raise UnsupportedMediaType(f"unsupported content type {media!r}; send application/json")
     try:
-        return model.model_validate(parse_json(await request.body()))
+        return model.model_validate(await parse_json_off_loop(await request.body()))
     except ValidationError as exc:
         raise InvalidParameters(validation_message(exc)) from None
 
@@ -135,18 +159,7 @@ async def _parse(request: Request, options: type[Options], images: tuple[str, ..
                 else:
                     fields[name] = value
     elif _is_json(media):
-        body = parse_json(await request.body())
-        if not isinstance(body, dict):
-            raise InvalidParameters("the JSON body must be an object")
-        for name, value in body.items():
-            if name == multi:
-                if not isinstance(value, list):
-                    raise InvalidParameters(f"{name}: a list of base64 strings is expected")
-                many.extend(_b64(f"{name}[{i}]", v) for i, v in enumerate(value))
-            elif name in images:
-                found[name] = _b64(name, value)
-            else:
-                fields[name] = value
+        fields, found, many = await run_in_threadpool(_json_fields, await request.body(), images, multi)
     else:
         raise UnsupportedMediaType(f"unsupported content type {media or '(none)'!r}; send multipart/form-data or application/json")
     try:
@@ -154,6 +167,27 @@ async def _parse(request: Request, options: type[Options], images: tuple[str, ..
     except ValidationError as exc:
         raise InvalidParameters(validation_message(exc)) from None
     return parsed, found, many
+
+
+def _json_fields(raw: bytes, images: tuple[str, ...], multi: str | None) -> tuple[dict[str, Any], dict[str, bytes], list[bytes]]:
+    """A JSON image body → (option fields, {image field: bytes}, [bytes of the `multi` field]);
+    blocking (parsing and base64 of up to FACEGATE_MAX_REQUEST_BYTES), run off the event loop."""
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise InvalidParameters("the JSON body must be an object")
+    fields: dict[str, Any] = {}
+    found: dict[str, bytes] = {}
+    many: list[bytes] = []
+    for name, value in body.items():
+        if name == multi:
+            if not isinstance(value, list):
+                raise InvalidParameters(f"{name}: a list of base64 strings is expected")
+            many.extend(_b64(f"{name}[{i}]", v) for i, v in enumerate(value))
+        elif name in images:
+            found[name] = _b64(name, value)
+        else:
+            fields[name] = value
+    return fields, found, many
 
 
 def request_body(options: type[BaseModel], images: dict[str, str], required: list[str], multi: tuple[str, str] | None = None, example: dict | None = None) -> dict:

@@ -16,6 +16,8 @@ from service.strict import StrictModel
 
 INT64_MAX = 2**63 - 1  # SQLite's and FAISS's id range: larger numbers are bad input, not a crash
 SUBJECT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
+# A name holds no NUL: PostgreSQL refuses it in text where SQLite stored it (ids: SubjectIdPath).
+NAME_PATTERN = r"^[^\x00]+$"
 
 FarField = Field(None, description="False-accept rate whose manifest threshold decides (e.g. 1e-3 or \"1e-3\"); default FACEGATE_DEFAULT_FAR.", examples=["1e-3"])
 ThresholdField = Field(None, ge=-1.0, le=1.0, description="Explicit cosine threshold instead of a FAR (the response's far is then null).")
@@ -24,7 +26,7 @@ PolicyField = Field("largest", description="`largest`: use the largest face; `re
 
 
 class VerifyOptions(StrictModel):
-    subject_id: str | None = Field(None, description="Compare image1 with this subject's enrolled faces (instead of image2).")
+    subject_id: str | None = Field(None, pattern=SUBJECT_ID_PATTERN, description="Compare image1 with this subject's enrolled faces (instead of image2).")
     far: float | str | None = FarField
     threshold: float | None = ThresholdField
     face_policy: Literal["largest", "reject_multiple"] = PolicyField
@@ -151,12 +153,12 @@ class EmbedResponse(BaseModel):
 
 class SubjectIn(StrictModel):
     id: str | None = Field(None, pattern=SUBJECT_ID_PATTERN, description="Client-chosen id; a random one when omitted.", examples=["emp-1042"])
-    name: str = Field(min_length=1, max_length=256, examples=["Ada Lovelace"])
+    name: str = Field(min_length=1, max_length=256, pattern=NAME_PATTERN, examples=["Ada Lovelace"])
     metadata: dict[str, Any] = Field(default_factory=dict, examples=[{"department": "R&D"}])
 
 
 class SubjectPatch(StrictModel):
-    name: str | None = Field(None, min_length=1, max_length=256)
+    name: str | None = Field(None, min_length=1, max_length=256, pattern=NAME_PATTERN)
     metadata: dict[str, Any] | None = Field(None, description="Replaces the stored metadata.")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
@@ -89,7 +90,9 @@ def change_digest(conn: psycopg.Connection, seq: int) -> str:
 
 
 class PostgresGallery(GalleryStore):
-    def __init__(self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, index: IndexConfig | None = None):
+    def __init__(
+        self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, index: IndexConfig | None = None, pool_timeout: float = 1.0
+    ):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
         the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
@@ -98,7 +101,21 @@ class PostgresGallery(GalleryStore):
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
         self.index: VectorIndex | None = None
-        self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="facegate-gallery")
+        # `timeout`: a request waits this long for a connection, then 503 gallery_unavailable (an outage
+        # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
+        # before use, so after a database restart a stale one is replaced rather than failing a request.
+        self.pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name="facegate-gallery",
+            timeout=pool_timeout,
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": max(1, round(pool_timeout))},
+        )
+        self._connect_timeout = max(1, round(pool_timeout))
+        self._direct = threading.BoundedSemaphore(pool_size)
         self.pool.open(wait=True, timeout=30)
         try:
             with self.pool.connection() as conn:
@@ -140,6 +157,19 @@ class PostgresGallery(GalleryStore):
         try:
             with self.pool.connection() as conn:
                 yield conn
+        except PoolTimeout as exc:
+            # After an outage the pool reconnects with a growing backoff (seconds): while it has no
+            # connection, a direct one (at most pool_size at once) serves the request if the
+            # database is back, so the first request after a restart succeeds.
+            if not self._direct.acquire(blocking=False):
+                raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
+            try:
+                with psycopg.connect(self.url, connect_timeout=self._connect_timeout) as conn:
+                    yield conn
+            except psycopg.OperationalError as direct:
+                raise GalleryUnavailable(f"the gallery database is unavailable: {direct}") from direct
+            finally:
+                self._direct.release()
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 

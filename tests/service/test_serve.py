@@ -63,9 +63,10 @@ def test_a_network_bind_with_keys_or_explicitly_anonymous_starts(serve, tmp_path
 
 
 def test_uvicorn_limits_come_from_settings(serve):
-    _, started = serve(FACEGATE_TIMEOUT_KEEP_ALIVE="3", FACEGATE_LIMIT_CONCURRENCY="64", FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE="8192")
-    assert (started["timeout_keep_alive"], started["limit_concurrency"], started["h11_max_incomplete_event_size"]) == (3, 64, 8192)
-    assert started["http"] == "h11"  # the header limit is h11's
+    _, started = serve(FACEGATE_TIMEOUT_KEEP_ALIVE="3", FACEGATE_BACKLOG="64", FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE="8192")
+    assert (started["timeout_keep_alive"], started["backlog"], started["h11_max_incomplete_event_size"]) == (3, 64, 8192)
+    assert started["http"] == "service.api.server:HeaderDeadlineProtocol"  # h11's, whose header limit that is
+    assert "limit_concurrency" not in started  # it counts idle connections: admission control limits work instead
 
 
 def test_start_without_keys_warns(tmp_path, make_client, caplog):
@@ -75,6 +76,15 @@ def test_start_without_keys_warns(tmp_path, make_client, caplog):
     with caplog.at_level(logging.WARNING, logger="facegate.app"):
         make_client(settings)
     assert any(r.levelno == logging.WARNING and "NO API KEYS" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unusable_key_file_stops_serve_with_the_reason(serve, tmp_path):
+    result, started = serve(FACEGATE_API_KEYS_FILE=str(tmp_path / "missing"))
+    assert result.exit_code == 2 and started is None and "No such file" in result.output  # rich wraps the line
+    comments = tmp_path / "keys"
+    comments.write_text("# only a comment\n")
+    result, started = serve(FACEGATE_API_KEYS_FILE=str(comments))
+    assert result.exit_code == 2 and started is None and "holds no key" in " ".join(result.output.split())
 
 
 def test_a_taken_port_is_one_line_before_anything_loads(serve):

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import Service, ServiceDep
+from service.api.deps import Service, ServiceDep, SubjectIdPath
 from service.api.requests import read_image_request, request_body
 from service.api.schemas import (
     INT64_MAX,
@@ -29,7 +29,7 @@ router = APIRouter(tags=["gallery"])
 
 
 @router.get("/subjects/{subject_id}/faces", response_model=FacePage, responses=error_responses(401, 404))
-def list_faces(subject_id: str, service: ServiceDep) -> FacePage:
+def list_faces(subject_id: SubjectIdPath, service: ServiceDep) -> FacePage:
     key = service.models.embedder_key
     records = service.gallery.list_faces(subject_id)
     return FacePage(faces=[StoredFaceOut.of(r, key.sha256 if key else None) for r in records])
@@ -81,7 +81,7 @@ async def _prepare(service: Service, data: bytes, options: EnrollOptions) -> New
         example={"image": "<base64>"},
     ),
 )
-async def enroll(subject_id: str, request: Request, service: ServiceDep):
+async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDep):
     limit = service.settings.max_bulk_images
     body = await read_image_request(request, service.readiness, EnrollOptions, optional=("image",), multi="images", max_files=limit + 8)
     options, images, many, gallery = body.options, body.images, body.many, service.gallery

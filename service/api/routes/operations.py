@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from service.api.deps import ServiceDep
@@ -15,11 +14,14 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz")
-def healthz() -> dict:
-    """The process is alive (says nothing about models)."""
+@router.head("/healthz", include_in_schema=False)  # as load balancers probe
+async def healthz() -> dict:
+    """The process is alive (says nothing about models). On the event loop, not a worker thread:
+    it answers while image work or an unreachable database holds every thread."""
     return {"status": "ok"}
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get(
     "/readyz",
     responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
@@ -33,16 +35,20 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
         return JSONResponse({"ready": service.readiness.ready}, status_code=status)
     report = service.readiness.report()
-    report["gallery"] = await run_in_threadpool(service.gallery.counts)
+    stats = await service.gallery_stats.snapshot()  # never waits long on the database
+    report["gallery"] = dict(stats.counts or dict.fromkeys(("subjects", "faces", "searchable_faces", "incompatible_faces")))
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
-    report["gallery"]["index"] = await run_in_threadpool(service.gallery.index_info)  # backend, parameters, size
-    replication = await run_in_threadpool(service.gallery.replication)
-    if replication is not None:  # PostgreSQL: this replica's applied change vs the database's
-        report["gallery"]["replication"] = replication
+    report["gallery"]["index"] = stats.index  # backend, parameters, size
+    if stats.replication is not None:  # PostgreSQL: this replica's applied change vs the database's
+        report["gallery"]["replication"] = stats.replication
+    if not stats.fresh:  # the database did not answer in time: the last known counts (null if none)
+        report["gallery"]["stale"] = True
     return JSONResponse(report, status_code=status)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **error_responses(401)})
-def metrics(service: ServiceDep) -> Response:
-    """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size."""
+async def metrics(service: ServiceDep) -> Response:
+    """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size
+    (the last known while the database does not answer: `facegate_gallery_up` 0)."""
+    service.metrics.observe_gallery(await service.gallery_stats.snapshot())
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api import metadata
-from service.api.deps import ServiceDep
+from service.api.deps import ServiceDep, SubjectIdPath
 from service.api.requests import read_json_model
 from service.api.schemas import INT64_MAX, SubjectIn, SubjectOut, SubjectPage, SubjectPatch, error_responses
 
@@ -55,12 +55,12 @@ def list_subjects(
 
 
 @router.get("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(401, 404))
-def get_subject(subject_id: str, service: ServiceDep) -> SubjectOut:
+def get_subject(subject_id: SubjectIdPath, service: ServiceDep) -> SubjectOut:
     return SubjectOut.of(service.gallery.get_subject(subject_id), service.settings)
 
 
 @router.patch("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(400, 401, 404, 413, 415, 422), openapi_extra=_json_body(SubjectPatch))
-async def update_subject(subject_id: str, request: Request, service: ServiceDep) -> SubjectOut:
+async def update_subject(subject_id: SubjectIdPath, request: Request, service: ServiceDep) -> SubjectOut:
     """Rename a subject and/or replace its metadata."""
     body = await read_json_model(request, SubjectPatch)
     metadata.check(body.metadata, service.settings)
@@ -69,7 +69,7 @@ async def update_subject(subject_id: str, request: Request, service: ServiceDep)
 
 
 @router.delete("/subjects/{subject_id}", status_code=204, response_class=Response, responses=error_responses(401, 404))
-def delete_subject(subject_id: str, service: ServiceDep) -> Response:
+def delete_subject(subject_id: SubjectIdPath, service: ServiceDep) -> Response:
     """Delete a subject and all its faces (from the database and the search index)."""
     service.gallery.delete_subject(subject_id)
     return Response(status_code=204)

@@ -42,3 +42,61 @@ def test_routes_need_a_key_when_configured(api_settings, make_client):
     schema = client.get("/openapi.json", headers={"X-API-Key": "s3cret"}).json()
     assert schema["components"]["securitySchemes"]["ApiKey"]["name"] == "X-API-Key"
     assert "security" in schema["paths"]["/verify"]["post"] and "security" not in schema["paths"]["/healthz"]["get"]
+
+
+def _settings_with_file(settings, path, **extra):
+    return settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path, **extra})
+
+
+def test_a_key_file_without_keys_is_refused_unless_anonymous_is_allowed(tmp_path, settings):
+    from service.api.auth import KeyConfigError
+
+    path = tmp_path / "keys"
+    path.write_text("# rotated out\n\n   # nothing left\n")
+    with pytest.raises(KeyConfigError, match="holds no key"):
+        ApiKeys.from_settings(_settings_with_file(settings, path))
+    assert not ApiKeys.from_settings(_settings_with_file(settings, path, allow_anonymous=True)).enabled
+
+
+def test_malformed_and_missing_key_files_say_where_without_echoing_a_key(tmp_path, settings):
+    from service.api.auth import KeyConfigError
+
+    path = tmp_path / "keys"
+    path.write_text("good-key\nsha256:not-hex-secretish\n")
+    with pytest.raises(KeyConfigError, match="line 2") as caught:
+        ApiKeys.from_settings(_settings_with_file(settings, path))
+    assert "secretish" not in str(caught.value)
+    with pytest.raises(KeyConfigError, match="cannot be read"):
+        ApiKeys.from_settings(_settings_with_file(settings, tmp_path / "missing"))
+
+
+def test_reload_swaps_keys_and_keeps_the_old_ones_when_the_file_is_broken(tmp_path, settings):
+    path = tmp_path / "keys"
+    path.write_text("old-key\n")
+    keys = ApiKeys.from_settings(_settings_with_file(settings, path))
+    path.write_text("new-key\n")
+    keys.reload()
+    assert keys.check("new-key") and not keys.check("old-key")
+    for broken in ("sha256:zz\n", "# emptied\n"):
+        path.write_text(broken)
+        keys.reload()
+        assert keys.check("new-key")
+    path.unlink()
+    keys.reload()
+    assert keys.check("new-key")
+
+
+def test_a_duplicated_key_header_is_refused(api_settings, make_client):
+    client = make_client(api_settings.model_copy(update={"api_keys": SecretStr("s3cret")}))
+    assert client.get("/subjects", headers=[("X-API-Key", "wrong"), ("X-API-Key", "s3cret")]).status_code == 401
+    assert client.get("/subjects", headers=[("X-API-Key", "s3cret"), ("X-API-Key", "s3cret")]).status_code == 401
+    assert client.get("/subjects", headers={"X-API-Key": "s3cret"}).status_code == 200
+
+
+def test_unauthenticated_requests_with_invented_methods_add_no_metric_series(api_settings, make_client):
+    client = make_client(api_settings.model_copy(update={"api_keys": SecretStr("s3cret")}))
+    for n in range(20):
+        client.request(f"INVENTED{n}", f"/nowhere/{n}")
+    text = client.get("/metrics", headers={"X-API-Key": "s3cret"}).text
+    assert "INVENTED" not in text and "/nowhere" not in text
+    assert 'method="other"' in text

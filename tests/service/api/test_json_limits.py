@@ -1,0 +1,45 @@
+"""JSON bodies (issue 23, defects 4, 5 and 8): what used to be a 500 or silently accepted is a 400
+invalid_json on every JSON route, and parsing runs off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import service.api.requests as requests_module
+
+@pytest.mark.parametrize("path", ["/subjects", "/verify", "/identify", "/embed"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"n": ' + b"9" * 5000 + b"}",  # past Python's 4,300-digit int limit: was a 500
+        b"[" + b"{}," * 20_000 + b"{}]",  # millions of these cost seconds and hundreds of MB
+        '{"name": "x"}'.encode("utf-16"),  # the docs say UTF-8
+        b'{"name": "x", "metadata": {"a": NaN}}',  # was stored as null
+        b'{"name": "x", "metadata": {"a": -Infinity}}',
+    ],
+    ids=["long-int", "many-containers", "utf16", "nan", "infinity"],
+)
+def test_bad_json_is_400_invalid_json(api, path, body):
+    response = api.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_json_is_parsed_off_the_event_loop(api, monkeypatch):
+    on_loop = []
+    original = requests_module.parse_json
+
+    def spy(raw):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # no loop runs in this thread: a worker thread
+            on_loop.append(False)
+        return original(raw)
+
+    monkeypatch.setattr(requests_module, "parse_json", spy)
+    assert api.post("/subjects", json={"id": "p1", "name": "x"}).status_code == 201
+    assert api.post("/verify", json={"image1": "AAAA"}).status_code in (400, 422)
+    assert on_loop == [False, False]
