@@ -1,8 +1,17 @@
-"""Which threshold decides a match: an explicit cosine, or the manifest's threshold for a
-false-accept rate (the request's, else FACEGATE_DEFAULT_FAR)."""
+"""Which threshold decides a match.
+
+/verify compares one pair: an explicit cosine, or the manifest's threshold for a false-accept rate
+(the request's, else FACEGATE_DEFAULT_FAR). A search compares a probe with many faces and keeps the
+best, so a per-comparison FAR would let a stranger through about N times as often: /identify decides
+by a false-positive identification rate (FPIR, the chance that someone not enrolled is returned as a
+match) and turns it into the per-comparison FAR of the number of faces searched,
+FAR = 1 − (1 − FPIR)^(1/N), whose threshold the manifest's calibrated curve gives. Verifying against
+a subject with k faces is the same search with N = k.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from service.errors import InvalidParameters, UnknownFar
@@ -13,6 +22,9 @@ from service.models.manifest import Manifest, far_key
 class Decision:
     threshold: float
     far: str | None  # None when the caller gave an explicit threshold
+    fpir: float | None = None  # the promise of a search decided by FPIR
+    gallery_faces: int | None = None  # the number of faces that promise was computed for
+    extrapolated: bool = False  # the threshold comes from the fitted tail beyond the calibrated points
 
     def matches(self, similarity: float) -> bool:
         return similarity >= self.threshold
@@ -33,3 +45,42 @@ def decide(manifest: Manifest, far: float | str | None, threshold: float | None,
         origin = "requested" if far is not None else "default (FACEGATE_DEFAULT_FAR)"
         available = ", ".join(sorted(manifest.thresholds, key=float)) or "none (pass an explicit threshold)"
         raise UnknownFar(f"the model has no threshold for the {origin} FAR {key}; available FARs: {available}") from None
+
+
+def per_comparison_far(rate: float, comparisons: int) -> float:
+    """The per-comparison FAR at which the best of `comparisons` impostor scores passes with
+    probability `rate` (independent comparisons): 1 − (1 − rate)^(1/N)."""
+    return -math.expm1(math.log1p(-rate) / max(comparisons, 1))
+
+
+def decide_search(
+    manifest: Manifest, fpir: float | None, far: float | str | None, threshold: float | None, gallery_faces: int, default_fpir: float
+) -> Decision:
+    """/identify's decision: an explicit threshold or per-comparison FAR when given, else the FPIR
+    (the request's, else FACEGATE_DEFAULT_FPIR) over the `gallery_faces` searched."""
+    if sum(x is not None for x in (fpir, far, threshold)) > 1:
+        raise InvalidParameters("give one of fpir, far or threshold")
+    if far is not None or threshold is not None:
+        return decide(manifest, far, threshold, default_far="")
+    rate = default_fpir if fpir is None else fpir
+    if not 1e-9 <= rate < 1.0:
+        raise InvalidParameters(f"fpir must be in [1e-9, 1), got {rate}")
+    return at_rate(manifest, rate, gallery_faces)
+
+
+def decide_subject(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str, faces: int) -> Decision:
+    """/verify against a subject with `faces` enrolled faces (similarity = the max over them): the
+    FAR asked for is the subject's, so each face is held to the per-comparison FAR of `faces` tries."""
+    decision = decide(manifest, far, threshold, default_far)
+    if decision.far is None or faces <= 1:
+        return decision
+    return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces)
+
+
+def at_rate(manifest: Manifest, rate: float, faces: int) -> Decision:
+    per = per_comparison_far(rate, faces)
+    try:
+        threshold = manifest.threshold_at(per)
+    except KeyError as exc:
+        raise UnknownFar(f"the model has no calibrated FAR curve: {exc.args[0]}; pass far or threshold") from None
+    return Decision(round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=manifest.beyond_calibration(per))

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
 
     # decisions
     default_far: str = Field("1e-3", description="FAR whose manifest threshold decides when a request names neither far nor threshold.")
+    default_fpir: float = Field(
+        1e-2, gt=0, lt=1, description="False-positive identification rate /identify decides at when a request names no fpir, far or threshold."
+    )
 
     # gallery
     data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")

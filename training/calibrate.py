@@ -5,6 +5,11 @@ never from the benchmark it is reported on — so LFW's realized FAR is an hones
 A FAR is calibrated only when the impostor pairs are numerous enough that at least
 MIN_FALSE_ACCEPTS of them lie above its threshold; a rarer FAR would be fitted to a handful of
 pairs, so it is left out of the manifest and the report says how many pairs it would need.
+
+The manifest also gets the whole impostor tail (`far_curve`): thresholds at POINTS_PER_DECADE
+log-spaced FARs from 1e-1 down to the last with MIN_FALSE_ACCEPTS (about 4e-8 for 248M pairs), and
+an exponential tail fitted to its last decade for the rarer rates a large gallery at a small FPIR
+asks for (/identify), with its fit error.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from service.models.manifest import Manifest, far_key
+from service.models.manifest import FarCurve, Manifest, far_key
 from training.verification import FARS
 
 MIN_FALSE_ACCEPTS = 10
 DIGITS = 6  # thresholds are rounded up to this many decimals, which can only lower the FAR
+POINTS_PER_DECADE = 4
+CURVE_TOP_FAR = 0.1
+TAIL_SCORES = 1000  # the highest impostor scores the exponential tail is fitted to
 
 
 @dataclass
@@ -29,6 +37,7 @@ class Calibration:
     genuine_pairs: int
     impostor_pairs: int
     thresholds: dict[str, float] = field(default_factory=dict)
+    curve: dict | None = None  # far_curve(): the manifest's fine FAR ↔ threshold table
     realized: dict[str, dict[str, float | None]] = field(default_factory=dict)  # FAR → {far, tar} on these pairs
     omitted: dict[str, str] = field(default_factory=dict)  # FAR → why
 
@@ -61,6 +70,48 @@ def pair_scores(embeddings: np.ndarray, labels: np.ndarray, chunk: int = 1024) -
     return np.concatenate(genuine), np.concatenate(impostor)
 
 
+def _just_above(boundary: float) -> float:
+    """The threshold rounded up to DIGITS decimals, strictly above `boundary` (which it rejects)."""
+    scale = 10**DIGITS
+    t = math.ceil(boundary * scale) / scale
+    return t if t > boundary else (math.ceil(boundary * scale) + 1) / scale
+
+
+def far_curve(impostor: np.ndarray) -> dict:
+    """The manifest's `far_curve`: (FAR, threshold) at POINTS_PER_DECADE log-spaced FARs from
+    CURVE_TOP_FAR down to the last FAR that still allows MIN_FALSE_ACCEPTS; below it, an exponential
+    tail, fitted by maximum likelihood to the TAIL_SCORES highest scores (their mean excess over the
+    lowest of them), which uses every one of them rather than a few noisy quantiles. A cosine's
+    impostor tail is bounded by 1, so it falls at least as fast: the fitted tail errs strict."""
+    n = len(impostor)
+    top_count = min(n, math.floor(CURVE_TOP_FAR * n) + 1)
+    top = np.sort(np.partition(np.asarray(impostor, np.float32), n - top_count)[n - top_count :])[::-1]  # highest first
+    points = []
+    for step in range(POINTS_PER_DECADE, 10**6):
+        far = 10 ** (-step / POINTS_PER_DECADE)
+        allowed = math.floor(far * n + 1e-9)
+        if allowed < MIN_FALSE_ACCEPTS:
+            break
+        threshold = _just_above(float(top[allowed]))  # the (allowed+1)-th highest score is rejected
+        if points and threshold < points[-1][1]:
+            threshold = points[-1][1]
+        points.append((float(f"{far:.6g}"), threshold))
+    if len(points) < 2:
+        raise ValueError(f"{n} impostor pairs are too few for a FAR curve (it needs at least {math.ceil(10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR)})")
+    k = min(TAIL_SCORES, top_count - 1)
+    base = float(top[k])  # k scores lie above it: its FAR is k / n
+    slope = float(np.mean(top[:k] - base)) * math.log(10)  # threshold per decade of FAR
+    model = lambda far: base + slope * math.log10(k / n / far)  # noqa: E731
+    fitted = [abs(t - model(f)) for f, t in points if f <= k / n]
+    return {
+        "points": points,
+        "impostor_pairs": n,
+        "tail_from": (float(f"{k / n:.6g}"), round(base, 6)),
+        "tail_slope": round(max(slope, 1e-6), 6),
+        "tail_fit_error": round(max(fitted, default=0.0), 6),
+    }
+
+
 def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
     """The smallest threshold t (score ≥ t accepts) with at most ⌊far·N⌋ impostor scores accepted,
     rounded up to DIGITS decimals; None when that allows fewer than MIN_FALSE_ACCEPTS."""
@@ -69,9 +120,7 @@ def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
         return None
     # the (allowed+1)-th highest score must be rejected: t goes strictly above it
     boundary = float(np.partition(np.asarray(impostor, np.float64), len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
-    scale = 10**DIGITS
-    t = math.ceil(boundary * scale) / scale
-    return t if t > boundary else (math.ceil(boundary * scale) + 1) / scale
+    return _just_above(boundary)
 
 
 def calibrate_scores(genuine: np.ndarray, impostor: np.ndarray, fars=FARS, identities: int = 0, images: int = 0) -> Calibration:
@@ -79,6 +128,8 @@ def calibrate_scores(genuine: np.ndarray, impostor: np.ndarray, fars=FARS, ident
     if len(impostor) == 0:
         raise ValueError("no impostor pairs: calibration needs at least two identities")
     result = Calibration(identities, images, len(genuine), len(impostor))
+    if len(impostor) >= 10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR:
+        result.curve = far_curve(impostor)
     for far in sorted(fars, reverse=True):
         key = far_key(far)
         t = threshold_for_far(impostor, far)
@@ -126,6 +177,7 @@ def calibrate(manifest_path: Path, data: Path | None = None, fars=FARS, write: b
     if write:
         manifest = Manifest.load(manifest_path)
         manifest.thresholds = result.thresholds
+        manifest.far_curve = FarCurve(**result.curve) if result.curve else None
         manifest.metrics = {**manifest.metrics, "calibration": {"source": origin, **result.as_dict()}}
         manifest.save(manifest_path)
     return result, origin

@@ -5,12 +5,13 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from training.commands import align, calibrate, evaluate, export, heads, model_info, train
+    from training.commands import align, calibrate, evaluate, export, heads, model_info, open_set, train
 
     app.add_typer(heads.heads_app, name="heads")
     app.command("align")(align.align)
     app.command("train")(train.train)
     app.command("eval")(evaluate.eval_)
+    app.command("eval-open-set")(open_set.eval_open_set)
     app.command("export")(export.export)
     app.command("calibrate")(calibrate.calibrate)
     app.command("model-info")(model_info.model_info)

@@ -187,7 +187,7 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance
     return np.stack(crops), len(missing)
 
 
-def _cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:
+def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:
     """Aligned crops of `paths`, from the cache when this list was aligned before (a progress bar
     over the photos otherwise: aligning LFW takes minutes on a CPU)."""
     from training.commands import progress_bar
@@ -233,7 +233,7 @@ def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = N
     names = sorted({(n, i) for a, ia, b, ib in pairs for n, i in ((a, ia), (b, ib))})
     position = {k: j for j, k in enumerate(names)}
     paths = [Path(images) / n / f"{n}_{i:04d}.jpg" for n, i in names]
-    crops, fallbacks = _cached_crops(paths, pipeline, cache_dir, "lfw", template, progress)
+    crops, fallbacks = cached_crops(paths, pipeline, cache_dir, "lfw", template, progress)
     index = np.array([(position[(a, ia)], position[(b, ib)]) for a, ia, b, ib in pairs])
     return VerificationSet(Path(pairs_txt).parent.name or "lfw", crops, index, issame, folds, fallbacks)
 
@@ -264,7 +264,7 @@ def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int =
         rows = list(csv.DictReader(fh))
     files = sorted({r[k] for r in rows for k in ("path1", "path2")})
     position = {f: i for i, f in enumerate(files)}
-    crops, fallbacks = _cached_crops([root / f for f in files], pipeline, cache_dir, "csv", template, progress)
+    crops, fallbacks = cached_crops([root / f for f in files], pipeline, cache_dir, "csv", template, progress)
     pairs = np.array([(position[r["path1"]], position[r["path2"]]) for r in rows])
     issame = np.array([r["issame"].strip().lower() in ("1", "true", "yes") for r in rows])
     folds = np.arange(len(rows)) * n_folds // len(rows)

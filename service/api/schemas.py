@@ -35,7 +35,13 @@ class VerifyOptions(StrictModel):
 
 class IdentifyOptions(StrictModel):
     top_k: int = Field(5, ge=1, le=100, description="Candidates to return, one per subject.")
-    far: float | str | None = FarField
+    fpir: float | None = Field(
+        None, ge=1e-9, lt=1, description="False-positive identification rate: the chance that a person who is not enrolled is returned "
+        "as a match, whatever the gallery's size (default FACEGATE_DEFAULT_FPIR, 1e-2). Give at most one of fpir, far, threshold.",
+        examples=[1e-3],
+    )
+    far: float | str | None = Field(None, description="Per-comparison false-accept rate instead of an FPIR (each enrolled face is one comparison, "
+                                    "so strangers pass about gallery-size times as often).", examples=["1e-3"])
     threshold: float | None = ThresholdField
     faces: Literal["largest", "all"] = Field("largest", description="`all` identifies every face of the image (see `results`).")
     face_policy: Literal["largest", "reject_multiple"] = PolicyField
@@ -125,8 +131,11 @@ class IdentifyResult(BaseModel):
 
 
 class IdentifyResponse(IdentifyResult):
-    threshold: float
-    far: str | None
+    threshold: float = Field(description="The cosine a match must reach.")
+    far: str | None = Field(description="The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold.")
+    fpir: float | None = Field(description="The false-positive identification rate promised; null when far or threshold was given.")
+    gallery_faces: int | None = Field(description="The number of searchable faces the FPIR was turned into a threshold for.")
+    extrapolated: bool = Field(False, description="True when that FAR lies below the model's calibrated points: its threshold comes from the fitted tail.")
     model: ModelOut
     results: list[IdentifyResult] | None = Field(None, description="With faces=all: one result per face, largest first (the top-level fields repeat the first).")
 

@@ -19,8 +19,8 @@ from service.strict import StrictModel
 def far_key(far: float | str) -> str:
     """Canonical text of a false-accept rate, e.g. 0.001 → "1e-3", so lookups never miss on spelling."""
     value = float(far)
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"FAR must be in (0, 1), got {far}")
+    if not 1e-300 <= value < 1.0:  # below, 10**exponent underflows
+        raise ValueError(f"FAR must be in [1e-300, 1), got {far}")
     exponent = math.floor(math.log10(value))
     mantissa = round(value / 10**exponent, 6)
     if mantissa == 10:
@@ -129,6 +129,28 @@ class InputSpec(TensorSpec):
         return int(self.shape[self.layout.index("W")])
 
 
+class FarCurve(StrictModel):
+    """The calibrated impostor tail: the per-comparison false-accept rate of each cosine threshold,
+    at log-spaced FARs down to what the calibration pairs support (one false accept), and an
+    exponential tail fitted to its last decade for rarer rates (a gallery of millions at a small
+    FPIR asks for them). `facegate calibrate` writes it; the service interpolates it."""
+
+    points: list[tuple[float, float]] = Field(min_length=2, description="(FAR, threshold) pairs, FAR falling, threshold rising.")
+    impostor_pairs: int = Field(gt=0)
+    tail_from: tuple[float, float] = Field(description="(FAR, threshold) the fitted exponential tail starts from.")
+    tail_slope: float = Field(gt=0, description="The tail's threshold gained per decade of FAR.")
+    tail_fit_error: float = Field(ge=0, description="Largest |threshold − tail| over the measured points the tail overlaps.")
+
+    @model_validator(mode="after")
+    def _monotone(self) -> FarCurve:
+        fars, thresholds = zip(*self.points)
+        if any(b >= a for a, b in zip(fars, fars[1:])) or any(b < a for a, b in zip(thresholds, thresholds[1:])):
+            raise ValueError("far_curve points go from the largest FAR down, thresholds never falling")
+        if not all(0 < f < 1 for f in fars):
+            raise ValueError("far_curve FARs lie in (0, 1)")
+        return self
+
+
 class Manifest(StrictModel):
     schema_version: Literal[1] = 1
     name: str
@@ -140,6 +162,7 @@ class Manifest(StrictModel):
     embedding_dim: int | None = Field(None, gt=0)
     alignment: str | None = Field(None, description="Face alignment the embedder expects, e.g. arcface_112.")
     thresholds: dict[str, float] = Field(default_factory=dict, description="FAR → cosine threshold.")
+    far_curve: FarCurve | None = Field(None, description="The fine FAR ↔ threshold table (FPIR decisions, calibrated similarities); older manifests interpolate `thresholds`.")
     metrics: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     license: dict[str, str] = Field(description="At least 'name'; 'terms' for usage restrictions.")
@@ -184,6 +207,46 @@ class Manifest(StrictModel):
         if key not in self.thresholds:
             raise KeyError(key)
         return self.thresholds[key]
+
+    def _curve(self) -> tuple[list[tuple[float, float]], tuple[float, float], float]:
+        """(FAR, threshold) points, FAR falling; the tail's (FAR, threshold) anchor and its threshold
+        per decade: the calibrated curve, else the per-FAR thresholds (their last two points make
+        the tail)."""
+        if self.far_curve is not None:
+            return self.far_curve.points, self.far_curve.tail_from, self.far_curve.tail_slope
+        points = sorted(((float(k), t) for k, t in self.thresholds.items()), reverse=True)
+        if len(points) < 2:
+            raise KeyError("the manifest has fewer than two calibrated FARs: run `facegate calibrate`")
+        (f1, t1), (f2, t2) = points[-2:]
+        return points, points[-1], max((t2 - t1) / (math.log10(f1) - math.log10(f2)), 1e-6)
+
+    def threshold_at(self, far: float) -> float:
+        """The cosine threshold of a per-comparison FAR: log-linear between calibrated points, the
+        fitted exponential tail below the last one, the first point's threshold above the first."""
+        points, (f_tail, t_tail), slope = self._curve()
+        x = math.log10(far)
+        if far >= points[0][0]:
+            return points[0][1]
+        for (fa, ta), (fb, tb) in zip(points, points[1:]):
+            if far >= fb:
+                return ta + (tb - ta) * (math.log10(fa) - x) / (math.log10(fa) - math.log10(fb))
+        return max(points[-1][1], t_tail + slope * (math.log10(f_tail) - x))
+
+    def far_at(self, similarity: float) -> float:
+        """The calibrated per-comparison FAR of a cosine (the inverse of threshold_at); the first
+        point's FAR for any cosine at or below its threshold."""
+        points, (f_tail, t_tail), slope = self._curve()
+        if similarity <= points[0][1]:
+            return points[0][0]
+        for (fa, ta), (fb, tb) in zip(points, points[1:]):
+            if similarity <= tb:
+                share = (similarity - ta) / (tb - ta) if tb > ta else 1.0
+                return 10 ** (math.log10(fa) - share * (math.log10(fa) - math.log10(fb)))
+        return min(points[-1][0], 10 ** (math.log10(f_tail) - (similarity - t_tail) / slope))
+
+    def beyond_calibration(self, far: float) -> bool:
+        """Whether a FAR lies below the calibrated points (its threshold comes from the fitted tail)."""
+        return far < self._curve()[0][-1][0]
 
 
 @dataclass(frozen=True)

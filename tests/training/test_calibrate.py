@@ -46,3 +46,53 @@ def test_pair_scores_split_genuine_and_impostor():
     e = np.eye(4, dtype=np.float32)[[0, 0, 1, 2]]
     genuine, impostor = pair_scores(e, np.array([7, 7, 8, 9]))
     assert genuine.tolist() == [1.0] and sorted(impostor.tolist()) == [0.0] * 5
+
+
+def _exponential_manifest(curve: dict):
+    from service.models.manifest import FarCurve, Manifest
+    from tests.conftest import REPO
+
+    manifest = Manifest.load(REPO / "models" / "dlib-resnet-v1.json")
+    return manifest.model_copy(update={"far_curve": FarCurve(**curve)})
+
+
+def test_far_curve_and_its_tail_on_an_exponential_tail():
+    """Impostor scores ~ Exp(rate 10): FAR(t) = exp(-10 t), so the FAR-f threshold is ln(1/f)/10 —
+    linear in log10 f, the tail the curve extrapolates: its points, its fitted tail below them
+    (here below 1e-5, the last FAR with 10 false accepts of 1e6) and the inverse, far_at, recover it."""
+    from training.calibrate import far_curve
+
+    rng = np.random.default_rng(2)
+    curve = far_curve(rng.exponential(0.1, size=1_000_000))
+    fars = [f for f, _ in curve["points"]]
+    assert fars[0] == 0.1 and fars[-1] == pytest.approx(1e-5) and len(fars) == 17  # 4 a decade, 1e-1 … 1e-5
+    manifest = _exponential_manifest(curve)
+    exact = lambda far: np.log(1 / far) / 10  # noqa: E731
+    for far in (1e-1, 1e-2, 3e-3, 1e-4):
+        assert manifest.threshold_at(far) == pytest.approx(exact(far), abs=0.01), far
+        assert manifest.far_at(exact(far)) == pytest.approx(far, rel=0.25), far
+    for far in (1e-6, 1e-8):  # beyond the pairs: the fitted tail
+        assert manifest.beyond_calibration(far)
+        assert manifest.threshold_at(far) == pytest.approx(exact(far), rel=0.08), far
+    assert not manifest.beyond_calibration(1e-5)
+    assert curve["tail_slope"] == pytest.approx(np.log(10) / 10, rel=0.15)
+
+
+def test_fpir_holds_whatever_the_gallery_size():
+    """The promise /identify makes, checked by simulation: strangers probing galleries of 1, 10 and
+    300 impostor faces match (best score ≥ threshold) at the FPIR asked for."""
+    from service.decision import decide_search
+    from training.calibrate import far_curve
+
+    rng = np.random.default_rng(3)
+    manifest = _exponential_manifest(far_curve(rng.exponential(0.1, size=2_000_000)))
+    probes = 20_000
+    for faces in (1, 10, 300):
+        for fpir in (0.1, 0.01):
+            decision = decide_search(manifest, fpir, None, None, faces, default_fpir=0.01)
+            best = rng.exponential(0.1, size=(probes, faces)).max(axis=1)
+            realized = float((best >= decision.threshold).mean())
+            assert realized == pytest.approx(fpir, rel=0.25), (faces, fpir, realized)
+            assert decision.gallery_faces == faces and decision.fpir == fpir
+    # the threshold rises with the gallery: a per-comparison FAR would not
+    assert decide_search(manifest, 0.01, None, None, 10_000, 0.01).threshold > decide_search(manifest, 0.01, None, None, 10, 0.01).threshold

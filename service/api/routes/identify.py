@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import CandidateOut, FaceOut, IdentifyOptions, IdentifyResponse, IdentifyResult, ModelOut, error_responses
-from service.decision import decide
+from service.decision import decide_search
 from service.errors import TooManyFaces
 
 router = APIRouter(tags=["recognition"])
@@ -18,7 +18,8 @@ router = APIRouter(tags=["recognition"])
     "/identify",
     response_model=IdentifyResponse,
     summary="Who is this? (1:N search of the gallery)",
-    description="Candidates ranked by subject; `match` is null when the best one is below the threshold: the person is unknown.",
+    description="Candidates ranked by subject; `match` is null when the best one is below the threshold: the person is unknown. "
+    "By default the threshold holds strangers to a false-positive identification rate (`fpir`) at the gallery's size.",
     responses=error_responses(400, 401, 413, 415, 422, 503),
     openapi_extra=request_body(IdentifyOptions, {"image": IMAGE}, ["image"], example={"image": "<base64>", "top_k": 5}),
 )
@@ -26,7 +27,8 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     body = await read_image_request(request, service.readiness, IdentifyOptions, required=("image",))
     options = body.options
     manifest = service.models.embedder.manifest
-    decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
+    searched = (service.gallery.index_info() or {}).get("size", 0)
+    decision = decide_search(manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir)
     policy = "all" if options.faces == "all" else options.face_policy
     found = await service.engine.faces(body.images["image"], options.aligned, policy)
     if len(found) * options.top_k > service.settings.max_identify_candidates:
@@ -43,6 +45,9 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
         **results[0].model_dump(),
         threshold=decision.threshold,
         far=decision.far,
+        fpir=decision.fpir,
+        gallery_faces=decision.gallery_faces,
+        extrapolated=decision.extrapolated,
         model=ModelOut.of(manifest),
         results=results if options.faces == "all" else None,
     )

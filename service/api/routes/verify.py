@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import FaceOut, ModelOut, VerifyOptions, VerifyResponse, error_responses
-from service.decision import decide
+from service.decision import decide, decide_subject
 from service.errors import InvalidParameters, NoEnrolledFaces
 
 router = APIRouter(tags=["recognition"])
@@ -21,7 +21,7 @@ router = APIRouter(tags=["recognition"])
     "/verify",
     response_model=VerifyResponse,
     summary="Are two faces the same person?",
-    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = max over the subject's enrolled faces).",
+    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = max over the subject's k enrolled faces, each held to the per-comparison FAR that keeps the subject at `far`).",
     responses=error_responses(400, 401, 404, 413, 415, 422, 503),
     openapi_extra=request_body(
         VerifyOptions,
@@ -42,6 +42,8 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         enrolled = await run_in_threadpool(service.gallery.subject_embeddings, options.subject_id)
         if len(enrolled) == 0:
             raise NoEnrolledFaces(f"subject {options.subject_id!r} has no face enrolled with the active embedder")
+        # the max over k faces: the subject's FAR is the one asked for, each face is held to 1/k of it
+        decision = decide_subject(manifest, options.far, options.threshold, service.settings.default_far, len(enrolled))
         (probe,) = await engine.faces(images["image1"], options.aligned, policy)
         similarity = float(np.max(enrolled @ probe.embedding))
         faces = [FaceOut.of(probe.face)]

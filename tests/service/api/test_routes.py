@@ -105,7 +105,13 @@ def test_identify_ranks_subjects_and_says_unknown(api, lfw_faces):
     assert sorted(ids) == sorted({"george_w_bush", "colin_powell", "tony_blair"}) and ids[0] == "colin_powell"
     sims = [c["similarity"] for c in found["candidates"]]
     assert sims == sorted(sims, reverse=True)
-    assert found["far"] == "1e-3" and found["face"]["score"] > 0.5 and found["results"] is None
+    assert found["face"]["score"] > 0.5 and found["results"] is None
+    # decided at the default FPIR over the 4 faces searched: each comparison at 1 − 0.99^(1/4)
+    assert (found["fpir"], found["gallery_faces"], found["far"], found["extrapolated"]) == (0.01, 4, "2.50943e-3", False)
+    assert 0.8 < found["threshold"] < 0.9  # between the test embedder's 1e-2 and 1e-3 thresholds
+    by_far = api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"far": "1e-3"}).json()
+    assert (by_far["far"], by_far["threshold"], by_far["fpir"]) == ("1e-3", 0.9, None)
+    error(api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"far": "1e-3", "fpir": "1e-3"}), 422, "invalid_parameters")
     top1 = api.post("/identify", json={"image": b64(lfw_faces[POWELL][0]), "top_k": 1}).json()
     assert [c["subject_id"] for c in top1["candidates"]] == ["colin_powell"]
     unknown = api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"threshold": "1.0001"})

@@ -1,0 +1,73 @@
+"""The LFW open-set protocol through a running facegate, over HTTP, with default settings: each
+person with two or more photos is enrolled (POST /subjects, POST /subjects/{id}/faces) by the first
+and probes (POST /identify) with the second; the first --strangers people with one photo probe as
+strangers. Prints the realized FPIR (strangers matched) and DIR (known people matched to
+themselves) at the default decision and at each --fpir, with the machine. `facegate eval-open-set`
+computes the same offline; this checks that the service answers it.
+
+    python benchmarks/open_set_http.py --images ../shared/data/lfw [--url http://127.0.0.1:8000] [--key K]
+
+Without --url it starts a server of this checkout (service.loadtest.spawned) on a fresh gallery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from service.loadtest import spawned
+from training.open_set import protocol
+
+
+def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[float], workers: int) -> None:
+    p = protocol(images, 1, strangers)
+    headers = {"X-API-Key": key} if key else {}
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+
+        def enroll(item):
+            path, label = item
+            subject = path.parent.name
+            client.post("/subjects", json={"id": subject, "name": subject.replace("_", " ")}).raise_for_status()
+            client.post(f"/subjects/{subject}/faces", files={"image": path.read_bytes()}).raise_for_status()
+
+        def identify(path, fpir):
+            data = {"top_k": "1"} | ({"fpir": str(fpir)} if fpir is not None else {})
+            answer = client.post("/identify", files={"image": path.read_bytes()}, data=data)
+            answer.raise_for_status()
+            return answer.json()
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(enroll, zip(p.gallery, p.gallery_labels)))
+            print(f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {len(p.gallery)} enrolled, "
+                  f"{len(p.known)} known probes, {len(p.strangers)} strangers")
+            print("decision        threshold  far           realized FPIR  DIR")
+            for fpir in [None, *fpirs]:
+                known = list(pool.map(lambda path: identify(path, fpir), p.known))
+                others = list(pool.map(lambda path: identify(path, fpir), p.strangers))
+                found = sum(r["match"] is not None and r["match"]["subject_id"] == path.parent.name for r, path in zip(known, p.known))
+                matched = sum(r["match"] is not None for r in others)
+                label = f"fpir={others[0]['fpir']:g}" + (" (default)" if fpir is None else "")
+                print(f"{label:<15} {others[0]['threshold']:.6f}  {others[0]['far']:<12}  {matched / len(others):.4f} ({matched})   "
+                      f"{found / len(known):.4f} ({found})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=Path, required=True, help="LFW's layout: NAME/*.jpg")
+    parser.add_argument("--url", help="a running facegate (default: start one on a fresh gallery)")
+    parser.add_argument("--key", help="an API key, when the server needs one")
+    parser.add_argument("--strangers", type=int, default=1000)
+    parser.add_argument("--fpir", type=float, action="append", default=[], help="also decide at this FPIR (repeatable)")
+    parser.add_argument("--workers", type=int, default=4, help="concurrent requests")
+    args = parser.parse_args()
+    with spawned({}) if args.url is None else contextlib.nullcontext(args.url) as url:
+        run(url, args.key, args.images, args.strangers, args.fpir, args.workers)
+
+
+if __name__ == "__main__":
+    main()

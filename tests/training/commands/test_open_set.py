@@ -1,0 +1,61 @@
+"""`facegate eval-open-set` on a small real open set (LFW photos, FACEGATE_TEST_DATA): the protocol,
+the decision the service makes, and its outputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from training.cli import register
+from training.open_set import best_subjects, protocol
+
+pytestmark = pytest.mark.data
+
+
+def test_protocol_and_ranking(tmp_path):
+    for name, count in (("a", 3), ("b", 2), ("c", 1), ("d", 1)):
+        (tmp_path / name).mkdir()
+        for i in range(count):
+            (tmp_path / name / f"{name}_{i}.jpg").write_bytes(b"")
+    p = protocol(tmp_path, enroll=1)
+    assert [x.name for x in p.gallery] == ["a_0.jpg", "b_0.jpg"] and [x.name for x in p.known] == ["a_1.jpg", "b_1.jpg"]
+    assert [x.name for x in p.strangers] == ["c_0.jpg", "d_0.jpg"] and list(p.gallery_labels) == list(p.known_labels) == [0, 1]
+    gallery = np.eye(3)[:2]
+    labels, scores = best_subjects(gallery, np.array([7, 9]), np.array([[0.1, 0.9, 0], [0.8, 0.6, 0]]))
+    assert list(labels) == [9, 7] and list(scores) == [0.9, 0.8]
+
+
+def test_lfw_open_set_through_the_service_decision(test_data, model_cache, tmp_path, monkeypatch):
+    from service.settings import get_settings
+    from tests.conftest import REPO
+
+    people = sorted(p for p in (test_data / "lfw").iterdir() if p.is_dir())
+    several = [p for p in people if len(list(p.glob("*.jpg"))) >= 2][:25]
+    single = [p for p in people if len(list(p.glob("*.jpg"))) == 1][:15]
+    folder = tmp_path / "people"
+    for person in several + single:
+        (folder / person.name).mkdir(parents=True)
+        for photo in sorted(person.glob("*.jpg"))[:2]:
+            (folder / person.name / photo.name).symlink_to(photo)
+    monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(model_cache))
+    monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
+    get_settings.cache_clear()
+    app = typer.Typer()
+    register(app)
+    out, det = tmp_path / "open.json", tmp_path / "det.png"
+    result = CliRunner().invoke(app, ["eval-open-set", str(REPO / "models" / "dlib-resnet-v1.json"), "--images", str(folder),
+                                      "--out", str(out), "--det", str(det), "--cache", str(tmp_path / "cache"), "--no-progress"])
+    get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert (report["enrolled_subjects"], report["gallery_faces"], report["known_probes"], report["stranger_probes"]) == (25, 25, 25, 15)
+    rows = {row["fpir"]: row for row in report["rows"]}
+    assert set(rows) == {0.1, 0.01, 0.001} and rows[0.01]["default"]
+    thresholds = [rows[r]["threshold"] for r in (0.1, 0.01, 0.001)]
+    assert thresholds == sorted(thresholds)  # a smaller FPIR, a stricter threshold
+    assert rows[0.01]["realized_fpir"] == 0.0 and rows[0.01]["dir"] >= 0.6  # 15 strangers: none matched; most of 25 known found
+    assert det.stat().st_size > 10_000

@@ -1,0 +1,60 @@
+"""`facegate eval-open-set`: DIR and realized FPIR of an exported model on a folder of identities,
+decided as /identify decides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from training.commands import console, fail
+
+
+def eval_open_set(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An exported model's manifest (.json) or its .onnx.")],
+    images: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Identity folders: NAME/*.jpg (LFW's layout; photos or aligned crops).")],
+    enroll: Annotated[int, typer.Option(min=1, help="Photos enrolled per known person (people with more are known, the others strangers).")] = 1,
+    strangers: Annotated[Optional[int], typer.Option(min=1, help="Probe with at most this many strangers (sorted by name).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the JSON results here too.")] = None,
+    det: Annotated[Optional[Path], typer.Option(help="DET curve PNG.")] = None,
+    cache: Annotated[Path, typer.Option(help="Cache of aligned crops.")] = Path("~/.cache/facegate/eval"),
+    progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
+) -> None:
+    """Enroll `enroll` photos of each person who has more, probe with the next photo and with the
+    people who have fewer: DIR at FPIR 1e-1/1e-2/1e-3 and the realized FPIR at FACEGATE_DEFAULT_FPIR."""
+    import numpy as np
+    from rich.table import Table
+
+    from service.errors import ModelError
+    from service.pipeline import FacePipeline
+    from service.settings import get_settings
+    from training.evaluate import OnnxEmbedder, cached_crops
+    from training.open_set import det_png, protocol, report
+
+    settings = get_settings()
+    try:
+        embedder = OnnxEmbedder(model.with_suffix(".json"))
+        pipeline = FacePipeline.from_settings(settings, require_embedder=False)
+        p = protocol(images, enroll, strangers)
+    except (ModelError, ValueError) as exc:
+        fail(exc)
+
+    def embed(paths):
+        crops, _ = cached_crops(paths, pipeline, cache.expanduser(), "open-set", embedder.alignment, progress)
+        raw = embedder.raw(crops)
+        return raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+
+    result = {"model": str(model), "images": str(images), **report(embedder.model.manifest, p, embed, settings.default_fpir)}
+    table = Table("fpir", "threshold", "per-comparison FAR", "realized FPIR", "DIR", "oracle DIR",
+                  title=f"{result['enrolled_subjects']} enrolled ({result['gallery_faces']} faces), {result['known_probes']} known probes, "
+                  f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}")
+    for row in result["rows"]:
+        table.add_row(f"{row['fpir']:g}" + (" (default)" if row["default"] else ""), f"{row['threshold']:.6f}",
+                      row["far"] + (" (tail)" if row["extrapolated"] else ""), f"{row['realized_fpir']:.4f}", f"{row['dir']:.4f}", f"{row['oracle_dir']:.4f}")
+    console.print(table)
+    if det is not None:
+        det_png(result, det, f"{embedder.model.manifest.name} on {images.name}: open set, enrolled by {enroll}")
+    if out is not None:
+        out.write_text(json.dumps({k: v for k, v in result.items() if k != "det"}, indent=2) + "\n")
