@@ -184,6 +184,13 @@ class GalleryUnavailable(FacegateError):
     code, status = "gallery_unavailable", 503
 
 
+class StorageFull(FacegateError):
+    """The gallery's disk (or the PostgreSQL server's) is full: the write was rolled back, nothing
+    changed; it succeeds again once space is freed, without a restart."""
+
+    code, status = "storage_full", 507
+
+
 _FOR_STATUS = {
     400: BadRequest,
     401: Unauthorized,

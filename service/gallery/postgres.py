@@ -26,7 +26,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
+from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
 from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -170,6 +170,8 @@ class PostgresGallery(GalleryStore):
                 raise GalleryUnavailable(f"the gallery database is unavailable: {direct}") from direct
             finally:
                 self._direct.release()
+        except pg_errors.DiskFull as exc:  # SQLSTATE 53100: the transaction was rolled back
+            raise StorageFull(f"the gallery database's disk is full: nothing was written; free space on the server and retry ({exc})") from exc
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 

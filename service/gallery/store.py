@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, FaceChip
-from service.errors import FaceNotFound, GalleryUnavailable, SubjectExists, SubjectNotFound
+from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
 from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -169,9 +169,11 @@ class SqliteGallery(GalleryStore):
             try:
                 yield self._db
                 self._db.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if self._db.in_transaction:  # also after a failed COMMIT (disk full): leave no open transaction
                     self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise StorageFull(f"the gallery's disk is full ({self.path.parent}): nothing was written; free space and retry") from exc
                 raise
 
     def _migrate(self) -> None:
