@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.close()
             gallery_stats.close()
             gallery.close()
+            del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
     app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     error_handlers.install(app)
