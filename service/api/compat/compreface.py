@@ -245,3 +245,11 @@ def delete_subject(subject: str, service: ServiceDep) -> dict:
         raise SubjectNotFound(f"no subject {subject[:140]!r}")
     service.gallery.delete_subject(subject)
     return {"subject": subject}
+
+
+@router.delete("/recognition/subjects", summary="CompreFace: delete every subject and its faces")
+def delete_all_subjects(service: ServiceDep) -> dict:
+    listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
+    for subject in listed:
+        service.gallery.delete_subject(subject.id)
+    return {"deleted": len(listed)}

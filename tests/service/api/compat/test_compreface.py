@@ -69,3 +69,13 @@ def test_compreface_round_trip(cf, test_data):
     assert cf.delete(f"/api/v1/recognition/subjects/{enrolled[3][0]}").json() == {"subject": enrolled[3][0]}
     assert cf.post("/api/v1/recognition/subjects", json={"subject": "newcomer"}).json() == {"subject": "newcomer"}
     assert "newcomer" in cf.get("/api/v1/recognition/subjects").json()["subjects"]
+    remaining = len(cf.get("/api/v1/recognition/subjects").json()["subjects"])
+    assert cf.delete("/api/v1/recognition/subjects").json() == {"deleted": remaining}
+    assert cf.get("/api/v1/recognition/subjects").json() == {"subjects": []}
+
+
+def test_compreface_errors_keep_its_shape(api):
+    answer = api.post("/api/v1/recognition/faces", files={"file": b"not an image"})
+    assert answer.status_code == 400 or answer.status_code == 422
+    assert set(answer.json()) == {"message", "code"}
+    assert api.delete("/api/v1/recognition/faces/abc").json()["message"]
