@@ -43,7 +43,8 @@ class CompreFaceRoute(APIRoute):
         return route
 
 
-router = APIRouter(prefix="/api/v1", tags=["compreface"], route_class=CompreFaceRoute)
+# Out of facegate's OpenAPI schema: the contract is CompreFace's (docs/compat.md), with its error shape.
+router = APIRouter(prefix="/api/v1", tags=["compreface"], route_class=CompreFaceRoute, include_in_schema=False)
 
 
 class Options(BaseModel):
