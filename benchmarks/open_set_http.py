@@ -29,30 +29,38 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
     headers = {"X-API-Key": key} if key else {}
     with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
 
-        def enroll(item):
-            path, label = item
+        def enroll(path) -> bool:
+            """False when the service finds no face to enroll (422): that person is left out."""
             subject = path.parent.name
             client.post("/subjects", json={"id": subject, "name": subject.replace("_", " ")}).raise_for_status()
-            client.post(f"/subjects/{subject}/faces", files={"image": path.read_bytes()}).raise_for_status()
+            answer = client.post(f"/subjects/{subject}/faces", files={"image": path.read_bytes()})
+            if answer.status_code == 422:
+                return False
+            answer.raise_for_status()
+            return True
 
         def identify(path, fpir):
+            """The answer, or None when the service finds no face (422): no match."""
             data = {"top_k": "1"} | ({"fpir": str(fpir)} if fpir is not None else {})
             answer = client.post("/identify", files={"image": path.read_bytes()}, data=data)
+            if answer.status_code == 422:
+                return None
             answer.raise_for_status()
             return answer.json()
 
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(enroll, zip(p.gallery, p.gallery_labels)))
-            print(f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {len(p.gallery)} enrolled, "
-                  f"{len(p.known)} known probes, {len(p.strangers)} strangers")
+            enrolled = list(pool.map(enroll, p.gallery))
+            print(f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {sum(enrolled)} enrolled "
+                  f"({len(enrolled) - sum(enrolled)} photos with no face found), {len(p.known)} known probes, {len(p.strangers)} strangers")
             print("decision        threshold  far           realized FPIR  DIR")
             for fpir in [None, *fpirs]:
                 known = list(pool.map(lambda path: identify(path, fpir), p.known))
                 others = list(pool.map(lambda path: identify(path, fpir), p.strangers))
-                found = sum(r["match"] is not None and r["match"]["subject_id"] == path.parent.name for r, path in zip(known, p.known))
-                matched = sum(r["match"] is not None for r in others)
-                label = f"fpir={others[0]['fpir']:g}" + (" (default)" if fpir is None else "")
-                print(f"{label:<15} {others[0]['threshold']:.6f}  {others[0]['far']:<12}  {matched / len(others):.4f} ({matched})   "
+                found = sum(r is not None and r["match"] is not None and r["match"]["subject_id"] == path.parent.name for r, path in zip(known, p.known))
+                matched = sum(r is not None and r["match"] is not None for r in others)
+                shown = next(r for r in others if r is not None)
+                label = f"fpir={shown['fpir']:g}" + (" (default)" if fpir is None else "")
+                print(f"{label:<15} {shown['threshold']:.6f}  {shown['far']:<12}  {matched / len(others):.4f} ({matched})   "
                       f"{found / len(known):.4f} ({found})")
 
 
