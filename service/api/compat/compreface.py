@@ -1,0 +1,256 @@
+"""CompreFace's REST API v1 (/api/v1/…) on facegate's own engine, gallery, decisions and keys, so
+its SDKs, Double Take and Viseron work with only the URL and key changed. A CompreFace subject is a
+facegate subject id (created on first enrollment, as CompreFace does); an image_id is a face id.
+Similarities are calibrated (`compat.similarity`): 0.5 is facegate's default decision. Errors come
+in CompreFace's shape, `{"message", "code"}`; no face is HTTP 400 with code 28, which clients test for."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import Service, ServiceDep
+from service.api.requests import read_image_request, read_json_model
+from service.api.schemas import SUBJECT_ID_PATTERN
+from service.api.compat.similarity import calibrated_similarity
+from service.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound
+from service.gallery.interface import NewFace
+
+NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
+
+
+class CompreFaceRoute(APIRoute):
+    """Answers facegate's typed errors in CompreFace's shape on this router only."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            try:
+                return await handler(request)
+            except NoFace as exc:
+                return JSONResponse({"message": f"No face is found in the given image ({exc.message})", "code": NO_FACE_CODE}, status_code=400)
+            except FacegateError as exc:
+                return JSONResponse({"message": exc.message, "code": exc.code}, status_code=exc.status)
+
+        return route
+
+
+# Out of facegate's OpenAPI schema: the contract is CompreFace's (docs/compat.md), with its error shape.
+router = APIRouter(prefix="/api/v1", tags=["compreface"], route_class=CompreFaceRoute, include_in_schema=False)
+
+
+class Options(BaseModel):
+    """Form fields CompreFace's clients may send beside the image; facegate ignores none silently
+    that change an answer (the query string holds CompreFace's options)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class SubjectBody(BaseModel):
+    subject: str = Field(pattern=SUBJECT_ID_PATTERN)
+
+
+def _box(face: Any) -> dict:
+    x1, y1, x2, y2 = face.box
+    return {"probability": round(float(face.score), 5), "x_min": round(x1), "y_min": round(y1), "x_max": round(x2), "y_max": round(y2)}
+
+
+def _query_int(request: Request, name: str, default: int, low: int = 0) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not re.fullmatch(r"\d{1,6}", raw) or int(raw) < low:
+        raise InvalidParameters(f"{name} must be an integer ≥ {low}")
+    return int(raw)
+
+
+def _query_float(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name)
+    try:
+        value = None if raw in (None, "") else float(raw)
+    except ValueError:
+        value = -1.0
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise InvalidParameters(f"{name} must be a number in [0, 1]")
+    return value
+
+
+def _subject(request: Request) -> str | None:
+    subject = request.query_params.get("subject")
+    if subject is not None and not re.fullmatch(SUBJECT_ID_PATTERN, subject):
+        raise InvalidParameters(f"subject must match {SUBJECT_ID_PATTERN}")
+    return subject
+
+
+async def _found(service: Service, data: bytes, request: Request, chips: bool = False) -> list:
+    """The image's faces, largest first, above `det_prob_threshold`, at most `limit` (0: all)."""
+    faces = await service.engine.faces(data, False, "all", chips=chips)
+    floor = _query_float(request, "det_prob_threshold")
+    if floor is not None:
+        faces = [f for f in faces if f.face is None or f.face.score >= floor]
+    if not faces:
+        raise NoFace("no face above det_prob_threshold")
+    limit = _query_int(request, "limit", 0)
+    return faces[:limit] if limit else faces
+
+
+def _ms(start: float) -> dict:
+    return {"detector": round((time.perf_counter() - start) * 1000), "calculator": 0}
+
+
+@router.post("/recognition/recognize", summary="CompreFace: recognize faces in an image")
+async def recognize(request: Request, service: ServiceDep) -> dict:
+    start = time.perf_counter()
+    body = await read_image_request(request, service.readiness, Options, required=("file",))
+    count = _query_int(request, "prediction_count", 1, low=1)
+    manifest = service.models.embedder.manifest
+    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
+    result = []
+    for face in await _found(service, body.images["file"], request):
+        candidates = await run_in_threadpool(service.search, face.embedding, count)
+        subjects = [
+            {"subject": c.subject_id, "similarity": calibrated_similarity(manifest, c.similarity, service.settings.default_fpir, searched)}
+            for c in candidates
+        ]
+        result.append({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)})
+    return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
+
+
+@router.post("/detection/detect", summary="CompreFace: detect faces")
+async def detect(request: Request, service: ServiceDep) -> dict:
+    start = time.perf_counter()
+    body = await read_image_request(request, service.readiness, Options, required=("file",))
+    faces = await _found(service, body.images["file"], request)
+    return {"result": [{"box": _box(f.face), "execution_time": _ms(start)} for f in faces], "plugins_versions": {"detector": "facegate"}}
+
+
+@router.post("/verification/verify", summary="CompreFace: compare the faces of two images")
+async def verify(request: Request, service: ServiceDep) -> dict:
+    start = time.perf_counter()
+    body = await read_image_request(request, service.readiness, Options, required=("source_image", "target_image"))
+    manifest = service.models.embedder.manifest
+    (source, *_) = await _found(service, body.images["source_image"], request)
+    targets = await _found(service, body.images["target_image"], request)
+    anchor = float(service.settings.default_far)
+    matches = [{"box": _box(t.face), "similarity": calibrated_similarity(manifest, float(source.embedding @ t.embedding), anchor)} for t in targets]
+    matches.sort(key=lambda m: m["similarity"], reverse=True)
+    return {"result": [{"source_image_face": {"box": _box(source.face)}, "face_matches": matches, "execution_time": _ms(start)}]}
+
+
+@router.post("/recognition/faces", summary="CompreFace: add a face to a subject (created when new)")
+async def add_face(request: Request, service: ServiceDep) -> dict:
+    subject = _subject(request)
+    if subject is None:
+        raise InvalidParameters("subject is required")
+    body = await read_image_request(request, service.readiness, Options, required=("file",))
+    floor = _query_float(request, "det_prob_threshold")
+    (found, *_) = await service.engine.faces(body.images["file"], False, "largest", chips=service.settings.store_crops)
+    if found.face is None or (floor is not None and found.face.score < floor):
+        raise NoFace("no face above det_prob_threshold")
+    face = found.face.as_json()
+    new = NewFace(embedding=found.embedding, box=face["box"], landmarks=face["landmarks"], score=face["score"], chip=found.chip)
+
+    def store() -> int:
+        try:
+            service.gallery.get_subject(subject)
+        except SubjectNotFound:
+            service.gallery.create_subject(subject, {}, subject_id=subject)
+        (record,) = service.gallery.add_faces(subject, [new])
+        return record.id
+
+    return {"image_id": str(await run_in_threadpool(store)), "subject": subject}
+
+
+@router.get("/recognition/faces", summary="CompreFace: list faces (paged, optionally of one subject)")
+def list_faces(request: Request, service: ServiceDep) -> dict:
+    subject = _subject(request)
+    page, size = _query_int(request, "page", 0), _query_int(request, "size", 20, low=1)
+    if subject is not None:
+        subjects = [subject]
+    else:
+        listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
+        subjects = [s.id for s in listed]
+    faces = [{"image_id": str(r.id), "subject": r.subject_id} for s in subjects for r in service.gallery.list_faces(s)]
+    total = len(faces)
+    return {
+        "faces": faces[page * size : (page + 1) * size],
+        "page_number": page,
+        "page_size": size,
+        "total_pages": -(-total // size),
+        "total_elements": total,
+    }
+
+
+@router.delete("/recognition/faces", summary="CompreFace: delete every face of a subject")
+def delete_subject_faces(request: Request, service: ServiceDep) -> dict:
+    subject = _subject(request)
+    if subject is None:
+        raise InvalidParameters("subject is required")
+    records = service.gallery.list_faces(subject)
+    for record in records:
+        service.gallery.delete_face(record.id)
+    return {"deleted": len(records)}
+
+
+def _delete_ids(service: Service, ids: list[int]) -> list[dict]:
+    known = service.gallery.lookup_faces(ids)
+    for face_id in known:
+        service.gallery.delete_face(face_id)
+    return [{"image_id": str(i), "subject": known[i][0]} for i in ids if i in known]
+
+
+def _face_id(raw: str) -> int:
+    if not re.fullmatch(r"\d{1,18}", raw) or int(raw) < 1:
+        raise InvalidParameters(f"no face with image_id {raw[:40]!r}")
+    return int(raw)
+
+
+@router.delete("/recognition/faces/{image_id}", summary="CompreFace: delete one face")
+def delete_face(image_id: str, service: ServiceDep) -> dict:
+    deleted = _delete_ids(service, [_face_id(image_id)])
+    if not deleted:
+        service.gallery.delete_face(_face_id(image_id))  # raises facegate's 404
+    return deleted[0]
+
+
+@router.post("/recognition/faces/delete", summary="CompreFace: delete several faces")
+async def delete_faces(request: Request, service: ServiceDep) -> list[dict]:
+    ids = (await read_json_model(request, RootModel[list[str]])).root
+    return await run_in_threadpool(_delete_ids, service, [_face_id(i) for i in ids])
+
+
+@router.post("/recognition/subjects", summary="CompreFace: create a subject")
+async def add_subject(request: Request, service: ServiceDep) -> dict:
+    subject = (await read_json_model(request, SubjectBody)).subject
+    await run_in_threadpool(service.gallery.create_subject, subject, {}, subject)
+    return {"subject": subject}
+
+
+@router.get("/recognition/subjects", summary="CompreFace: list subjects")
+def list_subjects(service: ServiceDep) -> dict:
+    listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
+    return {"subjects": [s.id for s in listed]}
+
+
+@router.delete("/recognition/subjects/{subject}", summary="CompreFace: delete a subject and its faces")
+def delete_subject(subject: str, service: ServiceDep) -> dict:
+    if not re.fullmatch(SUBJECT_ID_PATTERN, subject):
+        raise SubjectNotFound(f"no subject {subject[:140]!r}")
+    service.gallery.delete_subject(subject)
+    return {"subject": subject}
+
+
+@router.delete("/recognition/subjects", summary="CompreFace: delete every subject and its faces")
+def delete_all_subjects(service: ServiceDep) -> dict:
+    listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
+    for subject in listed:
+        service.gallery.delete_subject(subject.id)
+    return {"deleted": len(listed)}

@@ -1,0 +1,81 @@
+"""CompreFace's v1 API (/api/v1) on facegate, with the default embedder on real LFW photos: the
+calls and fields CompreFace's SDK, Double Take and Viseron use, and calibrated similarities that
+put a same-person photo above 0.5 and strangers below it."""
+
+from __future__ import annotations
+
+import base64
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.service.api.test_routes_lfw import people
+
+pytestmark = pytest.mark.data
+
+
+@pytest.fixture
+def cf(model_cache, tmp_path, make_client):
+    from service.settings import Settings
+
+    return make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
+
+
+def test_compreface_round_trip(cf, test_data):
+    enrolled = people(test_data, 4)
+    strangers = people(test_data, 4, skip=4)
+    ids = {}
+    for name, photos in enrolled:
+        answer = cf.post(f"/api/v1/recognition/faces?subject={name}", files={"file": ("a.jpg", photos[0], "image/jpeg")})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["subject"] == name and isinstance(answer.json()["image_id"], str)
+        ids[name] = answer.json()["image_id"]
+    # JSON base64 `file`, as the SDK sends for a base64 string
+    name, photos = enrolled[0]
+    assert cf.post(f"/api/v1/recognition/faces?subject={name}", json={"file": base64.b64encode(photos[1]).decode()}).status_code == 200
+
+    listed = cf.get("/api/v1/recognition/faces", params={"size": 3}).json()
+    assert listed["total_elements"] == 5 and listed["total_pages"] == 2 and len(listed["faces"]) == 3
+    assert {f["subject"] for f in cf.get("/api/v1/recognition/faces", params={"subject": name}).json()["faces"]} == {name}
+    assert sorted(cf.get("/api/v1/recognition/subjects").json()["subjects"]) == sorted(n for n, _ in enrolled)
+
+    for person, photos in enrolled[1:]:
+        result = cf.post("/api/v1/recognition/recognize", params={"prediction_count": 2}, files={"file": photos[1]}).json()["result"]
+        best = result[0]["subjects"][0]
+        assert best["subject"] == person and best["similarity"] >= 0.5, result
+        assert set(result[0]["box"]) == {"probability", "x_min", "y_min", "x_max", "y_max"}
+        assert len(result[0]["subjects"]) == 2 and result[0]["subjects"][1]["similarity"] < 0.5
+    for _, photos in strangers:
+        subjects = cf.post("/api/v1/recognition/recognize", files={"file": photos[0]}).json()["result"][0]["subjects"]
+        assert subjects[0]["similarity"] < 0.5, subjects  # a Viseron-default client matches no stranger
+
+    person, photos = enrolled[1]
+    same = cf.post("/api/v1/verification/verify", files={"source_image": photos[0], "target_image": photos[1]}).json()
+    assert same["result"][0]["face_matches"][0]["similarity"] >= 0.5
+    other = cf.post("/api/v1/verification/verify", files={"source_image": photos[0], "target_image": strangers[0][1][0]}).json()
+    assert other["result"][0]["face_matches"][0]["similarity"] < 0.5
+    assert cf.post("/api/v1/detection/detect", files={"file": photos[0]}).json()["result"][0]["box"]["probability"] > 0.5
+
+    blank = cv2.imencode(".png", np.full((120, 120, 3), 128, np.uint8))[1].tobytes()
+    for path in ("/api/v1/recognition/recognize", "/api/v1/detection/detect"):
+        answer = cf.post(path, files={"file": blank})
+        assert answer.status_code == 400 and answer.json()["code"] == 28 and answer.json()["message"]
+
+    assert cf.delete(f"/api/v1/recognition/faces/{ids[person]}").json() == {"image_id": ids[person], "subject": person}
+    assert cf.delete(f"/api/v1/recognition/faces/{ids[person]}").status_code == 404
+    assert cf.post("/api/v1/recognition/faces/delete", json=[ids[enrolled[2][0]], "999999"]).json() == [{"image_id": ids[enrolled[2][0]], "subject": enrolled[2][0]}]
+    assert cf.delete("/api/v1/recognition/faces", params={"subject": name}).json() == {"deleted": 2}
+    assert cf.delete(f"/api/v1/recognition/subjects/{enrolled[3][0]}").json() == {"subject": enrolled[3][0]}
+    assert cf.post("/api/v1/recognition/subjects", json={"subject": "newcomer"}).json() == {"subject": "newcomer"}
+    assert "newcomer" in cf.get("/api/v1/recognition/subjects").json()["subjects"]
+    remaining = len(cf.get("/api/v1/recognition/subjects").json()["subjects"])
+    assert cf.delete("/api/v1/recognition/subjects").json() == {"deleted": remaining}
+    assert cf.get("/api/v1/recognition/subjects").json() == {"subjects": []}
+
+
+def test_compreface_errors_keep_its_shape(api):
+    answer = api.post("/api/v1/recognition/faces", files={"file": b"not an image"})
+    assert answer.status_code == 400 or answer.status_code == 422
+    assert set(answer.json()) == {"message", "code"}
+    assert api.delete("/api/v1/recognition/faces/abc").json()["message"]
