@@ -3,8 +3,8 @@ decisions and keys, so Double Take, Home Assistant's DeepStack face integration 
 clients work with only the URL (and key) changed. A userid is a facegate subject id (created on
 first registration); `confidence` is the calibrated similarity of `compat.similarity`, and a face
 gets its userid only where facegate's own FPIR decision (as /identify's) matches, else "unknown".
-Every answer is DeepStack's multipart form in, `{"success", …}` out; errors are
-`{"success": false, "error"}` with DeepStack's 400 for bad input (facegate's 422s become 400)."""
+Requests are DeepStack's forms, answers `{"success": true, …}`; errors are `{"success": false,
+"error"}` with DeepStack's 400 for bad input (facegate's 422s become 400), its 401 for a key."""
 
 from __future__ import annotations
 
