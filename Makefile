@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test install-serve install-test lint-docker image-test docs clean
+.PHONY: serve test install-serve install-test clients-venv lint-docker image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,16 @@ serve: install-serve
 test: install-test
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
+
+# The published CompreFace and DeepStack clients for tests/service/api/compat/test_real_clients.py, in
+# a venv of their own (deepstack-sdk brings opencv-python, which would overwrite the headless build).
+# compreface-sdk 0.6.0 pins requests-toolbelt 0.9.1, which does not import under urllib3 2: it is
+# installed without its pins, beside requests-toolbelt 1.0.
+CLIENTS_VENV ?= .venv-clients
+clients-venv:
+	$(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install --quiet deepstack-python==0.9 deepstack-sdk==0.2.1 requests-toolbelt==1.0.0 pillow
+	$(CLIENTS_VENV)/bin/pip install --quiet --no-deps compreface-sdk==0.6.0
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test

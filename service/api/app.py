@@ -13,8 +13,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import access_log, docs_ui, error_handlers
+from service.api import access_log, compat, docs_ui, error_handlers
 from service.api.auth import ApiKeys
+from service.api.compat import deepstack
 from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, Admission, ApiKeyAuth, BodyLimit, RequestMetrics
 from service.api.routes import ROUTERS
@@ -113,12 +114,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     error_handlers.install(app)
     docs_ui.install(app)
-    for router in ROUTERS:
+    for router in ROUTERS + compat.ROUTERS:
         app.include_router(router)
     app.openapi = _openapi_with_api_key(app)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
     app.add_middleware(Admission, limit=settings.max_inflight_requests)
-    app.add_middleware(ApiKeyAuth, keys=keys)
+    app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

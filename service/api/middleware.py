@@ -53,11 +53,15 @@ class RequestMetrics:
 
 
 class ApiKeyAuth:
-    def __init__(self, app: ASGIApp, keys: ApiKeys):
-        self.app, self.keys = app, keys
+    """`body_key_paths`: routes whose clients send the key in the body (DeepStack's `api_key` form
+    field); their route class checks it, header or field, once the body is read."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, body_key_paths: frozenset[str] = frozenset()):
+        self.app, self.keys, self.body_key_paths = app, keys, body_key_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.keys.enabled and scope["path"] not in PUBLIC_PATHS:
+        path = scope.get("path")
+        if scope["type"] == "http" and self.keys.enabled and path not in PUBLIC_PATHS and path not in self.body_key_paths:
             presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
             # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
             if len(presented) != 1 or not self.keys.check(presented[0].decode("latin-1")):

@@ -1,0 +1,6 @@
+"""Foreign APIs on facegate's own engine, gallery, decisions and keys (docs/compat.md): a router
+per API, each out of facegate's OpenAPI schema and answering errors in its API's shape."""
+
+from service.api.compat import compreface, deepstack
+
+ROUTERS = (compreface.router, deepstack.router)

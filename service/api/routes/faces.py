@@ -41,8 +41,9 @@ def delete_face(face_id: Annotated[int, Path(ge=1, le=INT64_MAX)], service: Serv
     return Response(status_code=204)
 
 
-async def _prepare(service: Service, data: bytes, options: EnrollOptions) -> NewFace:
-    """Detect, gate on quality, embed: a face ready to store (nothing is written here)."""
+async def prepare_face(service: Service, data: bytes, options: EnrollOptions) -> NewFace:
+    """Detect, gate on quality, embed: a face ready to store (nothing is written here). Every route
+    that enrolls (DeepStack's register too) goes through it, so one quality gate holds for all."""
     settings = service.settings
     (found,) = await service.engine.faces(data, options.aligned, options.face_policy, chips=settings.store_crops)
     face = FaceOut.of(found.face)
@@ -92,10 +93,10 @@ async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDe
     await run_in_threadpool(gallery.get_subject, subject_id)  # 404 before any model work
     sha = service.models.embedder_key.sha256
     if images:
-        prepared = await _prepare(service, images["image"], options)
+        prepared = await prepare_face(service, images["image"], options)
         (record,) = await run_in_threadpool(gallery.add_faces, subject_id, [prepared])
         return StoredFaceOut.of(record, sha)
-    outcomes = await asyncio.gather(*(_prepare(service, data, options) for data in many), return_exceptions=True)
+    outcomes = await asyncio.gather(*(prepare_face(service, data, options) for data in many), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException) and not isinstance(outcome, FacegateError):
             raise outcome
