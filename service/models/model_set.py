@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.errors import ModelError
+from service.models.detector import SIZES
 from service.models.manifest import EmbedderKey
 from service.models.providers import Runtime
 from service.models.store import LoadedModel, load_model
@@ -48,7 +49,8 @@ def load_models(settings: Settings) -> ModelSet:
     runtime = Runtime.from_settings(settings)
     for role, name in (("detector", settings.detector), ("embedder", settings.embedder)):
         try:
-            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, runtime=runtime, free_batch_dim=role == "detector")
+            detector = role == "detector"
+            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, runtime=runtime, free_batch_dim=detector, free_sizes=SIZES if detector else ())
         except ModelError as exc:
             loaded[role] = None
             problems.append(Problem(role, name, str(exc), FIXES[role]))
