@@ -44,7 +44,7 @@ class Settings(BaseSettings):
         description="The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; each is warmed up at start-up.",
     )
     detect_batch_sizes: list[int] = Field(
-        [1, 2, 4, 8], min_length=1, description="The only batch sizes the detector runs at (images of concurrent requests, each letterboxed to the detector's input)."
+        [1, 2, 4, 8], min_length=1, description="The only batch sizes the detector runs at (images of concurrent requests of one input size, 320/480/640 by the photo's size; each warmed at each size)."
     )
 
     # input limits, checked before a full decode
