@@ -67,6 +67,10 @@ class Settings(BaseSettings):
         1e-2, gt=0, lt=1, description="False-positive identification rate /identify decides at when a request names no fpir, far or threshold."
     )
 
+    cohort: Path | None = Field(
+        None, description="A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md)."
+    )
+
     # gallery
     data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")
     database_url: SecretStr = Field(

@@ -54,15 +54,21 @@ class Calibration:
         }
 
 
-def pair_scores(embeddings: np.ndarray, labels: np.ndarray, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Every unordered pair of unit embeddings → (genuine cosines, impostor cosines), a block of rows
-    at a time so that 20,000 images (200M pairs) need the scores' memory, not an N×N matrix's."""
+def pair_scores(
+    embeddings: np.ndarray, labels: np.ndarray, chunk: int = 1024, stats: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every unordered pair of unit embeddings → (genuine scores, impostor scores), a block of rows
+    at a time so that 20,000 images (200M pairs) need the scores' memory, not an N×N matrix's.
+    Scores are cosines, or with `stats` (each image's cohort mean and spread) AS-norm scores."""
     e = np.asarray(embeddings, np.float32)
     labels = np.asarray(labels)
     genuine, impostor = [], []
     for start in range(0, len(e), chunk):
         rows = e[start : start + chunk]
         scores = rows @ e[start + 1 :].T  # row r pairs with every later image: columns start+1 …
+        if stats is not None:
+            (mean, spread), end = stats, start + len(rows)
+            scores = 0.5 * ((scores - mean[start:end, None]) / spread[start:end, None] + (scores - mean[None, start + 1 :]) / spread[None, start + 1 :])
         later = np.arange(start + 1, len(e))[None, :] > np.arange(start, start + len(rows))[:, None]
         same = labels[start : start + len(rows), None] == labels[None, start + 1 :]
         genuine.append(scores[later & same])

@@ -20,6 +20,7 @@ from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.schemas import SUBJECT_ID_PATTERN
 from service.api.compat.similarity import calibrated_similarity
+from service.decision import search_far
 from service.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound
 from service.gallery.interface import NewFace
 
@@ -117,7 +118,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     for face in await _found(service, body.images["file"], request):
         candidates = await run_in_threadpool(service.search, face.embedding, count)
         subjects = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(manifest, c.similarity, service.settings.default_fpir, searched)}
+            {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, face.embedding, c), service.settings.default_fpir, searched)}
             for c in candidates
         ]
         result.append({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)})
@@ -140,7 +141,7 @@ async def verify(request: Request, service: ServiceDep) -> dict:
     (source, *_) = await _found(service, body.images["source_image"], request)
     targets = await _found(service, body.images["target_image"], request)
     anchor = float(service.settings.default_far)
-    matches = [{"box": _box(t.face), "similarity": calibrated_similarity(manifest, float(source.embedding @ t.embedding), anchor)} for t in targets]
+    matches = [{"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)} for t in targets]
     matches.sort(key=lambda m: m["similarity"], reverse=True)
     return {"result": [{"source_image_face": {"box": _box(source.face)}, "face_matches": matches, "execution_time": _ms(start)}]}
 
