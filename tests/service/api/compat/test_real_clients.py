@@ -1,6 +1,6 @@
 """The published clients, unchanged, driving a running `facegate serve` with only the URL and key
-changed: `compreface-sdk`, `deepstack-python` and `deepstack-sdk` from PyPI, and
-`@exadel/compreface-js-sdk` from npm under Node. The Python ones need dependencies facegate's
+changed: `compreface-sdk` (also as Viseron's `compreface` component calls it), `deepstack-python`
+and `deepstack-sdk` from PyPI, and `@exadel/compreface-js-sdk` from npm under Node. The Python ones need dependencies facegate's
 environment must not take (deepstack-sdk brings opencv-python, which overwrites the headless build),
 so each runs in the clients' own Python: FACEGATE_CLIENTS_PYTHON, else .venv-clients/bin/python as
 `make clients` makes it; the JavaScript SDK is read from FACEGATE_CLIENTS_JS, else .clients-js. A
@@ -58,6 +58,7 @@ def _importable(package: str, module: str) -> str:
     ("package", "module", "driver"),
     [
         ("compreface-sdk", "compreface", "drive_compreface_sdk.py"),
+        ("compreface-sdk", "compreface", "drive_viseron.py"),
         ("deepstack-python", "deepstack.core", "drive_deepstack_python.py"),
         ("deepstack-sdk", "deepstack_sdk", "drive_deepstack_sdk.py"),
     ],
