@@ -1,6 +1,7 @@
 """CompreFace's REST API v1 (/api/v1/…) on facegate's own engine, gallery, decisions and keys, so
 its SDKs, Double Take and Viseron work with only the URL and key changed. A CompreFace subject is a
-facegate subject id (created on first enrollment, as CompreFace does); an image_id is a face id.
+facegate subject id (created on first enrollment, as CompreFace does); an image_id is a face id;
+adding a face goes through enrollment's quality gate (`prepare_face`), as every enrollment does.
 Similarities are calibrated (`compat.similarity`): 0.5 is facegate's default decision. Errors come
 in CompreFace's shape, `{"message", "code"}`; no face is HTTP 400 with code 28, which clients test for."""
 
@@ -18,11 +19,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
-from service.api.schemas import SUBJECT_ID_PATTERN
+from service.api.routes.faces import prepare_face
+from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
 from service.api.compat.similarity import calibrated_similarity
 from service.decision import search_far
 from service.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound
-from service.gallery.interface import NewFace
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
 
@@ -153,11 +154,9 @@ async def add_face(request: Request, service: ServiceDep) -> dict:
         raise InvalidParameters("subject is required")
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     floor = _query_float(request, "det_prob_threshold")
-    (found, *_) = await service.engine.faces(body.images["file"], False, "largest", chips=service.settings.store_crops)
-    if found.face is None or (floor is not None and found.face.score < floor):
+    new = await prepare_face(service, body.images["file"], EnrollOptions())  # enrollment's quality gate
+    if floor is not None and new.score < floor:
         raise NoFace("no face above det_prob_threshold")
-    face = found.face.as_json()
-    new = NewFace(embedding=found.embedding, box=face["box"], landmarks=face["landmarks"], score=face["score"], chip=found.chip)
 
     def store() -> int:
         try:
