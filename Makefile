@@ -38,8 +38,9 @@ serve: install-serve
 	$(BIN)/facegate models pull
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
-# The default models in place as `make serve` puts them, so that no test skips for want of one.
-test: install-test
+# The default models in place as `make serve` puts them, and the published clients the compat tests
+# drive, so that no test skips for want of one.
+test: install-test clients
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
