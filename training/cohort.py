@@ -3,7 +3,8 @@
 The identities given are split once, by a seeded draw: a share of them become the cohort (every
 face of theirs), the others the calibration identities, whose impostor pairs — scored against that
 cohort, exactly as the service scores — give the normalized score's FAR curve. A cohort person is
-never a calibration person, as a user's cohort is never the people they enroll.
+never a calibration person, as a user's cohort is never the people they enroll. Identity pairs that
+are one person under two names are left out, as `facegate calibrate` leaves them out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from service.models.cohort import CohortFile, CohortManifest, cohort_stats
 from service.models.manifest import FarCurve, Manifest
 from service.models.store import sha256_file
-from training.calibrate import far_curve, pair_scores
+from training.calibrate import far_curve, pair_scores, same_person_pairs
 
 TOP = 200  # a face's highest cohort cosines that give its mean and spread (a development open set chose it: docs/identification.md)
 COHORT_SHARE = 1 / 3
@@ -45,7 +46,9 @@ def build(embeddings: np.ndarray, labels: np.ndarray, top: int = TOP, share: flo
     if len(cohort) < top:
         raise ValueError(f"the cohort has {len(cohort)} faces, fewer than top={top}: give more identities or a smaller --top")
     calibration, calibration_labels = embeddings[parts.calibration], np.asarray(labels)[parts.calibration]
-    genuine, impostor = pair_scores(calibration, calibration_labels, stats=cohort_stats(calibration, cohort, top))
+    one_person, report = same_person_pairs(calibration, calibration_labels, pair_scores(calibration, calibration_labels)[1])
+    stats = cohort_stats(calibration, cohort, top)
+    genuine, impostor = pair_scores(calibration, calibration_labels, stats=stats, one_person=one_person)
     curve = far_curve(impostor)
     figures = {
         "cohort_identities": int(len(np.unique(np.asarray(labels)[parts.cohort]))),
@@ -54,6 +57,7 @@ def build(embeddings: np.ndarray, labels: np.ndarray, top: int = TOP, share: flo
         "calibration_images": int(len(calibration)),
         "impostor_pairs": int(len(impostor)),
         "genuine_pairs": int(len(genuine)),
+        "left_out_as_one_person": report,
     }
     return cohort, curve, figures
 
