@@ -17,15 +17,28 @@ WIDTH, HEIGHT = 8000, 6000
 
 
 @pytest.fixture(scope="module")
-def large_jpeg(test_data) -> bytes:
+def canvas(test_data) -> np.ndarray:
     photo = cv2.imread(str(test_data / "tests" / "face_recognition" / "examples" / "obama.jpg"))
     side = round(photo.shape[1] * HEIGHT / photo.shape[0])
     canvas = np.full((HEIGHT, WIDTH, 3), 128, np.uint8)
     left = (WIDTH - side) // 3  # off-centre, so a coordinate not scaled back would show
     canvas[:, left : left + side] = cv2.resize(photo, (side, HEIGHT), interpolation=cv2.INTER_CUBIC)
-    ok, data = cv2.imencode(".jpg", canvas, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    return canvas
+
+
+def _encode(image: np.ndarray) -> bytes:
+    ok, data = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])
     assert ok
     return data.tobytes()
+
+
+def _exif_rotated(image: np.ndarray) -> bytes:
+    """`image` stored turned 90° counter-clockwise (6000×8000), with EXIF orientation 6 to show it upright."""
+    jpeg = _encode(np.ascontiguousarray(np.rot90(image)))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    payload = exif.tobytes()
+    return jpeg[:2] + b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload + jpeg[2:]
 
 
 def _largest_face(api, data: bytes) -> dict:
@@ -62,10 +75,12 @@ def test_a_progressive_jpeg_is_decoded_and_limited_at_full_size():
 
 
 @pytest.mark.data
-def test_a_large_jpeg_is_decoded_reduced_and_its_face_found_where_it_is(api_settings, make_client, large_jpeg):
+@pytest.mark.parametrize("orientation", ["upright", "exif-rotated"])
+def test_a_large_jpeg_is_decoded_reduced_and_its_face_found_where_it_is(api_settings, make_client, canvas, orientation):
+    data = _encode(canvas) if orientation == "upright" else _exif_rotated(canvas)
     reduced_api = make_client(api_settings)
     full_api = make_client(api_settings.model_copy(update={"jpeg_reduce_to_side": 0, "max_image_pixels": 50_000_000, "data_dir": api_settings.data_dir.parent / "full"}))
-    reduced, full = _largest_face(reduced_api, large_jpeg), _largest_face(full_api, large_jpeg)
+    reduced, full = _largest_face(reduced_api, data), _largest_face(full_api, data)
     box, full_box = np.array(reduced["face"]["box"]), np.array(full["face"]["box"])
     assert box[2] - box[0] > 1000  # a face of the 8000×6000 image, not of its 4000×3000 decode
     assert np.abs(box - full_box).max() < 0.03 * (full_box[2] - full_box[0]), (box, full_box)
@@ -74,4 +89,4 @@ def test_a_large_jpeg_is_decoded_reduced_and_its_face_found_where_it_is(api_sett
     assert cosine > 0.9, cosine
     # without the reduction, the same file is over FACEGATE_MAX_IMAGE_PIXELS
     unreduced = make_client(api_settings.model_copy(update={"jpeg_reduce_to_side": 0, "data_dir": api_settings.data_dir.parent / "unreduced"}))
-    assert unreduced.post("/embed", files={"image": ("large.jpg", large_jpeg, "image/jpeg")}).json()["error"]["code"] == "image_too_large"
+    assert unreduced.post("/embed", files={"image": ("large.jpg", data, "image/jpeg")}).json()["error"]["code"] == "image_too_large"
