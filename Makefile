@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test install-serve install-test clients-venv lint-docker image-test docs clean
+.PHONY: serve test install-serve install-test clients clients-venv clients-js lint-docker image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,9 @@ serve: install-serve
 	$(BIN)/facegate models pull
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
-# The default models in place as `make serve` puts them, so that no test skips for want of one.
-test: install-test
+# The default models in place as `make serve` puts them, and the published clients the compat tests
+# drive, so that no test skips for want of one.
+test: install-test clients
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
@@ -52,6 +53,17 @@ clients-venv:
 	$(PYTHON) -m venv $(CLIENTS_VENV)
 	$(CLIENTS_VENV)/bin/pip install --quiet deepstack-python==0.9 deepstack-sdk==0.2.1 requests-toolbelt==1.0.0 pillow
 	$(CLIENTS_VENV)/bin/pip install --quiet --no-deps compreface-sdk==0.6.0
+
+# CompreFace's JavaScript SDK from npm, for the same tests under Node (FACEGATE_CLIENTS_JS points
+# elsewhere). Without npm it says so and the test skips with its reason.
+CLIENTS_JS ?= .clients-js
+clients-js:
+	@if command -v npm >/dev/null; then \
+		npm install --quiet --no-audit --no-fund --prefix $(CLIENTS_JS) @exadel/compreface-js-sdk@1.0.0; \
+	else echo "SKIP make clients-js: npm is not installed"; fi
+
+# Every published client the real-client tests drive.
+clients: clients-venv clients-js
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test

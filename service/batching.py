@@ -116,17 +116,25 @@ class MicroBatcher:
             if first is None:
                 return
             jobs, stop = self._collect(first)
-            started = time.perf_counter()
+            # A request whose task was cancelled cancels its Future (asyncio.wrap_future): its rows are
+            # dropped here. The others become running, which no cancel can undo: setting a cancelled
+            # Future's result raises, and that ended this thread, leaving every later job waiting forever.
+            jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+            if jobs:
+                self._run_batch(jobs)
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        started = time.perf_counter()
+        try:
             for job in jobs:
                 self._metrics.waited(self.role, started - job.queued)
-            try:
-                outputs = self._run_model(np.concatenate([j.rows for j in jobs]))
-            except BaseException as exc:  # handed to every waiting request, never lost in this thread
-                for job in jobs:
-                    job.future.set_exception(exc)
-                continue
+            outputs = self._run_model(np.concatenate([j.rows for j in jobs]))
             self._metrics.model_ran(self.role, len(outputs))
-            start = 0
+        except BaseException as exc:  # handed to every waiting request, never lost in this thread
             for job in jobs:
-                job.future.set_result(outputs[start : start + len(job.rows)])
-                start += len(job.rows)
+                job.future.set_exception(exc)
+            return
+        start = 0
+        for job in jobs:
+            job.future.set_result(outputs[start : start + len(job.rows)])
+            start += len(job.rows)

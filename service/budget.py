@@ -34,6 +34,11 @@ class PixelBudget:
         try:
             yield
         finally:
-            async with self._changed:
-                self.free += pixels
-                self._changed.notify_all()
+            # Shielded: a request cancelled again while this waits for the lock (anyio's cancel scopes
+            # cancel every await until they are left) would otherwise never give its pixels back.
+            await asyncio.shield(self._release(pixels))
+
+    async def _release(self, pixels: int) -> None:
+        async with self._changed:
+            self.free += pixels
+            self._changed.notify_all()

@@ -7,6 +7,10 @@ by a false-positive identification rate (FPIR, the chance that someone not enrol
 match) and turns it into the per-comparison FAR of the number of faces searched,
 FAR = 1 − (1 − FPIR)^(1/N), whose threshold the manifest's calibrated curve gives. Verifying against
 a subject with k faces is the same search with N = k.
+
+With a cohort (FACEGATE_COHORT, service/models/cohort.py) an FPIR decision holds the best candidate's
+AS-norm score, not its cosine, to the cohort's own calibrated curve: the same FPIR, fewer known people
+missed. Explicit `far` and `threshold` stay per-comparison cosine decisions.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from service.errors import InvalidParameters, UnknownFar
+from service.gallery.interface import Candidate
+from service.models.cohort import Cohort
 from service.models.manifest import Manifest, far_key
 
 
@@ -25,9 +33,25 @@ class Decision:
     fpir: float | None = None  # the promise of a search decided by FPIR
     gallery_faces: int | None = None  # the number of faces that promise was computed for
     extrapolated: bool = False  # the threshold comes from the fitted tail beyond the calibrated points
+    cohort: Cohort | None = None  # set when the threshold applies to AS-norm scores against it
+
+    @property
+    def score(self) -> str:
+        """What `threshold` applies to."""
+        return "cosine" if self.cohort is None else "as-norm"
 
     def matches(self, similarity: float) -> bool:
+        """A cosine decision (an explicit far or threshold, /verify)."""
         return similarity >= self.threshold
+
+    def best_match(self, probe: np.ndarray, candidates: list[Candidate]) -> Candidate | None:
+        """The best-ranked candidate when its score reaches the threshold: its cosine, or with a
+        cohort its AS-norm score against the probe."""
+        if not candidates:
+            return None
+        best = candidates[0]
+        score = best.similarity if self.cohort is None else self.cohort.normalize(probe, best.embedding, best.similarity)
+        return best if score >= self.threshold else None
 
 
 def decide(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str) -> Decision:
@@ -54,10 +78,17 @@ def per_comparison_far(rate: float, comparisons: int) -> float:
 
 
 def decide_search(
-    manifest: Manifest, fpir: float | None, far: float | str | None, threshold: float | None, gallery_faces: int, default_fpir: float
+    manifest: Manifest,
+    fpir: float | None,
+    far: float | str | None,
+    threshold: float | None,
+    gallery_faces: int,
+    default_fpir: float,
+    cohort: Cohort | None = None,
 ) -> Decision:
     """/identify's decision: an explicit threshold or per-comparison FAR when given, else the FPIR
-    (the request's, else FACEGATE_DEFAULT_FPIR) over the `gallery_faces` searched."""
+    (the request's, else FACEGATE_DEFAULT_FPIR) over the `gallery_faces` searched, on AS-norm scores
+    when a cohort is given."""
     if sum(x is not None for x in (fpir, far, threshold)) > 1:
         raise InvalidParameters("give one of fpir, far or threshold")
     if far is not None or threshold is not None:
@@ -65,6 +96,9 @@ def decide_search(
     rate = default_fpir if fpir is None else fpir
     if not 1e-9 <= rate < 1.0:
         raise InvalidParameters(f"fpir must be in [1e-9, 1), got {rate}")
+    if cohort is not None:
+        per = per_comparison_far(rate, gallery_faces)
+        return Decision(round(cohort.threshold_at(per), 6), far_key(per), rate, gallery_faces, cohort.beyond_calibration(per), cohort)
     return at_rate(manifest, rate, gallery_faces)
 
 
@@ -84,3 +118,11 @@ def at_rate(manifest: Manifest, rate: float, faces: int) -> Decision:
     except KeyError as exc:
         raise UnknownFar(f"the model has no calibrated FAR curve: {exc.args[0]}; pass far or threshold") from None
     return Decision(round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=manifest.beyond_calibration(per))
+
+
+def search_far(manifest: Manifest, cohort: Cohort | None, probe: np.ndarray, candidate: Candidate) -> float:
+    """The calibrated per-comparison FAR of a search candidate: of its AS-norm score against the
+    cohort when there is one (as FPIR decisions score it), else of its cosine."""
+    if cohort is None:
+        return manifest.far_at(candidate.similarity)
+    return cohort.far_at(cohort.normalize(probe, candidate.embedding, candidate.similarity))

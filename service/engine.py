@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from service.batching import BatchShapes, MicroBatcher
 from service.budget import PixelBudget
 from service.cores import available_cores
+from service.decode import Probe
 from service.metrics import Metrics
 from service.models.detector import Face
 from service.pipeline import EmbeddedFace, FacePipeline, FacePolicy, FoundFace
@@ -116,8 +118,9 @@ class Engine:
         return await self._run(self._embed_now, crops)
 
     def _prepare(self, data: bytes, aligned: bool) -> tuple[np.ndarray, np.ndarray | None, float]:
-        """Decode (and, unless aligned, letterbox to the detector's input size for it) on a worker thread."""
-        image = self.pipeline.decode(data)
+        """Decode (a large JPEG reduced) and, unless aligned, letterbox to the detector's input size
+        for it, on a worker thread."""
+        image = self.pipeline.decode(data, reduced=True)
         if aligned:
             return image, None, 1.0
         canvas, scale = self.pipeline.detector.letterbox(image)
@@ -128,23 +131,34 @@ class Engine:
             return (await asyncio.wrap_future(self.detect_batchers[len(canvas)].submit(canvas[None])))[0]
         return (await self._run(self._detect, canvas[None]))[0]
 
-    def _select(self, image: np.ndarray, row: np.ndarray, size: int, scale: float, policy: FacePolicy, chips: bool) -> list[FoundFace]:
-        faces: list[Face] = self.pipeline.detector.faces(row, size, scale, image.shape[:2])
-        return self.pipeline.find_faces(image, False, policy, chips, faces=faces)
+    def _select(self, image: np.ndarray, row: np.ndarray, size: int, scale: float, sent: Probe, policy: FacePolicy, chips: bool) -> list[FoundFace]:
+        """Detections in the pixels of the image as sent (FACEGATE_MIN_FACE_SIZE and the answer's
+        boxes and landmarks), aligned on the pixels decoded."""
+        r = sent.reduction
+        faces: list[Face] = self.pipeline.detector.faces(row, size, scale / r, _sent_size(image, sent))
+        found = self.pipeline.find_faces(image, False, policy, chips, faces=[f.scaled(1 / r) for f in faces])
+        return [replace(f, face=f.face.scaled(r)) for f in found]
 
     async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
         """The image's faces with their embeddings, largest first (and their chips, when asked). The
         decoded pixels are held against the pixel budget until the faces are embedded."""
-        _, width, height = await self._run(self.pipeline.probe, data)
-        async with self.pixels.hold(width * height):
-            return await self._faces(data, aligned, policy, chips)
+        sent = await self._run(self.pipeline.probe, data)
+        async with self.pixels.hold(sent.decoded_pixels):
+            return await self._faces(data, sent, aligned, policy, chips)
 
-    async def _faces(self, data: bytes, aligned: bool, policy: FacePolicy, chips: bool) -> list[EmbeddedFace]:
+    async def _faces(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> list[EmbeddedFace]:
         image, canvas, scale = await self._run(self._prepare, data, aligned)
         if aligned:
             found = await self._run(self.pipeline.find_faces, image, True, policy, chips)
         else:
             row = await self._detect_row(canvas)
-            found = await self._run(self._select, image, row, len(canvas), scale, policy, chips)
+            found = await self._run(self._select, image, row, len(canvas), scale, sent, policy, chips)
         embeddings = await self.embed_crops(np.stack([f.crop for f in found]))
         return [f.embedded(e) for f, e in zip(found, embeddings)]
+
+
+def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:
+    """(height, width) of the image as sent, after EXIF orientation, from its reduced decode."""
+    h, w = image.shape[:2]
+    upright = (h, w) == (-(-sent.height // sent.reduction), -(-sent.width // sent.reduction))
+    return (sent.height, sent.width) if upright else (sent.width, sent.height)

@@ -73,7 +73,7 @@ class SubjectExists(FacegateError):
     code, status = "subject_exists", 409
 
 
-# 413, 415
+# 413, 415, 431
 
 
 class BodyTooLarge(FacegateError):
@@ -82,6 +82,12 @@ class BodyTooLarge(FacegateError):
 
 class ImageTooLarge(FacegateError):
     code, status = "image_too_large", 413
+
+
+class HeadersTooLarge(FacegateError):
+    """The request line and headers exceed FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE bytes."""
+
+    code, status = "headers_too_large", 431
 
 
 class UnsupportedMediaType(FacegateError):
@@ -199,6 +205,7 @@ _FOR_STATUS = {
     405: MethodNotAllowed,
     413: BodyTooLarge,
     415: UnsupportedMediaType,
+    431: HeadersTooLarge,
     422: InvalidParameters,
     500: InternalError,
     503: ModelUnavailable,

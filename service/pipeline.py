@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 
 from service.align import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
-from service.decode import decode_image, probe
+from service.decode import Probe, decode_image, probe
 from service.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.models.detector import Face, FaceDetector
 from service.models.embedder import FaceEmbedder
@@ -64,14 +64,17 @@ class FacePipeline:
     def template(self) -> str:
         return self.embedder_model.manifest.alignment if self.embedder_model else "arcface_112"
 
-    def probe(self, data: bytes) -> tuple[str, int, int]:
-        """Format and size from the header, with the limits checked (nothing decoded)."""
+    def probe(self, data: bytes) -> Probe:
+        """Format, size and the reduction `decode(data, reduced=True)` applies, with the limits
+        checked (nothing decoded)."""
         s = self.settings
-        return probe(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side)
+        return probe(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side)
 
-    def decode(self, data: bytes) -> np.ndarray:
+    def decode(self, data: bytes, reduced: bool = False) -> np.ndarray:
+        """Full size (training, evaluation, the CLI), or a large JPEG at the reduction FACEGATE_JPEG_REDUCE_TO_SIDE
+        allows (requests: `service.engine`, which reports faces in the image's pixels as sent)."""
         s = self.settings
-        return decode_image(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side)
+        return decode_image(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side if reduced else 0)
 
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         return self.detector.detect(image_bgr)

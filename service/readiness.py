@@ -20,7 +20,8 @@ class Readiness:
 
     @property
     def loaded(self) -> bool:
-        return self.models.detector is not None and self.models.embedder is not None
+        # a cohort the operator named but that cannot be used would silently change every decision
+        return self.models.detector is not None and self.models.embedder is not None and not any(p.model == "cohort" for p in self.models.problems)
 
     @property
     def ready(self) -> bool:

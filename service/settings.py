@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     max_decoded_megapixels: float = Field(
         200.0, gt=0, description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
     )
+    jpeg_reduce_to_side: int = Field(
+        4000, ge=0, description="A JPEG is decoded at 1/2, 1/4 or 1/8 scale, the most that keeps its long side at least this many px (0: always full size)."
+    )
     decode_wait: float = Field(60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded.")
 
     # detection
@@ -65,6 +68,10 @@ class Settings(BaseSettings):
     default_far: str = Field("1e-3", description="FAR whose manifest threshold decides when a request names neither far nor threshold.")
     default_fpir: float = Field(
         1e-2, gt=0, lt=1, description="False-positive identification rate /identify decides at when a request names no fpir, far or threshold."
+    )
+
+    cohort: Path | None = Field(
+        None, description="A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md)."
     )
 
     # gallery

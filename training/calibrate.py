@@ -28,6 +28,8 @@ DIGITS = 6  # thresholds are rounded up to this many decimals, which can only lo
 POINTS_PER_DECADE = 4
 CURVE_TOP_FAR = 0.1
 TAIL_SCORES = 1000  # the highest impostor scores the exponential tail is fitted to
+SAME_PERSON_FAR = 1e-4
+SAME_PERSON_SHARE = 0.5
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Calibration:
     curve: dict | None = None  # far_curve(): the manifest's fine FAR ↔ threshold table
     realized: dict[str, dict[str, float | None]] = field(default_factory=dict)  # FAR → {far, tar} on these pairs
     omitted: dict[str, str] = field(default_factory=dict)  # FAR → why
+    same_person: dict[str, int] = field(default_factory=dict)  # same_person_pairs()'s report
 
     def as_dict(self) -> dict:
         return {
@@ -47,6 +50,7 @@ class Calibration:
             "images": self.images,
             "genuine_pairs": self.genuine_pairs,
             "impostor_pairs": self.impostor_pairs,
+            "left_out_as_one_person": self.same_person,
             "min_false_accepts": MIN_FALSE_ACCEPTS,
             "thresholds": self.thresholds,
             "realized": self.realized,
@@ -54,20 +58,60 @@ class Calibration:
         }
 
 
-def pair_scores(embeddings: np.ndarray, labels: np.ndarray, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Every unordered pair of unit embeddings → (genuine cosines, impostor cosines), a block of rows
-    at a time so that 20,000 images (200M pairs) need the scores' memory, not an N×N matrix's."""
+def pair_scores(
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    chunk: int = 1024,
+    stats: tuple[np.ndarray, np.ndarray] | None = None,
+    one_person: list[tuple[int, int]] = (),
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every unordered pair of unit embeddings → (genuine scores, impostor scores), a block of rows
+    at a time so that 20,000 images (200M pairs) need the scores' memory, not an N×N matrix's.
+    Scores are cosines, or with `stats` (each image's cohort mean and spread) AS-norm scores.
+    `one_person`: identity pairs (a, b) left out of both."""
     e = np.asarray(embeddings, np.float32)
     labels = np.asarray(labels)
     genuine, impostor = [], []
-    for start in range(0, len(e), chunk):
-        rows = e[start : start + chunk]
-        scores = rows @ e[start + 1 :].T  # row r pairs with every later image: columns start+1 …
-        later = np.arange(start + 1, len(e))[None, :] > np.arange(start, start + len(rows))[:, None]
-        same = labels[start : start + len(rows), None] == labels[None, start + 1 :]
+    for start, rows, scores, later in _blocks(e, chunk):
+        if stats is not None:
+            (mean, spread), end = stats, start + len(rows)
+            scores = 0.5 * ((scores - mean[start:end, None]) / spread[start:end, None] + (scores - mean[None, start + 1 :]) / spread[None, start + 1 :])
+        mine, theirs = labels[start : start + len(rows), None], labels[None, start + 1 :]
+        same = mine == theirs
+        present = set(np.unique(mine).tolist())
+        for a, b in (p for p in one_person if p[0] in present or p[1] in present):
+            later = later & ~(((mine == a) & (theirs == b)) | ((mine == b) & (theirs == a)))
         genuine.append(scores[later & same])
         impostor.append(scores[later & ~same])
     return np.concatenate(genuine), np.concatenate(impostor)
+
+
+def _blocks(e: np.ndarray, chunk: int):
+    """(first row, rows, their cosines with every later image, mask of the later columns) per block."""
+    for start in range(0, len(e), chunk):
+        rows = e[start : start + chunk]
+        later = np.arange(start + 1, len(e))[None, :] > np.arange(start, start + len(rows))[:, None]
+        yield start, rows, rows @ e[start + 1 :].T, later  # row r pairs with every later image: columns start+1 …
+
+
+def same_person_pairs(embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """(label pairs, report): identity pairs at least SAME_PERSON_SHARE of whose cross pairs reach
+    the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines."""
+    labels = np.asarray(labels)
+    allowed = math.floor(SAME_PERSON_FAR * len(impostor))
+    if not allowed:
+        return [], {"identity_pairs": 0, "impostor_pairs": 0}
+    threshold = float(np.partition(impostor, len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
+    above: dict[tuple[int, int], int] = {}
+    for start, rows, scores, later in _blocks(np.asarray(embeddings, np.float32), chunk):
+        r, c = np.nonzero(later & (scores > threshold))
+        a, b = labels[start + r], labels[start + 1 + c]
+        keys, counts = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)])[:, a != b], axis=1, return_counts=True)
+        for (x, y), n in zip(keys.T.tolist(), counts.tolist(), strict=True):
+            above[(x, y)] = above.get((x, y), 0) + n
+    sizes = dict(zip(*np.unique(labels, return_counts=True), strict=True))
+    pairs = sorted(k for k, n in above.items() if n >= SAME_PERSON_SHARE * sizes[k[0]] * sizes[k[1]])
+    return pairs, {"identity_pairs": len(pairs), "impostor_pairs": int(sum(sizes[a] * sizes[b] for a, b in pairs))}
 
 
 def _just_above(boundary: float) -> float:
@@ -123,11 +167,13 @@ def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
     return _just_above(boundary)
 
 
-def calibrate_scores(genuine: np.ndarray, impostor: np.ndarray, fars=FARS, identities: int = 0, images: int = 0) -> Calibration:
+def calibrate_scores(
+    genuine: np.ndarray, impostor: np.ndarray, fars=FARS, identities: int = 0, images: int = 0, same_person: dict[str, int] | None = None
+) -> Calibration:
     genuine, impostor = np.asarray(genuine), np.asarray(impostor)
     if len(impostor) == 0:
         raise ValueError("no impostor pairs: calibration needs at least two identities")
-    result = Calibration(identities, images, len(genuine), len(impostor))
+    result = Calibration(identities, images, len(genuine), len(impostor), same_person=same_person or {})
     if len(impostor) >= 10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR:
         result.curve = far_curve(impostor)
     for far in sorted(fars, reverse=True):
@@ -173,7 +219,10 @@ def calibrate(manifest_path: Path, data: Path | None = None, fars=FARS, write: b
     raw = embedder.raw(crops)
     embeddings = raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
     genuine, impostor = pair_scores(embeddings, labels)
-    result = calibrate_scores(genuine, impostor, fars, identities=len(np.unique(labels)), images=len(labels))
+    one_person, report = same_person_pairs(embeddings, labels, impostor)
+    if report["identity_pairs"]:
+        genuine, impostor = pair_scores(embeddings, labels, one_person=one_person)
+    result = calibrate_scores(genuine, impostor, fars, identities=len(np.unique(labels)), images=len(labels), same_person=report)
     if write:
         manifest = Manifest.load(manifest_path)
         manifest.thresholds = result.thresholds

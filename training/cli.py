@@ -5,7 +5,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from training.commands import align, calibrate, evaluate, export, heads, model_info, open_set, train
+    from training.commands import align, calibrate, cohort, evaluate, export, heads, model_info, open_set, train
 
     app.add_typer(heads.heads_app, name="heads")
     app.command("align")(align.align)
@@ -14,4 +14,5 @@ def register(app: typer.Typer) -> None:
     app.command("eval-open-set")(open_set.eval_open_set)
     app.command("export")(export.export)
     app.command("calibrate")(calibrate.calibrate)
+    app.command("calibrate-cohort")(cohort.calibrate_cohort)
     app.command("model-info")(model_info.model_info)

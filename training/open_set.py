@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from service.decision import decide_search
+from service.models.cohort import Cohort
 from service.models.manifest import Manifest
 
 FPIRS = (1e-1, 1e-2, 1e-3)
@@ -50,23 +51,28 @@ def protocol(folder: Path, enroll: int = 1, strangers: int | None = None) -> Pro
     return Protocol(gallery, np.array(gallery_labels), known, np.array(known_labels), others[:strangers])
 
 
-def best_subjects(gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each probe's best subject and its score (a subject's score: its best face's), as the gallery ranks them."""
+def best_subjects(gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray, cohort: Cohort | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each probe's best subject as the gallery ranks them (by its best face's cosine) and the score
+    its FPIR decision holds: that cosine, or with a cohort its AS-norm score (as `Decision.best_match`)."""
     scores = probes @ gallery.T
     best = np.argmax(scores, axis=1)
-    return labels[best], scores[np.arange(len(probes)), best]
+    cosine = scores[np.arange(len(probes)), best]
+    if cohort is None:
+        return labels[best], cosine
+    (probe_mean, probe_spread), (face_mean, face_spread) = cohort.stats(probes), cohort.stats(gallery)
+    return labels[best], 0.5 * ((cosine - probe_mean) / probe_spread + (cosine - face_mean[best]) / face_spread[best])
 
 
-def report(manifest: Manifest, p: Protocol, embed, default_fpir: float, fpirs=FPIRS) -> dict:
+def report(manifest: Manifest, p: Protocol, embed, default_fpir: float, fpirs=FPIRS, cohort: Cohort | None = None) -> dict:
     """`embed(paths) → unit embeddings`. DIR and realized FPIR at each FPIR the service would be asked
     for, the oracle DIR at the same rate of strangers, and the DET curve's points."""
     gallery, known, strangers = embed(p.gallery), embed(p.known), embed(p.strangers)
-    known_best, known_score = best_subjects(gallery, p.gallery_labels, known)
-    _, stranger_score = best_subjects(gallery, p.gallery_labels, strangers)
+    known_best, known_score = best_subjects(gallery, p.gallery_labels, known, cohort)
+    _, stranger_score = best_subjects(gallery, p.gallery_labels, strangers, cohort)
     correct = known_best == p.known_labels
     rows = []
     for rate in sorted({*fpirs, default_fpir}, reverse=True):
-        decision = decide_search(manifest, rate, None, None, len(gallery), default_fpir)
+        decision = decide_search(manifest, rate, None, None, len(gallery), default_fpir, cohort)
         oracle = float(np.quantile(stranger_score, 1 - rate, method="higher"))
         rows.append({
             "fpir": rate,
@@ -84,6 +90,7 @@ def report(manifest: Manifest, p: Protocol, embed, default_fpir: float, fpirs=FP
         "fnir": [float(1 - (correct & (known_score >= t)).mean()) for t in sweep],
     }
     return {
+        "score": "cosine" if cohort is None else "as-norm",
         "enrolled_subjects": len(np.unique(p.gallery_labels)),
         "gallery_faces": len(gallery),
         "known_probes": len(known),

@@ -1,6 +1,11 @@
 """Keeps credentials out of the access log. uvicorn logs every request's path with its query string,
 so a client that puts its API key in the URL (it is never read from there) would have it written to
-disk: query values whose names look like credentials are masked before the line is formatted."""
+disk. Before the line is formatted, every parameter of the URL is looked at: the query's items,
+split at `&` and at `;` (which some servers take as a separator), and the `;` parameters of each path
+segment (matrix parameters, `/subjects;api_key=…`). A `name=value` whose name looks like a credential
+keeps its name and loses its value (`api_key=***`); an item without `=` (`?SECRET`, `;SECRET`) is
+masked whole, since it can only be a value and some clients pass their key so. No route here takes
+either form, so only the log loses detail."""
 
 from __future__ import annotations
 
@@ -9,19 +14,29 @@ import re
 from urllib.parse import unquote_plus
 
 CREDENTIAL_NAME = re.compile(r"key|token|secret|passw|auth|credential|signature|session", re.IGNORECASE)
+SEPARATOR = re.compile(r"([&;])")
 MASK = "***"
 
 
 def redact(target: str) -> str:
-    """`path?query` with the values of credential-like query names replaced by ***."""
+    """`path?query` with credential-like parameter values, and bare parameters, replaced by ***."""
     path, separator, query = target.partition("?")
-    if not separator:
-        return target
-    pairs = []
-    for pair in query.split("&"):
-        name, equals, _ = pair.partition("=")
-        pairs.append(f"{name}={MASK}" if equals and CREDENTIAL_NAME.search(unquote_plus(name)) else pair)
-    return f"{path}?{'&'.join(pairs)}"
+    segments = []
+    for segment in path.split("/"):
+        head, semicolon, parameters = segment.partition(";")
+        segments.append(f"{head};{_mask(parameters)}" if semicolon else segment)
+    return "/".join(segments) + (f"?{_mask(query)}" if separator else "")
+
+
+def _mask(parameters: str) -> str:
+    items = SEPARATOR.split(parameters)  # items at even indexes, separators kept between them
+    for i in range(0, len(items), 2):
+        name, equals, _ = items[i].partition("=")
+        if not equals:
+            items[i] = MASK if items[i] else ""
+        elif CREDENTIAL_NAME.search(unquote_plus(name)):
+            items[i] = f"{name}={MASK}"
+    return "".join(items)
 
 
 class RedactQuery(logging.Filter):

@@ -9,11 +9,12 @@ from typing import Annotated
 
 import numpy as np
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
 
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
 from service.engine import Engine
-from service.errors import SubjectNotFound
+from service.errors import InvalidParameters, SubjectNotFound
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
@@ -56,3 +57,24 @@ def subject_id_path(subject_id: str) -> str:
 
 
 SubjectIdPath = Annotated[str, Depends(subject_id_path)]
+
+
+def strict_query(request: Request) -> None:
+    """Refuses a query parameter the matched route does not declare, or one given twice: FastAPI
+    ignores the first and keeps the last of the second, so a typo (`limt=5`) or a conflicting
+    repeat (`limit=1&limit=1000`) would silently answer something the client did not ask for."""
+    declared = _query_names(request.scope["route"].dependant)
+    for name in dict.fromkeys(request.query_params.keys()):
+        if name not in declared:
+            takes = ", ".join(sorted(declared)) or "none"
+            raise InvalidParameters(f"unknown query parameter {name[:64]!r} (this route takes: {takes})")
+        if len(request.query_params.getlist(name)) > 1:
+            raise InvalidParameters(f"query parameter {name!r} is given more than once")
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    return {param.alias for param in dependant.query_params}.union(*(_query_names(d) for d in dependant.dependencies))
+
+
+StrictQuery = Depends(strict_query)

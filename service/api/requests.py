@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -54,8 +55,16 @@ def _no_constant(name: str) -> Any:
     raise InvalidJson(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
+def _finite(text: str) -> float:
+    """json.loads' float hook: `1e400` would otherwise become Infinity, which no JSON can answer."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidJson(f"the number {text[:40]} is beyond a double's range")
+    return value
+
+
 def parse_json(raw: bytes) -> Any:
-    """The one JSON parser for request bodies: UTF-8 only, no NaN/Infinity, at most
+    """The one JSON parser for request bodies: UTF-8 only, no NaN/Infinity or float overflow, at most
     MAX_JSON_CONTAINERS objects and arrays. Nesting deep enough to exhaust the parser's recursion
     (a few hundred levels) and integers past Python's digit limit are malformed input here, not
     server errors. Blocking: routes call it through `parse_json_off_loop`."""
@@ -66,7 +75,7 @@ def parse_json(raw: bytes) -> Any:
     except UnicodeDecodeError:
         raise InvalidJson("the JSON body is not UTF-8") from None
     try:
-        return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant, parse_float=_finite)
     except json.JSONDecodeError as exc:
         raise InvalidJson(f"the body is not valid JSON: {exc}") from None
     except RecursionError:

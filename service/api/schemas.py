@@ -131,7 +131,10 @@ class IdentifyResult(BaseModel):
 
 
 class IdentifyResponse(IdentifyResult):
-    threshold: float = Field(description="The cosine a match must reach.")
+    threshold: float = Field(description="The score the best candidate must reach to be the match.")
+    score: Literal["cosine", "as-norm"] = Field(
+        "cosine", description="What `threshold` applies to: the best candidate's cosine, or with a cohort (FACEGATE_COHORT) and an FPIR decision its AS-norm score."
+    )
     far: str | None = Field(description="The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold.")
     fpir: float | None = Field(description="The false-positive identification rate promised; null when far or threshold was given.")
     gallery_faces: int | None = Field(description="The number of searchable faces the FPIR was turned into a threshold for.")

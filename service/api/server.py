@@ -1,22 +1,44 @@
-"""The HTTP protocol `facegate serve` runs: uvicorn's h11 protocol (its header-size limit is
-`FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE`) plus a deadline for the request line and headers.
+"""The HTTP protocol `facegate serve` runs: uvicorn's h11 protocol plus a deadline for the request
+line and headers, and their size limit (`FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE`) enforced whole.
 
 uvicorn times out idle keep-alive connections but not a client that opens a socket and sends
 nothing, or trickles its headers a byte at a time: each such socket would be held forever. Here a
 connection whose next request's headers are not complete within `FACEGATE_HEADER_TIMEOUT` seconds
 (from the connection, or from the end of its previous response) is closed. The body has its own
-deadline (`FACEGATE_BODY_TIMEOUT`, service.api.middleware.BodyLimit)."""
+deadline (`FACEGATE_BODY_TIMEOUT`, service.api.middleware.BodyLimit).
+
+h11 checks its size limit only while a header block is incomplete: a larger block that arrives in
+one read was parsed and served. Here a parsed block is measured again before the app sees it, and
+both refusals answer 431 `headers_too_large` in the JSON error shape (uvicorn's own answer to a bad
+request is a plain-text 400, which this protocol also answers in the JSON shape)."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from service.api.error_handlers import error_response
+from service.errors import BadRequest, FacegateError, HeadersTooLarge
 from service.settings import get_settings
 
 
+def header_block_size(scope: dict) -> int:
+    """Bytes of the request line and headers as sent, less any whitespace h11 stripped."""
+    query = scope["query_string"]
+    target = len(scope["raw_path"]) + (len(query) + 1 if query else 0)
+    request_line = len(scope["method"]) + 1 + target + len(" HTTP/1.1\r\n")
+    return request_line + sum(len(name) + len(value) + 4 for name, value in scope["headers"]) + 2
+
+
 class HeaderDeadlineProtocol(H11Protocol):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_limit = get_settings().h11_max_incomplete_event_size  # as `facegate serve` gives h11
+        self.app = _HeaderLimit(self.app, self.header_limit)
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_header_deadline()
@@ -33,3 +55,31 @@ class HeaderDeadlineProtocol(H11Protocol):
     def _header_deadline(self, waiting_on) -> None:
         if self.cycle is waiting_on and not self.transport.is_closing():
             self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this inside its `except h11.RemoteProtocolError`; h11 hints 431 for a block
+        # that outgrew its limit before it was complete.
+        hint = getattr(sys.exc_info()[1], "error_status_hint", 400)
+        error: FacegateError = HeadersTooLarge(_too_large(self.header_limit)) if hint == 431 else BadRequest(f"invalid HTTP request: {msg}")
+        response = error_response(error, headers={"Connection": "close"})
+        headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers.items()]
+        for event in (h11.Response(status_code=error.status, headers=headers), h11.Data(data=response.body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+def _too_large(limit: int) -> str:
+    return f"the request line and headers exceed {limit} bytes (FACEGATE_H11_MAX_INCOMPLETE_EVENT_SIZE)"
+
+
+class _HeaderLimit:
+    """Refuses, before the app, a header block that h11 parsed whole although it exceeds `limit`."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and header_block_size(scope) > self.limit:
+            response = error_response(HeadersTooLarge(_too_large(self.limit)), headers={"Connection": "close"})
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)

@@ -357,7 +357,7 @@ def best_subjects(
         best: dict[str, Candidate] = {}
         for score, face_id, owner, name in scored:
             if owner not in best:
-                best[owner] = Candidate(owner, name, score, face_id)
+                best[owner] = Candidate(owner, name, score, face_id, found[face_id][2])
         if len(best) >= top_k or k >= size:
             return list(best.values())[:top_k]
         k *= 4

@@ -5,7 +5,7 @@ sharing one database); `open_gallery` (factory.py) picks one from the settings."
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,6 +50,7 @@ class Candidate:
     name: str
     similarity: float
     face_id: int
+    embedding: np.ndarray = field(repr=False, compare=False)  # the face's, for a cohort-normalized decision
 
 
 class GalleryStore(Protocol):

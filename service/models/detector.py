@@ -42,6 +42,10 @@ class Face:
     def area(self) -> float:
         return self.width * self.height
 
+    def scaled(self, factor: float) -> Face:
+        """The same detection in an image scaled by `factor` (a reduced decode's pixels and back)."""
+        return Face(box=self.box * np.float32(factor), landmarks=self.landmarks * np.float32(factor), score=self.score)
+
     def as_json(self) -> dict:
         """box, landmarks and score as rounded JSON numbers, as the API and the CLI print them."""
         return {

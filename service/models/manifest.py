@@ -29,6 +29,9 @@ def far_key(far: float | str) -> str:
     return f"{mantissa_text}e{exponent}"
 
 
+Curve = tuple[list[tuple[float, float]], tuple[float, float], float]  # (FAR, threshold) points, tail anchor, threshold per decade
+
+
 class ImportSource(StrictModel):
     """Weights published in another framework's format, converted on the user's machine: the
     converted file is never redistributed, and both ends of the conversion are pinned by sha256."""
@@ -150,6 +153,10 @@ class FarCurve(StrictModel):
             raise ValueError("far_curve FARs lie in (0, 1)")
         return self
 
+    @property
+    def curve(self) -> Curve:
+        return self.points, self.tail_from, self.tail_slope
+
 
 class Manifest(StrictModel):
     schema_version: Literal[1] = 1
@@ -208,12 +215,12 @@ class Manifest(StrictModel):
             raise KeyError(key)
         return self.thresholds[key]
 
-    def _curve(self) -> tuple[list[tuple[float, float]], tuple[float, float], float]:
+    def _curve(self) -> Curve:
         """(FAR, threshold) points, FAR falling; the tail's (FAR, threshold) anchor and its threshold
         per decade: the calibrated curve, else the per-FAR thresholds (their last two points make
         the tail)."""
         if self.far_curve is not None:
-            return self.far_curve.points, self.far_curve.tail_from, self.far_curve.tail_slope
+            return self.far_curve.curve
         points = sorted(((float(k), t) for k, t in self.thresholds.items()), reverse=True)
         if len(points) < 2:
             raise KeyError("the manifest has fewer than two calibrated FARs: run `facegate calibrate`")
@@ -221,32 +228,42 @@ class Manifest(StrictModel):
         return points, points[-1], max((t2 - t1) / (math.log10(f1) - math.log10(f2)), 1e-6)
 
     def threshold_at(self, far: float) -> float:
-        """The cosine threshold of a per-comparison FAR: log-linear between calibrated points, the
-        fitted exponential tail below the last one, the first point's threshold above the first."""
-        points, (f_tail, t_tail), slope = self._curve()
-        x = math.log10(far)
-        if far >= points[0][0]:
-            return points[0][1]
-        for (fa, ta), (fb, tb) in zip(points, points[1:]):
-            if far >= fb:
-                return ta + (tb - ta) * (math.log10(fa) - x) / (math.log10(fa) - math.log10(fb))
-        return max(points[-1][1], t_tail + slope * (math.log10(f_tail) - x))
+        """The cosine threshold of a per-comparison FAR (see `threshold_at`)."""
+        return threshold_at(self._curve(), far)
 
     def far_at(self, similarity: float) -> float:
-        """The calibrated per-comparison FAR of a cosine (the inverse of threshold_at); the first
-        point's FAR for any cosine at or below its threshold."""
-        points, (f_tail, t_tail), slope = self._curve()
-        if similarity <= points[0][1]:
-            return points[0][0]
-        for (fa, ta), (fb, tb) in zip(points, points[1:]):
-            if similarity <= tb:
-                share = (similarity - ta) / (tb - ta) if tb > ta else 1.0
-                return 10 ** (math.log10(fa) - share * (math.log10(fa) - math.log10(fb)))
-        return min(points[-1][0], 10 ** (math.log10(f_tail) - (similarity - t_tail) / slope))
+        """The calibrated per-comparison FAR of a cosine (see `far_at`)."""
+        return far_at(self._curve(), similarity)
 
     def beyond_calibration(self, far: float) -> bool:
         """Whether a FAR lies below the calibrated points (its threshold comes from the fitted tail)."""
         return far < self._curve()[0][-1][0]
+
+
+def threshold_at(curve: Curve, far: float) -> float:
+    """The threshold of a per-comparison FAR: log-linear between calibrated points, the fitted
+    exponential tail below the last one, the first point's threshold above the first."""
+    points, (f_tail, t_tail), slope = curve
+    x = math.log10(far)
+    if far >= points[0][0]:
+        return points[0][1]
+    for (fa, ta), (fb, tb) in zip(points, points[1:]):
+        if far >= fb:
+            return ta + (tb - ta) * (math.log10(fa) - x) / (math.log10(fa) - math.log10(fb))
+    return max(points[-1][1], t_tail + slope * (math.log10(f_tail) - x))
+
+
+def far_at(curve: Curve, score: float) -> float:
+    """The calibrated per-comparison FAR of a score (the inverse of threshold_at); the first
+    point's FAR for any score at or below its threshold."""
+    points, (f_tail, t_tail), slope = curve
+    if score <= points[0][1]:
+        return points[0][0]
+    for (fa, ta), (fb, tb) in zip(points, points[1:]):
+        if score <= tb:
+            share = (score - ta) / (tb - ta) if tb > ta else 1.0
+            return 10 ** (math.log10(fa) - share * (math.log10(fa) - math.log10(fb)))
+    return min(points[-1][0], 10 ** (math.log10(f_tail) - (score - t_tail) / slope))
 
 
 @dataclass(frozen=True)

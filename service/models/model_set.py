@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.errors import ModelError
+from service.models.cohort import Cohort
 from service.models.detector import SIZES
 from service.models.manifest import EmbedderKey
 from service.models.providers import Runtime
@@ -14,6 +15,7 @@ from service.settings import Settings
 
 FIXES = {
     "detector": "the detector ships beside its manifest in FACEGATE_MODELS_DIR (models/): restore it from the repository or the image, then check it with `facegate models list`",
+    "cohort": "rebuild the cohort for this embedder with `facegate calibrate-cohort`, or unset FACEGATE_COHORT",
     "embedder": "set FACEGATE_EMBEDDER to an embedder manifest (a name in FACEGATE_MODELS_DIR or a path to its .json) whose model file sits beside it or in FACEGATE_MODEL_CACHE",
 }
 
@@ -31,6 +33,7 @@ class ModelSet:
     detector: LoadedModel | None
     embedder: LoadedModel | None
     problems: list[Problem] = field(default_factory=list)
+    cohort: Cohort | None = None  # FACEGATE_COHORT, checked against the embedder
 
     @property
     def embedder_key(self) -> EmbedderKey | None:
@@ -54,4 +57,10 @@ def load_models(settings: Settings) -> ModelSet:
         except ModelError as exc:
             loaded[role] = None
             problems.append(Problem(role, name, str(exc), FIXES[role]))
-    return ModelSet(loaded["detector"], loaded["embedder"], problems)
+    cohort = None
+    if settings.cohort is not None and loaded["embedder"] is not None:
+        try:
+            cohort = Cohort.load(settings.cohort, loaded["embedder"].manifest)
+        except ModelError as exc:
+            problems.append(Problem("cohort", str(settings.cohort), str(exc), FIXES["cohort"]))
+    return ModelSet(loaded["detector"], loaded["embedder"], problems, cohort)

@@ -6,6 +6,7 @@ Retry-After while /healthz still answers. Every loop and wait is bounded; nothin
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 
@@ -107,3 +108,58 @@ def test_admission_control_answers_json_503_with_retry_after_and_health_stays_up
             s.close()
     time.sleep(BODY_TIMEOUT + 0.5)  # the holders' slots are released when their deadline passes
     assert httpx.get(f"{url}/subjects", timeout=5).status_code == 200
+
+
+def _answer(s: socket.socket) -> tuple[bytes, bytes]:
+    """The server's whole answer on `s` (it closes the connection): (head, body)."""
+    answer = b""
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["sent-at-once", "in-pieces"])
+def test_a_header_block_over_16_kib_gets_431_in_the_json_shape(server, at_once):
+    port, _ = server
+    block = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70)) + b"\r\n"
+    s = _connect(port)
+    try:
+        if at_once:  # h11 checks its limit only on an incomplete block: a complete one arriving whole passed
+            s.sendall(block)
+        else:
+            for i in range(0, len(block), 4096):
+                if select.select([s], [], [], 0.05)[0]:
+                    break  # answered before the block was complete: sending on would only reset the socket
+                s.sendall(block[i : i + 4096])
+        head, body = _answer(s)
+    finally:
+        s.close()
+    assert head.startswith(b"HTTP/1.1 431"), head[:300]
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+
+
+def test_a_header_block_under_the_limit_is_served(server):
+    port, _ = server
+    s = _connect(port)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: " + b"a" * 15_000 + b"\r\n\r\n")
+        head, _ = _answer(s)
+    finally:
+        s.close()
+    assert head.startswith(b"HTTP/1.1 200"), head[:300]
+
+
+def test_a_malformed_request_gets_400_in_the_json_shape(server):
+    port, _ = server
+    s = _connect(port)
+    try:
+        s.sendall(b"NOT HTTP\r\n\r\n")
+        head, body = _answer(s)
+    finally:
+        s.close()
+    assert head.startswith(b"HTTP/1.1 400"), head[:300]
+    assert json.loads(body)["error"]["code"] == "bad_request"

@@ -115,3 +115,59 @@ def test_the_batcher_hands_the_model_only_bucket_sizes():
         assert set(seen) <= {1, 2, 4, 8}, seen
     finally:
         batcher.close()
+
+
+def test_a_request_cancelled_while_its_batch_runs_does_not_stop_the_batcher():
+    """The lost wake-up behind a request that went unanswered at 0% CPU (issue 23): an awaiting task
+    cancelled (its asyncio.wrap_future cancels the Future) made set_result raise InvalidStateError
+    in the batcher's thread, which ended it: every later job waited forever."""
+    import asyncio
+
+    started, release = threading.Event(), threading.Event()
+
+    def embed(x):
+        started.set()
+        assert release.wait(10)
+        return x.reshape(len(x), -1)[:, :1].astype(np.float32)
+
+    batcher = MicroBatcher(embed, max_batch=8, max_wait_ms=0, metrics=Metrics())
+
+    async def scenario():
+        running = asyncio.ensure_future(asyncio.wrap_future(batcher.submit(crops(1, 1))))
+        assert await asyncio.to_thread(started.wait, 10)
+        running.cancel()  # as when the request's task is cancelled mid-run
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        later = await asyncio.wait_for(asyncio.wrap_future(batcher.submit(crops(2, 1))), 10)
+        assert later[:, 0].tolist() == [2]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+
+
+def test_a_job_cancelled_while_queued_is_dropped_and_the_rest_are_served():
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def embed(x):
+        calls.append(x[:, 0, 0, 0].tolist())
+        started.set()
+        assert release.wait(10)
+        return x.reshape(len(x), -1)[:, :1].astype(np.float32)
+
+    batcher = MicroBatcher(embed, max_batch=8, max_wait_ms=0, metrics=Metrics())
+    try:
+        first = batcher.submit(crops(1, 1))
+        assert started.wait(10)
+        cancelled, kept = batcher.submit(crops(2, 1)), batcher.submit(crops(3, 1))
+        assert cancelled.cancel()
+        release.set()
+        assert first.result(10)[:, 0].tolist() == [1]
+        assert kept.result(10)[:, 0].tolist() == [3]
+        assert calls == [[1], [3]]  # the cancelled job's rows were never run
+    finally:
+        batcher.close()

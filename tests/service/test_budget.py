@@ -39,3 +39,31 @@ def test_a_waiter_runs_once_room_is_freed_and_oversized_images_run_alone():
         assert order == [("first", 300_000), ("second", 0)]  # the 5 MP image waited, then held all 1 MP
 
     asyncio.run(scenario())
+
+
+def test_a_holder_cancelled_again_while_it_gives_back_its_pixels_still_gives_them_back():
+    """anyio's cancel scopes cancel every await until the scope is left: a second cancellation while
+    the release waited for the condition's lock lost the pixels, and the budget shrank for good."""
+
+    async def scenario():
+        budget = PixelBudget(megapixels=1.0, wait=5.0)
+        entered = asyncio.Event()
+
+        async def holder():
+            async with budget.hold(600_000):
+                entered.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(holder())
+        await entered.wait()
+        async with budget._changed:  # the lock is busy (another request checking for room)
+            task.cancel()
+            await asyncio.sleep(0.01)  # the holder now waits for the lock to give its pixels back
+            task.cancel()
+            await asyncio.sleep(0.01)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.01)
+        assert budget.free == 1_000_000
+
+    asyncio.run(scenario())

@@ -96,3 +96,22 @@ def test_fpir_holds_whatever_the_gallery_size():
             assert decision.gallery_faces == faces and decision.fpir == fpir
     # the threshold rises with the gallery: a per-comparison FAR would not
     assert decide_search(manifest, 0.01, None, None, 10_000, 0.01).threshold > decide_search(manifest, 0.01, None, None, 10, 0.01).threshold
+
+
+def test_one_person_under_two_names_is_left_out_of_the_impostor_pairs():
+    """Identity 7 is identity 3 again (another dataset's folder): its cross pairs with 3 are genuine,
+    so calibration must not count them as impostors; the other 298 people are all told apart."""
+    from training.calibrate import pair_scores, same_person_pairs
+
+    rng = np.random.default_rng(1)
+    centers = rng.normal(size=(300, 64))
+    centers[7] = centers[3]
+    labels = np.repeat(np.arange(300), 5)
+    x = centers[labels] + 0.6 * rng.normal(size=(1500, 64))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    _, impostor = pair_scores(x, labels)
+    pairs, report = same_person_pairs(x, labels, impostor)
+    assert pairs == [(3, 7)] and report == {"identity_pairs": 1, "impostor_pairs": 25}
+    genuine, cleaned = pair_scores(x, labels, one_person=pairs)
+    assert len(cleaned) == len(impostor) - 25 and len(genuine) == 300 * 10
+    assert cleaned.max() < np.sort(impostor)[-25]  # what was left out was the top of the "impostor" tail

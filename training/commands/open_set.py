@@ -19,6 +19,7 @@ def eval_open_set(
     strangers: Annotated[Optional[int], typer.Option(min=1, help="Probe with at most this many strangers (sorted by name).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the JSON results here too.")] = None,
     det: Annotated[Optional[Path], typer.Option(help="DET curve PNG.")] = None,
+    cohort: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="A cohort manifest (`facegate calibrate-cohort`): decide on AS-norm scores, as the service does with FACEGATE_COHORT.")] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned crops.")] = Path("~/.cache/facegate/eval"),
     progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
 ) -> None:
@@ -28,6 +29,7 @@ def eval_open_set(
     from rich.table import Table
 
     from service.errors import ModelError
+    from service.models.cohort import Cohort
     from service.pipeline import FacePipeline
     from service.settings import get_settings
     from training.evaluate import OnnxEmbedder, cached_crops
@@ -38,6 +40,7 @@ def eval_open_set(
         embedder = OnnxEmbedder(model.with_suffix(".json"))
         pipeline = FacePipeline.from_settings(settings, require_embedder=False)
         p = protocol(images, enroll, strangers)
+        normalizer = Cohort.load(cohort, embedder.model.manifest) if cohort else None
     except (ModelError, ValueError) as exc:
         fail(exc)
 
@@ -46,9 +49,9 @@ def eval_open_set(
         raw = embedder.raw(crops)
         return raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
 
-    result = {"model": str(model), "images": str(images), **report(embedder.model.manifest, p, embed, settings.default_fpir)}
+    result = {"model": str(model), "images": str(images), **report(embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer)}
     table = Table("fpir", "threshold", "per-comparison FAR", "realized FPIR", "DIR", "oracle DIR",
-                  title=f"{result['enrolled_subjects']} enrolled ({result['gallery_faces']} faces), {result['known_probes']} known probes, "
+                  title=f"{result['score']} scores; {result['enrolled_subjects']} enrolled ({result['gallery_faces']} faces), {result['known_probes']} known probes, "
                   f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}")
     for row in result["rows"]:
         table.add_row(f"{row['fpir']:g}" + (" (default)" if row["default"] else ""), f"{row['threshold']:.6f}",

@@ -1,6 +1,7 @@
 """CompreFace's REST API v1 (/api/v1/…) on facegate's own engine, gallery, decisions and keys, so
 its SDKs, Double Take and Viseron work with only the URL and key changed. A CompreFace subject is a
-facegate subject id (created on first enrollment, as CompreFace does); an image_id is a face id.
+facegate subject id (created on first enrollment, as CompreFace does); an image_id is a face id;
+adding a face goes through enrollment's quality gate (`prepare_face`), as every enrollment does.
 Similarities are calibrated (`compat.similarity`): 0.5 is facegate's default decision. Errors come
 in CompreFace's shape, `{"message", "code"}`; no face is HTTP 400 with code 28, which clients test for."""
 
@@ -18,10 +19,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
-from service.api.schemas import SUBJECT_ID_PATTERN
+from service.api.routes.faces import prepare_face
+from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
 from service.api.compat.similarity import calibrated_similarity
+from service.decision import search_far
 from service.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound
-from service.gallery.interface import NewFace
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
 
@@ -117,7 +119,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     for face in await _found(service, body.images["file"], request):
         candidates = await run_in_threadpool(service.search, face.embedding, count)
         subjects = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(manifest, c.similarity, service.settings.default_fpir, searched)}
+            {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, face.embedding, c), service.settings.default_fpir, searched)}
             for c in candidates
         ]
         result.append({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)})
@@ -140,7 +142,7 @@ async def verify(request: Request, service: ServiceDep) -> dict:
     (source, *_) = await _found(service, body.images["source_image"], request)
     targets = await _found(service, body.images["target_image"], request)
     anchor = float(service.settings.default_far)
-    matches = [{"box": _box(t.face), "similarity": calibrated_similarity(manifest, float(source.embedding @ t.embedding), anchor)} for t in targets]
+    matches = [{"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)} for t in targets]
     matches.sort(key=lambda m: m["similarity"], reverse=True)
     return {"result": [{"source_image_face": {"box": _box(source.face)}, "face_matches": matches, "execution_time": _ms(start)}]}
 
@@ -152,11 +154,9 @@ async def add_face(request: Request, service: ServiceDep) -> dict:
         raise InvalidParameters("subject is required")
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     floor = _query_float(request, "det_prob_threshold")
-    (found, *_) = await service.engine.faces(body.images["file"], False, "largest", chips=service.settings.store_crops)
-    if found.face is None or (floor is not None and found.face.score < floor):
+    new = await prepare_face(service, body.images["file"], EnrollOptions())  # enrollment's quality gate
+    if floor is not None and new.score < floor:
         raise NoFace("no face above det_prob_threshold")
-    face = found.face.as_json()
-    new = NewFace(embedding=found.embedding, box=face["box"], landmarks=face["landmarks"], score=face["score"], chip=found.chip)
 
     def store() -> int:
         try:

@@ -6,7 +6,8 @@ calibrated similarity is instead a log scale of the rate at which a stranger sco
 
     similarity = clamp(log10(rate) / (2 · log10(anchor)), 0, 1)
 
-where `rate` is the calibrated per-comparison FAR of the cosine (`Manifest.far_at`), turned into a
+where `rate` is the calibrated per-comparison FAR of the score (`Manifest.far_at` of a cosine, or
+`service.decision.search_far`, which scores a search as its FPIR decision does), turned into a
 false-positive identification rate over the N faces searched for a gallery search
 (1 − (1 − FAR)^N), and `anchor` is facegate's own default (FACEGATE_DEFAULT_FPIR for a search,
 FACEGATE_DEFAULT_FAR for a pair). So 0.5 is exactly facegate's default decision, 0.6 a stranger
@@ -17,12 +18,8 @@ from __future__ import annotations
 
 import math
 
-from service.models.manifest import Manifest
-
-
-def calibrated_similarity(manifest: Manifest, cosine: float, anchor: float, searched: int = 1) -> float:
-    """The 0…1 similarity of a cosine whose stranger rate over `searched` comparisons is `anchor` at 0.5."""
-    far = manifest.far_at(cosine)
+def calibrated_similarity(far: float, anchor: float, searched: int = 1) -> float:
+    """The 0…1 similarity of a per-comparison FAR whose stranger rate over `searched` comparisons is `anchor` at 0.5."""
     rate = -math.expm1(max(searched, 1) * math.log1p(-min(far, 1 - 1e-12)))  # 1 − (1 − far)^N
     if rate <= 0.0:
         return 1.0

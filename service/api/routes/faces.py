@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import Service, ServiceDep, SubjectIdPath
+from service.api.deps import Service, ServiceDep, StrictQuery, SubjectIdPath
 from service.api.requests import read_image_request, request_body
 from service.api.schemas import (
     INT64_MAX,
@@ -28,7 +28,7 @@ from service.gallery.interface import NewFace
 router = APIRouter(tags=["gallery"])
 
 
-@router.get("/subjects/{subject_id}/faces", response_model=FacePage, responses=error_responses(401, 404))
+@router.get("/subjects/{subject_id}/faces", response_model=FacePage, responses=error_responses(401, 404, 422), dependencies=[StrictQuery])
 def list_faces(subject_id: SubjectIdPath, service: ServiceDep) -> FacePage:
     key = service.models.embedder_key
     records = service.gallery.list_faces(subject_id)

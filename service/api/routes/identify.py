@@ -28,7 +28,7 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     options = body.options
     manifest = service.models.embedder.manifest
     searched = (service.gallery.index_info() or {}).get("size", 0)
-    decision = decide_search(manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir)
+    decision = decide_search(manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir, service.models.cohort)
     policy = "all" if options.faces == "all" else options.face_policy
     found = await service.engine.faces(body.images["image"], options.aligned, policy)
     if len(found) * options.top_k > service.settings.max_identify_candidates:
@@ -38,12 +38,14 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
         )
     results = []
     for face in found:
-        ranked = [CandidateOut.of(c) for c in await run_in_threadpool(service.search, face.embedding, options.top_k)]
-        match = ranked[0] if ranked and decision.matches(ranked[0].similarity) else None
+        candidates = await run_in_threadpool(service.search, face.embedding, options.top_k)
+        ranked = [CandidateOut.of(c) for c in candidates]
+        match = ranked[0] if decision.best_match(face.embedding, candidates) else None
         results.append(IdentifyResult(face=FaceOut.of(face.face), candidates=ranked, match=match))
     return IdentifyResponse(
         **results[0].model_dump(),
         threshold=decision.threshold,
+        score=decision.score,
         far=decision.far,
         fpir=decision.fpir,
         gallery_faces=decision.gallery_faces,

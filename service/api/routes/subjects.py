@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api import metadata
-from service.api.deps import ServiceDep, SubjectIdPath
+from service.api.deps import ServiceDep, StrictQuery, SubjectIdPath
 from service.api.requests import read_json_model
 from service.api.schemas import INT64_MAX, SubjectIn, SubjectOut, SubjectPage, SubjectPatch, error_responses
 
@@ -33,7 +33,7 @@ async def create_subject(request: Request, service: ServiceDep) -> SubjectOut:
     return SubjectOut.of(created, service.settings)
 
 
-@router.get("/subjects", response_model=SubjectPage, responses=error_responses(401, 422))
+@router.get("/subjects", response_model=SubjectPage, responses=error_responses(401, 422), dependencies=[StrictQuery])
 def list_subjects(
     service: ServiceDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -54,7 +54,7 @@ def list_subjects(
     return SubjectPage(subjects=page, total=total, limit=limit, offset=offset, next_offset=end if end < total else None)
 
 
-@router.get("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(401, 404))
+@router.get("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(401, 404, 422), dependencies=[StrictQuery])
 def get_subject(subject_id: SubjectIdPath, service: ServiceDep) -> SubjectOut:
     return SubjectOut.of(service.gallery.get_subject(subject_id), service.settings)
 

@@ -18,13 +18,22 @@ import service.api.requests as requests_module
         '{"name": "x"}'.encode("utf-16"),  # the docs say UTF-8
         b'{"name": "x", "metadata": {"a": NaN}}',  # was stored as null
         b'{"name": "x", "metadata": {"a": -Infinity}}',
+        b'{"name": "x", "metadata": {"a": 1e400}}',  # overflows a double: was stored as Infinity, served as null
+        b'{"name": "x", "metadata": {"a": [-1.5e309]}}',
     ],
-    ids=["long-int", "many-containers", "utf16", "nan", "infinity"],
+    ids=["long-int", "many-containers", "utf16", "nan", "infinity", "overflow", "negative-overflow"],
 )
 def test_bad_json_is_400_invalid_json(api, path, body):
     response = api.post(path, content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_finite_floats_are_kept(api):
+    metadata = {"big": 1.7e308, "small": -2.5e-300, "plain": 0.5}
+    created = api.post("/subjects", json={"id": "f", "name": "x", "metadata": metadata})
+    assert created.status_code == 201 and created.json()["metadata"] == metadata
+    assert api.get("/subjects/f").json()["metadata"] == metadata
 
 
 def test_json_is_parsed_off_the_event_loop(api, monkeypatch):

@@ -393,3 +393,38 @@ def test_enrollment_stores_chips_only_with_store_crops(api_settings, make_client
         assert np.abs(np.array(json.loads(landmarks)) - LOOSE_320).max() < 18  # near the loose frame's points
         assert upload_frame == "arcface_112" and np.allclose(json.loads(upload_landmarks), ARCFACE_112)
         assert np.array_equal(decode_crop(uploaded)[..., ::-1], cv2.imdecode(np.frombuffer(aligned_crop_png(1), np.uint8), cv2.IMREAD_COLOR))
+
+
+def test_identify_with_a_cohort_decides_on_as_norm_scores(api_settings, make_client, embedder_manifest, lfw_faces, tmp_path):
+    """FACEGATE_COHORT: FPIR decisions hold the best candidate's AS-norm score to the cohort's curve
+    (here a synthetic cohort and a standard-normal impostor curve); far and threshold stay cosines.
+    A cohort made for another embedder leaves the service unready rather than deciding differently."""
+    import numpy as np
+
+    from service.decision import per_comparison_far
+    from service.models.cohort import Cohort
+    from service.models.manifest import Manifest
+    from training.calibrate import far_curve
+    from training.cohort import write
+
+    embedder = Manifest.load(embedder_manifest)
+    rng = np.random.default_rng(0)
+    faces = rng.normal(size=(400, embedder.embedding_dim)).astype(np.float32)
+    faces /= np.linalg.norm(faces, axis=1, keepdims=True)
+    write(tmp_path / "cohort", embedder, faces, far_curve(rng.normal(size=200_000)), 50, {}, {}, {"name": "synthetic"})
+    api = make_client(api_settings.model_copy(update={"cohort": tmp_path / "cohort.json"}))
+    for name in (POWELL, BUSH):
+        new_subject(api, name.lower(), name)
+        enroll(api, name.lower(), lfw_faces[name][0])
+    found = api.post("/identify", files={"image": lfw_faces[POWELL][0]}).json()
+    cohort = Cohort.load(tmp_path / "cohort.json", embedder)
+    assert found["score"] == "as-norm" and found["match"]["subject_id"] == "colin_powell"
+    assert found["threshold"] == pytest.approx(cohort.threshold_at(per_comparison_far(0.01, 2)), abs=1e-6)
+    assert api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"far": "1e-3"}).json()["score"] == "cosine"
+
+    other = Manifest.load(embedder_manifest).model_copy(update={"name": "another-embedder"})
+    write(tmp_path / "other", other, faces, far_curve(rng.normal(size=200_000)), 50, {}, {}, {"name": "synthetic"})
+    unready = make_client(api_settings.model_copy(update={"cohort": tmp_path / "other.json", "data_dir": tmp_path / "g2"}))
+    ready = unready.get("/readyz")
+    assert ready.status_code == 503 and any(p["model"] == "cohort" for p in ready.json()["problems"])
+    error(unready.post("/identify", files={"image": lfw_faces[POWELL][0]}), 503, "model_unavailable")

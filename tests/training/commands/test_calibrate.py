@@ -56,3 +56,24 @@ def test_dry_run_changes_nothing_and_a_model_without_a_split_needs_data(tmp_path
     result = CliRunner().invoke(app, ["calibrate", str(manifest_path)])
     assert result.exit_code == 2 and "--data" in result.output
     assert json.loads(manifest_path.read_bytes()) == json.loads(before)
+
+
+def test_calibrate_cohort_writes_a_cohort_the_service_loads(tmp_path):
+    """`facegate calibrate-cohort`: a third of the identities become the cohort, the others calibrate
+    its curve; the written manifest loads for its embedder (and its license is the photos')."""
+    from service.models.cohort import Cohort
+
+    manifest_path = write_test_embedder(tmp_path / "models")
+    aligned_folder(tmp_path / "people", identities=60, per_identity=2)
+    out = tmp_path / "cohorts" / "mine"
+    out.parent.mkdir()
+    args = ["calibrate-cohort", str(manifest_path), "--data", str(tmp_path / "people"), "--out", str(out), "--top", "10"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code != 0 and "--license" in refused.output  # whose photos: no default
+    result = CliRunner().invoke(app, [*args, "--license", "own photos, internal use"])
+    assert result.exit_code == 0, result.output
+    cohort = Cohort.load(out.with_suffix(".json"), Manifest.load(manifest_path))
+    assert cohort.faces.shape == (40, 64) and cohort.manifest.top == 10 and cohort.manifest.license == {"name": "own photos, internal use"}
+    assert cohort.manifest.metrics["calibration_identities"] == 40 and cohort.manifest.metrics["impostor_pairs"] == 80 * 79 // 2 - 40
+    too_few = CliRunner().invoke(app, [*args[:-1], "500", "--license", "x"])
+    assert too_few.exit_code != 0 and "fewer than top=500" in too_few.output

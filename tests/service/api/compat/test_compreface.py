@@ -79,3 +79,18 @@ def test_compreface_errors_keep_its_shape(api):
     assert answer.status_code == 400 or answer.status_code == 422
     assert set(answer.json()) == {"message", "code"}
     assert api.delete("/api/v1/recognition/faces/abc").json()["message"]
+
+
+def test_compreface_add_face_has_enrollment_quality_gate(model_cache, tmp_path, make_client, test_data):
+    from service.settings import Settings
+
+    ((name, photos),) = people(test_data, 1)
+    strict = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu", enroll_min_face_size=4000))
+    answer = strict.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]})
+    assert answer.status_code == 422 and answer.json()["code"] == "low_quality_face" and answer.json()["message"], answer.text
+    assert strict.get("/api/v1/recognition/subjects").json() == {"subjects": []}  # no subject half-made
+    # one gate: DeepStack's register refuses the same photo (its 400), and a lax gate takes it
+    refused = strict.post("/v1/vision/face/register", files={"image": photos[0]}, data={"userid": name})
+    assert refused.status_code == 400 and refused.json()["success"] is False, refused.text
+    lax = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "lax", device="cpu"))
+    assert lax.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).json()["subject"] == name

@@ -1,13 +1,16 @@
 """The published clients, unchanged, driving a running `facegate serve` with only the URL and key
-changed: `compreface-sdk`, `deepstack-python` and `deepstack-sdk` from PyPI. They need dependencies
-facegate's environment must not take (deepstack-sdk brings opencv-python, which overwrites the
-headless build), so each runs in the clients' own Python: FACEGATE_CLIENTS_PYTHON, else
-.venv-clients/bin/python as `make clients-venv` makes it; a client that is not importable there
-skips with the reason. The drivers in clients/ assert the fields those clients' users read."""
+changed: `compreface-sdk` (also as Viseron's `compreface` component calls it), `deepstack-python`
+and `deepstack-sdk` from PyPI, and `@exadel/compreface-js-sdk` from npm under Node. The Python ones need dependencies facegate's
+environment must not take (deepstack-sdk brings opencv-python, which overwrites the headless build),
+so each runs in the clients' own Python: FACEGATE_CLIENTS_PYTHON, else .venv-clients/bin/python as
+`make clients` makes it; the JavaScript SDK is read from FACEGATE_CLIENTS_JS, else .clients-js. A
+client that is missing skips with the reason. The drivers in clients/ assert the fields those
+clients' users read."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,7 +50,7 @@ def _importable(package: str, module: str) -> str:
     python = _clients_python()
     found = Path(python).exists() and subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
     if not found:
-        pytest.skip(f"{package} is not importable by {python}: run `make clients-venv` or set FACEGATE_CLIENTS_PYTHON (docs/compat.md)")
+        pytest.skip(f"{package} is not importable by {python}: run `make clients` or set FACEGATE_CLIENTS_PYTHON (docs/compat.md)")
     return python
 
 
@@ -55,6 +58,7 @@ def _importable(package: str, module: str) -> str:
     ("package", "module", "driver"),
     [
         ("compreface-sdk", "compreface", "drive_compreface_sdk.py"),
+        ("compreface-sdk", "compreface", "drive_viseron.py"),
         ("deepstack-python", "deepstack.core", "drive_deepstack_python.py"),
         ("deepstack-sdk", "deepstack_sdk", "drive_deepstack_sdk.py"),
     ],
@@ -65,4 +69,19 @@ def test_client(package, module, driver, request, test_data):
     target = {"compreface-sdk": ["http://127.0.0.1", str(port)], "deepstack-python": ["127.0.0.1", str(port)], "deepstack-sdk": [url]}[package]
     examples = str(test_data / "tests" / "face_recognition" / "examples")
     run = subprocess.run([python, str(DRIVERS / driver), *target, KEY, examples], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_compreface_js_sdk(request, test_data):
+    node = shutil.which("node")
+    folder = Path(os.environ.get("FACEGATE_CLIENTS_JS") or REPO / ".clients-js")
+    if node is None:
+        pytest.skip("node is not on PATH: the JavaScript SDK's test needs Node (docs/compat.md)")
+    if not (folder / "node_modules" / "@exadel" / "compreface-js-sdk").is_dir():
+        pytest.skip(f"@exadel/compreface-js-sdk is not installed under {folder}: run `make clients` or set FACEGATE_CLIENTS_JS")
+    _, port = request.getfixturevalue("empty_gallery")
+    examples = str(test_data / "tests" / "face_recognition" / "examples")
+    driver = str(DRIVERS / "drive_compreface_js_sdk.mjs")
+    env = {**os.environ, "FACEGATE_CLIENTS_JS": str(folder.resolve())}
+    run = subprocess.run([node, driver, "http://127.0.0.1", str(port), KEY, examples], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
