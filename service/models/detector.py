@@ -12,9 +12,6 @@ import onnxruntime as ort
 from service.models.manifest import Manifest
 
 STRIDES = (8, 16, 32)
-# The square sizes an image may run at (multiples of the largest stride): the smallest that holds its
-# longer side, else the manifest's own. Few and fixed, so a GPU warms each shape once at start-up.
-SIZES = (320, 480, 640)
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,11 @@ class FaceDetector:
         nms_threshold: float = 0.3,
         min_face_size: int = 20,
         top_k: int = 5000,
+        sizes: tuple[int, ...] = (),
     ):
+        """`sizes`: the square inputs an image may run at (multiples of the largest stride; few and
+        fixed, so a GPU warms each shape once at start-up); a graph whose image size is fixed (or
+        could not be freed: service/models/rebatch.py) runs at its own."""
         self.manifest = manifest
         self.session = session
         self.score_threshold = score_threshold
@@ -73,10 +74,8 @@ class FaceDetector:
         self.top_k = top_k
         self.input_name = manifest.input.name
         self.output_names = [f"{kind}_{s}" for s in STRIDES for kind in ("cls", "obj", "bbox", "kps")]
-        height, width = session.get_inputs()[0].shape[2:]
-        fixed = manifest.input.width
-        # A graph whose image size could not be freed (service/models/rebatch.py) runs at its own.
-        self.sizes = (fixed,) if isinstance(width, int) else tuple(s for s in SIZES if s < fixed) + (fixed,)
+        width = session.get_inputs()[0].shape[3]
+        self.sizes = (manifest.input.width,) if isinstance(width, int) or not sizes else tuple(sorted(set(sizes)))
         self._grids = {size: self._grid(size) for size in self.sizes}
         # Where each output sits in an `infer` row of each size, and its width: computed once.
         self._layouts = {size: self._layout(size) for size in self.sizes}
@@ -104,8 +103,8 @@ class FaceDetector:
         return layout
 
     def size_for(self, image_size: tuple[int, int]) -> int:
-        """The smallest size holding the image's longer side, else the largest: an image of at most
-        320 px runs at 320 rather than upscaled to 640, a larger one shrinks to 640 as before."""
+        """The smallest size holding the image's longer side, else the largest (with 320/480/640: an
+        image of at most 320 px runs at 320 rather than upscaled to 640, a larger one shrinks to 640)."""
         longer = max(image_size)
         return next((s for s in self.sizes if s >= longer), self.sizes[-1])
 
