@@ -1,6 +1,7 @@
 """Runs the pipeline for requests without ever blocking the event loop: decode, letterbox and align
 on a thread pool, detection and embedding through micro-batchers (or on the pool when batching is
-off). Both models only ever run at their fixed batch shapes, each warmed up once at start-up."""
+off). Both models only ever run at their fixed batch shapes, each warmed up once at start-up; the
+detector has a micro-batcher per image size it runs at (images of one size share a run)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,15 @@ class Engine:
         self._embed = partial(self.embed_shapes.run, embedder.embed)
         self._detect = partial(self.detect_shapes.run, detector.infer)
         self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
-        self.embed_batcher = self.detect_batcher = None
+        self.embed_batcher = None
+        self.detect_batchers: dict[int, MicroBatcher] = {}
         self._closing = threading.Event()
         self._warm_up_thread: threading.Thread | None = None
         if settings.batching:
             self.embed_batcher = MicroBatcher(self._embed, self.embed_shapes.largest, settings.batch_wait_ms, metrics, "embedder")
-            self.detect_batcher = MicroBatcher(self._detect, self.detect_shapes.largest, settings.batch_wait_ms, metrics, "detector")
+            self.detect_batchers = {
+                size: MicroBatcher(self._detect, self.detect_shapes.largest, settings.batch_wait_ms, metrics, "detector") for size in detector.sizes
+            }
 
     def describe(self) -> dict:
         """What /readyz reports of how requests are served."""
@@ -56,6 +60,7 @@ class Engine:
             "batching": self.embed_batcher is not None,
             "embed_batch_sizes": list(self.embed_shapes.sizes),
             "detect_batch_sizes": list(self._detector_run_sizes()),
+            "detect_image_sizes": list(self.pipeline.detector.sizes),
             "detector_batched_in_graph": self.pipeline.detector.batchable,
             "worker_threads": self.workers,
             "cores": available_cores(),
@@ -71,11 +76,12 @@ class Engine:
         self._warm_up_thread.start()
 
     def warm_up(self, done: Callable[[str | None], None]) -> None:
-        """Run each model once at every batch shape it will see, then report (None, or the error).
+        """Run each model once at every shape it will see (the detector: each batch at each image
+        size), then report (None, or the error).
         Stops between shapes once close() was called (a start-up that failed after it began)."""
         started = time.perf_counter()
         detector, embedder = self.pipeline.detector, self.pipeline.require_embedder()
-        runs = [partial(detector.infer, np.zeros((n, detector.height, detector.width, 3), np.uint8)) for n in self._detector_run_sizes()]
+        runs = [partial(detector.infer, np.zeros((n, size, size, 3), np.uint8)) for size in detector.sizes for n in self._detector_run_sizes()]
         runs += [partial(embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8)) for n in self.embed_shapes.sizes]
         try:
             for run in runs:
@@ -93,7 +99,7 @@ class Engine:
         self._closing.set()
         if self._warm_up_thread is not None:
             self._warm_up_thread.join()
-        for batcher in (self.embed_batcher, self.detect_batcher):
+        for batcher in (self.embed_batcher, *self.detect_batchers.values()):
             if batcher:
                 batcher.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
@@ -112,8 +118,8 @@ class Engine:
         return await self._run(self._embed_now, crops)
 
     def _prepare(self, data: bytes, aligned: bool) -> tuple[np.ndarray, np.ndarray | None, float]:
-        """Decode (a large JPEG reduced) and, unless aligned, letterbox to the detector's input, on a
-        worker thread."""
+        """Decode (a large JPEG reduced) and, unless aligned, letterbox to the detector's input size
+        for it, on a worker thread."""
         image = self.pipeline.decode(data, reduced=True)
         if aligned:
             return image, None, 1.0
@@ -121,15 +127,15 @@ class Engine:
         return image, canvas, scale
 
     async def _detect_row(self, canvas: np.ndarray) -> np.ndarray:
-        if self.detect_batcher:
-            return (await asyncio.wrap_future(self.detect_batcher.submit(canvas[None])))[0]
+        if self.detect_batchers:
+            return (await asyncio.wrap_future(self.detect_batchers[len(canvas)].submit(canvas[None])))[0]
         return (await self._run(self._detect, canvas[None]))[0]
 
-    def _select(self, image: np.ndarray, row: np.ndarray, scale: float, sent: Probe, policy: FacePolicy, chips: bool) -> list[FoundFace]:
+    def _select(self, image: np.ndarray, row: np.ndarray, size: int, scale: float, sent: Probe, policy: FacePolicy, chips: bool) -> list[FoundFace]:
         """Detections in the pixels of the image as sent (FACEGATE_MIN_FACE_SIZE and the answer's
         boxes and landmarks), aligned on the pixels decoded."""
         r = sent.reduction
-        faces: list[Face] = self.pipeline.detector.faces(row, scale / r, _sent_size(image, sent))
+        faces: list[Face] = self.pipeline.detector.faces(row, size, scale / r, _sent_size(image, sent))
         found = self.pipeline.find_faces(image, False, policy, chips, faces=[f.scaled(1 / r) for f in faces])
         return [replace(f, face=f.face.scaled(r)) for f in found]
 
@@ -146,7 +152,7 @@ class Engine:
             found = await self._run(self.pipeline.find_faces, image, True, policy, chips)
         else:
             row = await self._detect_row(canvas)
-            found = await self._run(self._select, image, row, scale, sent, policy, chips)
+            found = await self._run(self._select, image, row, len(canvas), scale, sent, policy, chips)
         embeddings = await self.embed_crops(np.stack([f.crop for f in found]))
         return [f.embedded(e) for f, e in zip(found, embeddings)]
 

@@ -50,6 +50,7 @@ class FacePipeline:
             score_threshold=settings.det_score_threshold,
             nms_threshold=settings.det_nms_threshold,
             min_face_size=settings.min_face_size,
+            sizes=tuple(settings.detect_sizes),
         )
         self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, max(settings.batch_sizes)) if models.embedder else None
 

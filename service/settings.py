@@ -44,7 +44,12 @@ class Settings(BaseSettings):
         description="The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; each is warmed up at start-up.",
     )
     detect_batch_sizes: list[int] = Field(
-        [1, 2, 4, 8], min_length=1, description="The only batch sizes the detector runs at (images of concurrent requests, each letterboxed to the detector's input)."
+        [1, 2, 4, 8], min_length=1, description="The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size)."
+    )
+    detect_sizes: list[int] = Field(
+        [320, 480, 640],
+        min_length=1,
+        description="The square input sizes the detector runs at (multiples of 32): each photo at the smallest holding its longer side, a larger one shrunk to the largest; [640] letterboxes every photo to 640 as before.",
     )
 
     # input limits, checked before a full decode
@@ -170,6 +175,13 @@ class Settings(BaseSettings):
     def _positive_sizes(cls, sizes: list[int]) -> list[int]:
         if any(n < 1 for n in sizes):
             raise ValueError("batch sizes must be positive")
+        return sorted(set(sizes))
+
+    @field_validator("detect_sizes")
+    @classmethod
+    def _stride_multiples(cls, sizes: list[int]) -> list[int]:
+        if any(n < 32 or n % 32 for n in sizes):
+            raise ValueError("detector input sizes must be positive multiples of 32 (YuNet's largest stride)")
         return sorted(set(sizes))
 
 

@@ -61,7 +61,11 @@ class FaceDetector:
         nms_threshold: float = 0.3,
         min_face_size: int = 20,
         top_k: int = 5000,
+        sizes: tuple[int, ...] = (),
     ):
+        """`sizes`: the square inputs an image may run at (multiples of the largest stride; few and
+        fixed, so a GPU warms each shape once at start-up); a graph whose image size is fixed (or
+        could not be freed: service/models/rebatch.py) runs at its own."""
         self.manifest = manifest
         self.session = session
         self.score_threshold = score_threshold
@@ -69,39 +73,56 @@ class FaceDetector:
         self.min_face_size = min_face_size
         self.top_k = top_k
         self.input_name = manifest.input.name
-        self.width, self.height = manifest.input.width, manifest.input.height
         self.output_names = [f"{kind}_{s}" for s in STRIDES for kind in ("cls", "obj", "bbox", "kps")]
-        # Anchor-free grid: each output row is the cell (col, row) of its stride, row-major.
-        self._grid = {}
-        for stride in STRIDES:
-            cols, rows = self.width // stride, self.height // stride
-            xs, ys = np.meshgrid(np.arange(cols, dtype=np.float32), np.arange(rows, dtype=np.float32))
-            self._grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
-        # Where each output sits in an `infer` row, and its width: computed once, read per image.
-        self._layout, start = [], 0
-        for name in self.output_names:
-            kind, stride = name.split("_")
-            width = {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[kind]
-            size = (self.width // int(stride)) * (self.height // int(stride)) * width
-            self._layout.append((name, start, start + size, width))
-            start += size
+        width = session.get_inputs()[0].shape[3]
+        self.sizes = (manifest.input.width,) if isinstance(width, int) or not sizes else tuple(sorted(set(sizes)))
+        self._grids = {size: self._grid(size) for size in self.sizes}
+        # Where each output sits in an `infer` row of each size, and its width: computed once.
+        self._layouts = {size: self._layout(size) for size in self.sizes}
         # YuNet as published fixes batch 1; read once, not per run.
         self.batchable = not isinstance(session.get_inputs()[0].shape[0], int)
 
-    def letterbox(self, image: np.ndarray) -> tuple[np.ndarray, float]:
-        """Scale to fit the fixed network input keeping the aspect ratio; pad right/bottom. Every
-        image becomes the one input shape the detector runs at; `scale` maps results back."""
+    @staticmethod
+    def _grid(size: int) -> dict[int, np.ndarray]:
+        """Anchor-free grid: each output row is the cell (col, row) of its stride, row-major."""
+        grid = {}
+        for stride in STRIDES:
+            cells = np.arange(size // stride, dtype=np.float32)
+            xs, ys = np.meshgrid(cells, cells)
+            grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
+        return grid
+
+    def _layout(self, size: int) -> list[tuple[str, int, int, int]]:
+        layout, start = [], 0
+        for name in self.output_names:
+            kind, stride = name.split("_")
+            width = {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[kind]
+            end = start + (size // int(stride)) ** 2 * width
+            layout.append((name, start, end, width))
+            start = end
+        return layout
+
+    def size_for(self, image_size: tuple[int, int]) -> int:
+        """The smallest size holding the image's longer side, else the largest (with 320/480/640: an
+        image of at most 320 px runs at 320 rather than upscaled to 640, a larger one shrinks to 640)."""
+        longer = max(image_size)
+        return next((s for s in self.sizes if s >= longer), self.sizes[-1])
+
+    def letterbox(self, image: np.ndarray, size: int | None = None) -> tuple[np.ndarray, float]:
+        """Scale to fit a square network input (`size_for` the image unless given) keeping the
+        aspect ratio; pad right/bottom. `scale` maps results back."""
         h, w = image.shape[:2]
-        scale = min(self.width / w, self.height / h)
+        size = size or self.size_for((h, w))
+        scale = min(size / w, size / h)
         new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
         interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-        canvas = np.zeros((self.height, self.width, 3), dtype=np.uint8)
+        canvas = np.zeros((size, size, 3), dtype=np.uint8)
         canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
         return canvas, scale
 
     def infer(self, canvases: np.ndarray) -> np.ndarray:
-        """N letterboxed BGR canvases → N rows of the network's outputs, flattened and packed
-        (`_unpack` reads one back), so a micro-batcher can hand each image its own row."""
+        """N letterboxed BGR canvases of one size → N rows of the network's outputs, flattened and
+        packed (`_unpack` reads one back), so a micro-batcher can hand each image its own row."""
         blob = np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
         if self.batchable:
             values = self.session.run(self.output_names, {self.input_name: blob})
@@ -110,10 +131,10 @@ class FaceDetector:
             values = [np.concatenate(outs) for outs in zip(*runs)]
         return np.concatenate([v.reshape(len(blob), -1) for v in values], axis=1)
 
-    def _unpack(self, row: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: row[start:stop].reshape(1, -1, width) for name, start, stop, width in self._layout}
+    def _unpack(self, row: np.ndarray, size: int) -> dict[str, np.ndarray]:
+        return {name: row[start:stop].reshape(1, -1, width) for name, start, stop, width in self._layouts[size]}
 
-    def _decode(self, outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _decode(self, outputs: dict[str, np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         boxes, landmarks, scores = [], [], []
         for stride in STRIDES:
             cls = outputs[f"cls_{stride}"][0, :, 0]
@@ -122,12 +143,12 @@ class FaceDetector:
             keep = score >= self.score_threshold
             if not keep.any():
                 continue
-            grid = self._grid[stride][keep]
+            grid = self._grids[size][stride][keep]
             bbox = outputs[f"bbox_{stride}"][0][keep]
             kps = outputs[f"kps_{stride}"][0][keep].reshape(-1, 5, 2)
             centre = (grid + bbox[:, :2]) * stride
-            size = np.exp(bbox[:, 2:4]) * stride
-            boxes.append(np.concatenate([centre - size / 2, size], axis=1))  # x, y, w, h
+            extent = np.exp(bbox[:, 2:4]) * stride
+            boxes.append(np.concatenate([centre - extent / 2, extent], axis=1))  # x, y, w, h
             landmarks.append((kps + grid[:, None, :]) * stride)
             scores.append(score[keep])
         if not boxes:
@@ -137,12 +158,12 @@ class FaceDetector:
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         """Faces sorted by box area, largest first."""
         canvas, scale = self.letterbox(image_bgr)
-        return self.faces(self.infer(canvas[None])[0], scale, image_bgr.shape[:2])
+        return self.faces(self.infer(canvas[None])[0], len(canvas), scale, image_bgr.shape[:2])
 
-    def faces(self, row: np.ndarray, scale: float, image_size: tuple[int, int]) -> list[Face]:
-        """One image's row of `infer` → its faces in image pixels (through the letterbox's scale),
-        sorted by box area, largest first."""
-        boxes, landmarks, scores = self._decode(self._unpack(row))
+    def faces(self, row: np.ndarray, size: int, scale: float, image_size: tuple[int, int]) -> list[Face]:
+        """One image's row of `infer` at `size` → its faces in image pixels (through the letterbox's
+        scale), sorted by box area, largest first."""
+        boxes, landmarks, scores = self._decode(self._unpack(row, size), size)
         if len(scores) == 0:
             return []
         keep = cv2.dnn.NMSBoxes(boxes.tolist(), scores.tolist(), self.score_threshold, self.nms_threshold, top_k=self.top_k)

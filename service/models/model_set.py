@@ -51,7 +51,8 @@ def load_models(settings: Settings) -> ModelSet:
     runtime = Runtime.from_settings(settings)
     for role, name in (("detector", settings.detector), ("embedder", settings.embedder)):
         try:
-            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, runtime=runtime, free_batch_dim=role == "detector")
+            detector = role == "detector"
+            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, runtime=runtime, free_batch_dim=detector, free_sizes=tuple(settings.detect_sizes) if detector else ())
         except ModelError as exc:
             loaded[role] = None
             problems.append(Problem(role, name, str(exc), FIXES[role]))

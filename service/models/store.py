@@ -27,7 +27,7 @@ import onnxruntime as ort
 from service.errors import ModelError
 from service.models.manifest import ImportSource, Manifest
 from service.models.providers import Runtime, create_session
-from service.models.rebatch import free_batch, same_outputs
+from service.models.rebatch import free_batch, free_size, same_outputs, scales_with_area
 
 log = logging.getLogger("facegate.models")
 
@@ -240,11 +240,18 @@ class LoadedModel:
 
 
 def load_model(
-    name_or_path: str, models_dir: Path, cache: Path, device: str = "auto", runtime: Runtime | None = None, free_batch_dim: bool = False
+    name_or_path: str,
+    models_dir: Path,
+    cache: Path,
+    device: str = "auto",
+    runtime: Runtime | None = None,
+    free_batch_dim: bool = False,
+    free_sizes: tuple[int, ...] = (),
 ) -> LoadedModel:
     """Manifest → verified file → onnxruntime session whose inputs/outputs match the manifest.
     `runtime`: how the session runs (the service passes its settings'); else `device`'s defaults.
-    `free_batch_dim`: a graph with a fixed batch of 1 gets a free one when that provably gives the
+    `free_batch_dim`: a graph with a fixed batch of 1 gets a free one, and `free_sizes`: a graph with
+    a fixed image size gets a free one that runs at those sizes, each when that provably gives the
     same outputs (service/models/rebatch.py); the file on disk is never changed."""
     runtime = runtime or Runtime(device=device)
     mpath = manifest_path(name_or_path, models_dir)
@@ -253,20 +260,27 @@ def load_model(
     verify_file(manifest, path)
     session = create_session(path, runtime)
     verify_io(manifest, session.get_inputs(), session.get_outputs())
-    if free_batch_dim:
-        session = _with_free_batch(manifest, path, session, runtime)
+    if free_batch_dim or free_sizes:
+        session = _with_free_dims(manifest, path, session, runtime, free_batch_dim, free_sizes)
     return LoadedModel(manifest, path, session)
 
 
-def _with_free_batch(manifest: Manifest, path: Path, session: ort.InferenceSession, runtime: Runtime) -> ort.InferenceSession:
+def _with_free_dims(
+    manifest: Manifest, path: Path, session: ort.InferenceSession, runtime: Runtime, batch: bool, sizes: tuple[int, ...]
+) -> ort.InferenceSession:
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != manifest.file.sha256:  # the bytes rewritten are the bytes verified
         raise ModelError(f"{path} changed while it was loaded (sha256 no longer matches manifest {manifest.name})")
-    graph = free_batch(data)
-    if graph is None:
-        return session
-    batched = create_session(graph, runtime)
-    if not same_outputs(session, batched):
-        log.warning("%s: a free batch dimension changes its outputs; running it one image at a time", manifest.name)
-        return session
-    return batched
+    if batch and (graph := free_batch(data)) is not None:
+        batched = create_session(graph, runtime)
+        if same_outputs(session, batched):
+            session, data = batched, graph
+        else:
+            log.warning("%s: a free batch dimension changes its outputs; running it one image at a time", manifest.name)
+    if sizes and (graph := free_size(data)) is not None:
+        sized = create_session(graph, runtime)
+        if scales_with_area(session, sized, sizes):
+            session = sized
+        else:
+            log.warning("%s: a free image size changes its outputs; running every image at its fixed size", manifest.name)
+    return session

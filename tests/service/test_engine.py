@@ -52,6 +52,7 @@ def test_after_warm_up_no_new_input_shape_reaches_a_session(spied, settings, lfw
         embedder, detector = spied.embedder.session, spied.detector.session
         warmed = {"embedder": set(embedder.shapes), "detector": set(detector.shapes)}
         assert {s[0] for s in warmed["embedder"]} == {1, 2, 4, 8}
+        assert {s[2] for s in warmed["detector"]} == set(spied.detector.sizes) == {320, 480, 640}  # each batch at each image size
         embedder.shapes.clear()
         detector.shapes.clear()
 

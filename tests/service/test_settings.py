@@ -16,3 +16,11 @@ def test_batch_sizes_are_sorted_and_must_be_positive(monkeypatch):
     monkeypatch.setenv("FACEGATE_BATCH_SIZES", "[0, 4]")
     with pytest.raises(ValidationError, match="positive"):
         Settings()
+
+
+def test_detector_sizes_are_sorted_multiples_of_32(monkeypatch):
+    monkeypatch.setenv("FACEGATE_DETECT_SIZES", "[640, 320, 320]")
+    assert Settings().detect_sizes == [320, 640]
+    monkeypatch.setenv("FACEGATE_DETECT_SIZES", "[300, 640]")
+    with pytest.raises(ValidationError, match="multiples of 32"):
+        Settings()
