@@ -19,7 +19,7 @@ from service.models.manifest import FarCurve, Manifest
 from service.models.store import sha256_file
 from training.calibrate import far_curve, pair_scores, same_person_pairs
 
-TOP = 200  # a face's highest cohort cosines that give its mean and spread (a development open set chose it: docs/identification.md)
+TOP = 200  # a face's highest cohort cosines that give its mean and spread (chosen on a development open set: docs/models/dlib-resnet-v1.md)
 COHORT_SHARE = 1 / 3
 
 

@@ -9,7 +9,7 @@ to a fixed cohort of other people's faces, and the two are averaged:
 The cohort comes with the impostor curve of s' calibrated on identities outside it, so /identify's
 FPIR keeps its meaning. A cohort is built from real faces (`facegate calibrate-cohort`): its
 embeddings are personal data under the terms of the photos they came from, so none ships in
-models/; FACEGATE_COHORT names one the operator built (docs/identification.md)."""
+models/; FACEGATE_COHORT names one the operator built (docs/api.md, cohort-normalized scores)."""
 
 from __future__ import annotations
 
