@@ -23,7 +23,7 @@ from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
 from service.api.compat.similarity import calibrated_similarity
 from service.decision import search_far
-from service.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound
+from service.errors import FaceNotFound, FacegateError, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
 
@@ -219,6 +219,27 @@ def delete_face(image_id: str, service: ServiceDep) -> dict:
     if not deleted:
         service.gallery.delete_face(_face_id(image_id))  # raises facegate's 404
     return deleted[0]
+
+
+@router.post("/recognition/faces/{image_id}/verify", summary="CompreFace: compare an image's faces with one stored face")
+async def verify_face(image_id: str, request: Request, service: ServiceDep) -> dict:
+    """Each face of `file` against the stored face `image_id`, its similarity calibrated as a pair's
+    (`verification/verify`: anchored at FACEGATE_DEFAULT_FAR), most similar first."""
+    start = time.perf_counter()
+    face_id = _face_id(image_id)
+    known = await run_in_threadpool(service.gallery.lookup_faces, [face_id])
+    if face_id not in known:
+        raise FaceNotFound(f"no face with image_id {image_id!r}")
+    subject, _, stored = known[face_id]
+    body = await read_image_request(request, service.readiness, Options, required=("file",))
+    manifest = service.models.embedder.manifest
+    anchor = float(service.settings.default_far)
+    result = [
+        {"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)}
+        for f in await _found(service, body.images["file"], request)
+    ]
+    result.sort(key=lambda r: r["similarity"], reverse=True)
+    return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
 
 
 @router.post("/recognition/faces/delete", summary="CompreFace: delete several faces")

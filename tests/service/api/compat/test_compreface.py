@@ -94,3 +94,20 @@ def test_compreface_add_face_has_enrollment_quality_gate(model_cache, tmp_path, 
     assert refused.status_code == 400 and refused.json()["success"] is False, refused.text
     lax = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "lax", device="cpu"))
     assert lax.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).json()["subject"] == name
+
+
+def test_compreface_verify_against_a_stored_face(cf, test_data):
+    ((name, photos), (_, stranger)) = people(test_data, 2)
+    image_id = cf.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).json()["image_id"]
+    same = cf.post(f"/api/v1/recognition/faces/{image_id}/verify", files={"file": photos[1]})
+    assert same.status_code == 200, same.text
+    (face,) = same.json()["result"]
+    assert face["subject"] == name and face["similarity"] >= 0.5, face
+    assert set(face["box"]) == {"probability", "x_min", "y_min", "x_max", "y_max"} and "execution_time" in face
+    # JSON base64 `file` too, and a stranger stays below a Viseron-default 0.5
+    other = cf.post(f"/api/v1/recognition/faces/{image_id}/verify", json={"file": base64.b64encode(stranger[0]).decode()}).json()
+    assert other["result"][0]["similarity"] < 0.5, other
+    for unknown in ("999999", "abc"):
+        answer = cf.post(f"/api/v1/recognition/faces/{unknown}/verify", files={"file": photos[1]})
+        assert answer.status_code in (404, 422) and set(answer.json()) == {"message", "code"}, answer.text
+    assert cf.post("/api/v1/recognition/faces/999999/verify", files={"file": photos[1]}).status_code == 404
