@@ -11,6 +11,7 @@ import re
 import time
 from typing import Any, Callable
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -58,6 +59,15 @@ class Options(BaseModel):
 
 class SubjectBody(BaseModel):
     subject: str = Field(pattern=SUBJECT_ID_PATTERN)
+
+
+class EmbeddingsBody(BaseModel):
+    embeddings: list[list[float]]
+
+
+class EmbeddingsVerifyBody(BaseModel):
+    source: list[float]
+    targets: list[list[float]]
 
 
 def _box(face: Any) -> dict:
@@ -275,3 +285,61 @@ def delete_all_subjects(service: ServiceDep) -> dict:
     for subject in listed:
         service.gallery.delete_subject(subject.id)
     return {"deleted": len(listed)}
+
+
+def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray:
+    """Received embeddings as unit float32 rows: each of the active embedder's dimension, finite, not
+    zero; at most FACEGATE_MAX_IDENTIFY_CANDIDATES of them. Anything else is a 422, never a 5xx."""
+    service.readiness.require()
+    dim = service.models.embedder.manifest.embedding_dim
+    most = service.settings.max_identify_candidates
+    if not vectors:
+        raise InvalidParameters(f"{name}: at least one embedding is required")
+    if len(vectors) > most:
+        raise InvalidParameters(f"{name}: {len(vectors)} embeddings; one request takes at most {most} (FACEGATE_MAX_IDENTIFY_CANDIDATES)")
+    for i, vector in enumerate(vectors):
+        if len(vector) != dim:
+            raise InvalidParameters(f"{name}[{i}]: {len(vector)} numbers; the embedder {service.models.embedder.manifest.name!r} makes {dim}")
+    rows = np.asarray(vectors, np.float64)
+    if not np.isfinite(rows).all():
+        raise InvalidParameters(f"{name}: every number must be finite")
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    if not (norms > 1e-6).all():
+        raise InvalidParameters(f"{name}: an embedding of zero length has no direction")
+    return (rows / norms).astype(np.float32)
+
+
+@router.post("/recognition/embeddings/recognize", summary="CompreFace: recognize embeddings")
+async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
+    """Each embedding's top `prediction_count` subjects, with `recognition/recognize`'s calibrated
+    similarity. The embeddings must come from the active embedder (facegate's /embed, or CompreFace's
+    `face_plugins=calculator` on facegate)."""
+    body = await read_json_model(request, EmbeddingsBody)
+    count = _query_int(request, "prediction_count", 1, low=1)
+    rows = _unit(service, body.embeddings, "embeddings")
+    if len(rows) * count > service.settings.max_identify_candidates:
+        raise InvalidParameters(f"{len(rows)} embeddings × prediction_count {count} exceeds FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})")
+    manifest = service.models.embedder.manifest
+    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
+    result = []
+    for row, received in zip(rows, body.embeddings):
+        candidates = await run_in_threadpool(service.search, row, count)
+        similarities = [
+            {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, row, c), service.settings.default_fpir, searched)}
+            for c in candidates
+        ]
+        result.append({"embedding": received, "similarities": similarities})
+    return {"result": result}
+
+
+@router.post("/verification/embeddings/verify", summary="CompreFace: compare an embedding with others")
+async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
+    """`source` against each of `targets` (echoed as received), with `verification/verify`'s calibrated similarity, most similar first."""
+    body = await read_json_model(request, EmbeddingsVerifyBody)
+    (source,) = _unit(service, [body.source], "source")
+    targets = _unit(service, body.targets, "targets")
+    manifest = service.models.embedder.manifest
+    anchor = float(service.settings.default_far)
+    result = [{"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)} for t, received in zip(targets, body.targets)]
+    result.sort(key=lambda r: r["similarity"], reverse=True)
+    return {"result": result}
