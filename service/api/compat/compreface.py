@@ -114,6 +114,19 @@ async def _found(service: Service, data: bytes, request: Request, chips: bool = 
     return faces[:limit] if limit else faces
 
 
+def _calculator(request: Request) -> bool:
+    """Whether `face_plugins` asks for CompreFace's `calculator`: each face's embedding, from the
+    served embedder, which the embedding routes take back. Other plugins (age, gender, mask…) are
+    not offered and are ignored, as an unset one Double Take sends as `undefined`."""
+    return "calculator" in {p.strip() for p in request.query_params.get("face_plugins", "").split(",")}
+
+
+def _with_embedding(entry: dict, face: Any, request: Request) -> dict:
+    if _calculator(request):
+        entry["embedding"] = face.embedding.tolist()
+    return entry
+
+
 def _ms(start: float) -> dict:
     return {"detector": round((time.perf_counter() - start) * 1000), "calculator": 0}
 
@@ -132,7 +145,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
             {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, face.embedding, c), service.settings.default_fpir, searched)}
             for c in candidates
         ]
-        result.append({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)})
+        result.append(_with_embedding({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)}, face, request))
     return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
 
 
@@ -141,7 +154,8 @@ async def detect(request: Request, service: ServiceDep) -> dict:
     start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     faces = await _found(service, body.images["file"], request)
-    return {"result": [{"box": _box(f.face), "execution_time": _ms(start)} for f in faces], "plugins_versions": {"detector": "facegate"}}
+    versions = {"detector": "facegate", **({"calculator": service.models.embedder.manifest.name} if _calculator(request) else {})}
+    return {"result": [_with_embedding({"box": _box(f.face), "execution_time": _ms(start)}, f, request) for f in faces], "plugins_versions": versions}
 
 
 @router.post("/verification/verify", summary="CompreFace: compare the faces of two images")
@@ -245,7 +259,7 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
     manifest = service.models.embedder.manifest
     anchor = float(service.settings.default_far)
     result = [
-        {"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)}
+        _with_embedding({"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)}, f, request)
         for f in await _found(service, body.images["file"], request)
     ]
     result.sort(key=lambda r: r["similarity"], reverse=True)

@@ -139,6 +139,13 @@ def test_compreface_embedding_routes(cf, test_data):
     by_image = cf.post("/api/v1/recognition/recognize", files={"file": photos[1]}).json()["result"][0]["subjects"][0]
     assert by_image["subject"] == name and abs(by_image["similarity"] - found["similarities"][0]["similarity"]) < 1e-3
 
+    # CompreFace's calculator plugin gives the same embeddings, which the embedding routes take back
+    plugged = cf.post("/api/v1/recognition/recognize", params={"face_plugins": "calculator,age"}, files={"file": photos[1]}).json()
+    assert np.allclose(plugged["result"][0]["embedding"], probe, atol=1e-5) and plugged["plugins_versions"]["calculator"]
+    detected = cf.post("/api/v1/detection/detect", params={"face_plugins": "calculator"}, files={"file": photos[1]}).json()
+    assert np.allclose(detected["result"][0]["embedding"], probe, atol=1e-5)
+    assert "embedding" not in cf.post("/api/v1/recognition/recognize", params={"face_plugins": "undefined"}, files={"file": photos[1]}).json()["result"][0]
+
     verified = cf.post("/api/v1/verification/embeddings/verify", json={"source": embedding(photos[0]), "targets": [other, probe]})
     assert verified.status_code == 200, verified.text
     (best, worst) = verified.json()["result"]
