@@ -15,7 +15,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictFloat
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import Service, ServiceDep
@@ -62,12 +62,12 @@ class SubjectBody(BaseModel):
 
 
 class EmbeddingsBody(BaseModel):
-    embeddings: list[list[float]]
+    embeddings: list[list[StrictFloat]]  # JSON numbers only: not "0.1", not true
 
 
 class EmbeddingsVerifyBody(BaseModel):
-    source: list[float]
-    targets: list[list[float]]
+    source: list[StrictFloat]
+    targets: list[list[StrictFloat]]
 
 
 def _box(face: Any) -> dict:
@@ -317,10 +317,11 @@ def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray
     rows = np.asarray(vectors, np.float64)
     if not np.isfinite(rows).all():
         raise InvalidParameters(f"{name}: every number must be finite")
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    if not (norms > 1e-6).all():
+    peaks = np.abs(rows).max(axis=1, keepdims=True)
+    if not (peaks > 0).all():
         raise InvalidParameters(f"{name}: an embedding of zero length has no direction")
-    return (rows / norms).astype(np.float32)
+    rows = rows / peaks  # 1e300 and 1e-300 alike, without overflow or underflow in the norm
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
 
 
 @router.post("/recognition/embeddings/recognize", summary="CompreFace: recognize embeddings")

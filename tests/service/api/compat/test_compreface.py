@@ -167,6 +167,11 @@ def test_compreface_embedding_routes(cf, test_data):
         ("/api/v1/verification/embeddings/verify", {"source": probe}),
         ("/api/v1/verification/embeddings/verify", {"source": probe, "targets": [probe] * 1001}),
     ]
+    bad += [
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [["0.1"] * dim]}),  # numbers only
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [[True] * dim]}),
+        ("/api/v1/verification/embeddings/verify", {"source": [None] * dim, "targets": [probe]}),
+    ]
     for path, body in bad:
         answer = cf.post(path, json=body)
         assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (path, str(body)[:80], answer.text[:300])
@@ -175,5 +180,8 @@ def test_compreface_embedding_routes(cf, test_data):
         raw = '{"embeddings": [[' + ", ".join([word] + ["0.1"] * (dim - 1)) + "]]}"
         answer = cf.post("/api/v1/recognition/embeddings/recognize", content=raw, headers={"content-type": "application/json"})
         assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (word, answer.text[:300])
+    # any positive scale is the same direction, huge or tiny
+    scales = cf.post("/api/v1/verification/embeddings/verify", json={"source": probe, "targets": [[x * 1e300 for x in probe], [x * 1e-300 for x in probe]]}).json()
+    assert [r["similarity"] for r in scales["result"]] == [1.0, 1.0], scales
     answer = cf.post("/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe] * 600})
     assert answer.status_code == 422 and "prediction_count" in answer.json()["message"]
