@@ -11,10 +11,11 @@ import re
 import time
 from typing import Any, Callable
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictFloat
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import Service, ServiceDep
@@ -23,7 +24,7 @@ from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
 from service.api.compat.similarity import calibrated_similarity
 from service.decision import search_far
-from service.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound
+from service.errors import FaceNotFound, FacegateError, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
 
@@ -58,6 +59,15 @@ class Options(BaseModel):
 
 class SubjectBody(BaseModel):
     subject: str = Field(pattern=SUBJECT_ID_PATTERN)
+
+
+class EmbeddingsBody(BaseModel):
+    embeddings: list[list[StrictFloat]]  # JSON numbers only: not "0.1", not true
+
+
+class EmbeddingsVerifyBody(BaseModel):
+    source: list[StrictFloat]
+    targets: list[list[StrictFloat]]
 
 
 def _box(face: Any) -> dict:
@@ -104,6 +114,19 @@ async def _found(service: Service, data: bytes, request: Request, chips: bool = 
     return faces[:limit] if limit else faces
 
 
+def _calculator(request: Request) -> bool:
+    """Whether `face_plugins` asks for CompreFace's `calculator`: each face's embedding, from the
+    served embedder, which the embedding routes take back. Other plugins (age, gender, mask…) are
+    not offered and are ignored, as an unset one Double Take sends as `undefined`."""
+    return "calculator" in {p.strip() for p in request.query_params.get("face_plugins", "").split(",")}
+
+
+def _with_embedding(entry: dict, face: Any, request: Request) -> dict:
+    if _calculator(request):
+        entry["embedding"] = face.embedding.tolist()
+    return entry
+
+
 def _ms(start: float) -> dict:
     return {"detector": round((time.perf_counter() - start) * 1000), "calculator": 0}
 
@@ -122,7 +145,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
             {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, face.embedding, c), service.settings.default_fpir, searched)}
             for c in candidates
         ]
-        result.append({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)})
+        result.append(_with_embedding({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)}, face, request))
     return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
 
 
@@ -131,7 +154,8 @@ async def detect(request: Request, service: ServiceDep) -> dict:
     start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     faces = await _found(service, body.images["file"], request)
-    return {"result": [{"box": _box(f.face), "execution_time": _ms(start)} for f in faces], "plugins_versions": {"detector": "facegate"}}
+    versions = {"detector": "facegate", **({"calculator": service.models.embedder.manifest.name} if _calculator(request) else {})}
+    return {"result": [_with_embedding({"box": _box(f.face), "execution_time": _ms(start)}, f, request) for f in faces], "plugins_versions": versions}
 
 
 @router.post("/verification/verify", summary="CompreFace: compare the faces of two images")
@@ -221,6 +245,27 @@ def delete_face(image_id: str, service: ServiceDep) -> dict:
     return deleted[0]
 
 
+@router.post("/recognition/faces/{image_id}/verify", summary="CompreFace: compare an image's faces with one stored face")
+async def verify_face(image_id: str, request: Request, service: ServiceDep) -> dict:
+    """Each face of `file` against the stored face `image_id`, its similarity calibrated as a pair's
+    (`verification/verify`: anchored at FACEGATE_DEFAULT_FAR), most similar first."""
+    start = time.perf_counter()
+    face_id = _face_id(image_id)
+    known = await run_in_threadpool(service.gallery.lookup_faces, [face_id])
+    if face_id not in known:
+        raise FaceNotFound(f"no face with image_id {image_id!r}")
+    subject, _, stored = known[face_id]
+    body = await read_image_request(request, service.readiness, Options, required=("file",))
+    manifest = service.models.embedder.manifest
+    anchor = float(service.settings.default_far)
+    result = [
+        _with_embedding({"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)}, f, request)
+        for f in await _found(service, body.images["file"], request)
+    ]
+    result.sort(key=lambda r: r["similarity"], reverse=True)
+    return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
+
+
 @router.post("/recognition/faces/delete", summary="CompreFace: delete several faces")
 async def delete_faces(request: Request, service: ServiceDep) -> list[dict]:
     ids = (await read_json_model(request, RootModel[list[str]])).root
@@ -254,3 +299,62 @@ def delete_all_subjects(service: ServiceDep) -> dict:
     for subject in listed:
         service.gallery.delete_subject(subject.id)
     return {"deleted": len(listed)}
+
+
+def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray:
+    """Received embeddings as unit float32 rows: each of the active embedder's dimension, finite, not
+    zero; at most FACEGATE_MAX_IDENTIFY_CANDIDATES of them. Anything else is a 422, never a 5xx."""
+    service.readiness.require()
+    dim = service.models.embedder.manifest.embedding_dim
+    most = service.settings.max_identify_candidates
+    if not vectors:
+        raise InvalidParameters(f"{name}: at least one embedding is required")
+    if len(vectors) > most:
+        raise InvalidParameters(f"{name}: {len(vectors)} embeddings; one request takes at most {most} (FACEGATE_MAX_IDENTIFY_CANDIDATES)")
+    for i, vector in enumerate(vectors):
+        if len(vector) != dim:
+            raise InvalidParameters(f"{name}[{i}]: {len(vector)} numbers; the embedder {service.models.embedder.manifest.name!r} makes {dim}")
+    rows = np.asarray(vectors, np.float64)
+    if not np.isfinite(rows).all():
+        raise InvalidParameters(f"{name}: every number must be finite")
+    peaks = np.abs(rows).max(axis=1, keepdims=True)
+    if not (peaks > 0).all():
+        raise InvalidParameters(f"{name}: an embedding of zero length has no direction")
+    rows = rows / peaks  # 1e300 and 1e-300 alike, without overflow or underflow in the norm
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+@router.post("/recognition/embeddings/recognize", summary="CompreFace: recognize embeddings")
+async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
+    """Each embedding's top `prediction_count` subjects, with `recognition/recognize`'s calibrated
+    similarity. The embeddings must come from the active embedder (facegate's /embed, or CompreFace's
+    `face_plugins=calculator` on facegate)."""
+    body = await read_json_model(request, EmbeddingsBody)
+    count = _query_int(request, "prediction_count", 1, low=1)
+    rows = _unit(service, body.embeddings, "embeddings")
+    if len(rows) * count > service.settings.max_identify_candidates:
+        raise InvalidParameters(f"{len(rows)} embeddings × prediction_count {count} exceeds FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})")
+    manifest = service.models.embedder.manifest
+    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
+    result = []
+    for row, received in zip(rows, body.embeddings):
+        candidates = await run_in_threadpool(service.search, row, count)
+        similarities = [
+            {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, row, c), service.settings.default_fpir, searched)}
+            for c in candidates
+        ]
+        result.append({"embedding": received, "similarities": similarities})
+    return {"result": result}
+
+
+@router.post("/verification/embeddings/verify", summary="CompreFace: compare an embedding with others")
+async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
+    """`source` against each of `targets` (echoed as received), with `verification/verify`'s calibrated similarity, most similar first."""
+    body = await read_json_model(request, EmbeddingsVerifyBody)
+    (source,) = _unit(service, [body.source], "source")
+    targets = _unit(service, body.targets, "targets")
+    manifest = service.models.embedder.manifest
+    anchor = float(service.settings.default_far)
+    result = [{"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)} for t, received in zip(targets, body.targets)]
+    result.sort(key=lambda r: r["similarity"], reverse=True)
+    return {"result": result}

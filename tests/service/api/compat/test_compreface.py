@@ -94,3 +94,94 @@ def test_compreface_add_face_has_enrollment_quality_gate(model_cache, tmp_path, 
     assert refused.status_code == 400 and refused.json()["success"] is False, refused.text
     lax = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "lax", device="cpu"))
     assert lax.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).json()["subject"] == name
+
+
+def test_compreface_verify_against_a_stored_face(cf, test_data):
+    ((name, photos), (_, stranger)) = people(test_data, 2)
+    image_id = cf.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).json()["image_id"]
+    same = cf.post(f"/api/v1/recognition/faces/{image_id}/verify", files={"file": photos[1]})
+    assert same.status_code == 200, same.text
+    (face,) = same.json()["result"]
+    assert face["subject"] == name and face["similarity"] >= 0.5, face
+    assert set(face["box"]) == {"probability", "x_min", "y_min", "x_max", "y_max"} and "execution_time" in face
+    # JSON base64 `file` too, and a stranger stays below a Viseron-default 0.5
+    other = cf.post(f"/api/v1/recognition/faces/{image_id}/verify", json={"file": base64.b64encode(stranger[0]).decode()}).json()
+    assert other["result"][0]["similarity"] < 0.5, other
+    for unknown in ("999999", "abc"):
+        answer = cf.post(f"/api/v1/recognition/faces/{unknown}/verify", files={"file": photos[1]})
+        assert answer.status_code in (404, 422) and set(answer.json()) == {"message", "code"}, answer.text
+    assert cf.post("/api/v1/recognition/faces/999999/verify", files={"file": photos[1]}).status_code == 404
+
+
+def test_compreface_embedding_routes(cf, test_data):
+    enrolled = people(test_data, 3)
+    ((_, stranger),) = people(test_data, 1, skip=3)
+    for name, photos in enrolled:
+        assert cf.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).status_code == 200
+
+    def embedding(photo: bytes) -> list[float]:
+        answer = cf.post("/embed", files={"image": photo})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["faces"][0]["embedding"]
+
+    name, photos = enrolled[1]
+    probe, other = embedding(photos[1]), embedding(stranger[0])
+    scaled = [3.0 * x for x in probe]  # normalized on receipt
+    answer = cf.post("/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe, scaled, other]})
+    assert answer.status_code == 200, answer.text
+    (found, again, unknown) = answer.json()["result"]
+    assert found["embedding"] == probe and len(found["similarities"]) == 2
+    assert found["similarities"][0]["subject"] == name and found["similarities"][0]["similarity"] >= 0.5, found
+    assert found["similarities"][1]["similarity"] < 0.5
+    assert again["similarities"][0] == found["similarities"][0]
+    assert unknown["similarities"][0]["similarity"] < 0.5, unknown
+    # the same as recognize answers for the photo itself
+    by_image = cf.post("/api/v1/recognition/recognize", files={"file": photos[1]}).json()["result"][0]["subjects"][0]
+    assert by_image["subject"] == name and abs(by_image["similarity"] - found["similarities"][0]["similarity"]) < 1e-3
+
+    # CompreFace's calculator plugin gives the same embeddings, which the embedding routes take back
+    plugged = cf.post("/api/v1/recognition/recognize", params={"face_plugins": "calculator,age"}, files={"file": photos[1]}).json()
+    assert np.allclose(plugged["result"][0]["embedding"], probe, atol=1e-5) and plugged["plugins_versions"]["calculator"]
+    detected = cf.post("/api/v1/detection/detect", params={"face_plugins": "calculator"}, files={"file": photos[1]}).json()
+    assert np.allclose(detected["result"][0]["embedding"], probe, atol=1e-5)
+    assert "embedding" not in cf.post("/api/v1/recognition/recognize", params={"face_plugins": "undefined"}, files={"file": photos[1]}).json()["result"][0]
+
+    verified = cf.post("/api/v1/verification/embeddings/verify", json={"source": embedding(photos[0]), "targets": [other, probe]})
+    assert verified.status_code == 200, verified.text
+    (best, worst) = verified.json()["result"]
+    assert best["embedding"] == probe and best["similarity"] >= 0.5 and worst["similarity"] < 0.5, verified.json()
+
+    dim = len(probe)
+    bad = [
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [probe[:-1]]}),  # wrong dimension
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [probe + [0.0]]}),
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": []}),
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": probe}),  # not a list of lists
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": "abc"}),
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [[0.0] * dim]}),  # no direction
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [probe] * 1001}),  # FACEGATE_MAX_IDENTIFY_CANDIDATES
+        ("/api/v1/recognition/embeddings/recognize", [probe]),
+        ("/api/v1/verification/embeddings/verify", {"source": probe, "targets": [probe[:5]]}),
+        ("/api/v1/verification/embeddings/verify", {"source": [probe], "targets": [probe]}),
+        ("/api/v1/verification/embeddings/verify", {"source": probe, "targets": probe}),
+        ("/api/v1/verification/embeddings/verify", {"source": probe}),
+        ("/api/v1/verification/embeddings/verify", {"source": probe, "targets": [probe] * 1001}),
+    ]
+    bad += [
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [["0.1"] * dim]}),  # numbers only
+        ("/api/v1/recognition/embeddings/recognize", {"embeddings": [[True] * dim]}),
+        ("/api/v1/verification/embeddings/verify", {"source": [None] * dim, "targets": [probe]}),
+    ]
+    for path, body in bad:
+        answer = cf.post(path, json=body)
+        assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (path, str(body)[:80], answer.text[:300])
+    # NaN and infinities, which JSON encoders write as bare words
+    for word in ("NaN", "Infinity", "-Infinity", "1e999"):
+        raw = '{"embeddings": [[' + ", ".join([word] + ["0.1"] * (dim - 1)) + "]]}"
+        answer = cf.post("/api/v1/recognition/embeddings/recognize", content=raw, headers={"content-type": "application/json"})
+        assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (word, answer.text[:300])
+    # any positive scale is the same direction, huge or tiny
+    scales = cf.post("/api/v1/verification/embeddings/verify", json={"source": probe, "targets": [[x * 1e300 for x in probe], [x * 1e-300 for x in probe]]}).json()
+    assert [r["similarity"] for r in scales["result"]] == [1.0, 1.0], scales
+    answer = cf.post("/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe] * 600})
+    assert answer.status_code == 422 and "prediction_count" in answer.json()["message"]

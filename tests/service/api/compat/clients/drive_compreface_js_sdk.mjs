@@ -41,6 +41,13 @@ assert.ok(same.result[0].face_matches[0].similarity >= 0.5, JSON.stringify(same)
 const other = await verification.verify("./knn_examples/train/obama/obama.jpg", "./knn_examples/train/biden/biden.jpg", {});
 assert.ok(other.result[0].face_matches[0].similarity < 0.5, JSON.stringify(other));
 
+// a photo against a stored face (recognition/faces/{image_id}/verify)
+const [match] = (await faces().verify("./knn_examples/train/obama/obama2.jpg", added.image_id, {})).result;
+assert.equal(match.subject, "obama", JSON.stringify(match));
+assert.ok(match.similarity >= 0.5, JSON.stringify(match));
+const [mismatch] = (await faces().verify("./knn_examples/train/biden/biden.jpg", added.image_id, {})).result;
+assert.ok(mismatch.similarity < 0.5, JSON.stringify(mismatch));
+
 assert.deepEqual(await faces().delete(added.image_id), { image_id: added.image_id, subject: "obama" });
 assert.deepEqual((await faces().list()).faces.map((f) => f.subject), ["biden"]);
 assert.deepEqual(await faces().delete_all_subject("biden"), { deleted: 1 });

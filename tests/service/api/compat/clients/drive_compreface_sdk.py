@@ -1,5 +1,5 @@
 """CompreFace's own Python SDK (`compreface-sdk`, as Viseron uses it), unchanged, against a running
-facegate: add → list → recognize → verify → delete. Run by test_real_clients.py in the clients'
+facegate: add → list → recognize → verify (two images, and against a stored face) → delete. Run by test_real_clients.py in the clients'
 Python: drive_compreface_sdk.py URL PORT KEY EXAMPLES."""
 
 import sys
@@ -30,6 +30,12 @@ same = verification.verify(str(examples / "knn_examples/train/obama/obama.jpg"),
 assert same["result"][0]["face_matches"][0]["similarity"] >= 0.5, same
 other = verification.verify(str(examples / "knn_examples/train/obama/obama.jpg"), str(examples / "knn_examples/train/biden/biden.jpg"))
 assert other["result"][0]["face_matches"][0]["similarity"] < 0.5, other
+
+# a photo against a stored face (recognition/faces/{image_id}/verify)
+(match,) = faces.verify(str(examples / "knn_examples/train/obama/obama2.jpg"), added["image_id"])["result"]
+assert match["subject"] == "obama" and match["similarity"] >= 0.5, match
+(mismatch,) = faces.verify(str(examples / "knn_examples/train/biden/biden.jpg"), added["image_id"])["result"]
+assert mismatch["similarity"] < 0.5, mismatch
 
 assert faces.delete(added["image_id"]) == {"image_id": added["image_id"], "subject": "obama"}
 assert [f["subject"] for f in faces.list()["faces"]] == ["biden"]
