@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
+from service.fileio import sha256_file
 
 
 def write_test_embedder(

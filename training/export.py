@@ -24,7 +24,7 @@ from torch import nn
 from service.models.embedder import l2_normalize, preprocess
 from service.models.in_graph import in_graph_spec, uint8_nhwc_input
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
+from service.fileio import sha256_file
 from training.checkpoint import load_backbone
 from training.data.preprocess import DEFAULT, OUTPUT_NAME, Preprocessing, for_backbone
 

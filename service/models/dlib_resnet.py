@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.fileio import sha256_file
+
 # ---------------------------------------------------------------------------
 # Framework-neutral description
 # ---------------------------------------------------------------------------
@@ -377,8 +379,6 @@ def build_manifest(dat: Path, net: DlibResNet, onnx_file: Path) -> dict:
     """The uncalibrated manifest of a network of one's own trained with dlib (`import-dlib --out`):
     its terms are those of its training data, which only its owner knows. dlib's published model
     has its manifest in models/, with its provenance and licence."""
-    from service.models.store import sha256_file
-
     size = net.input_size
     return {
         "name": dat.stem,

@@ -25,6 +25,7 @@ from typing import BinaryIO
 import onnxruntime as ort
 
 from service.errors import ModelError
+from service.fileio import sha256_file
 from service.models.manifest import ImportSource, Manifest
 from service.models.providers import Runtime, create_session
 from service.models.rebatch import free_batch, free_size, same_outputs, scales_with_area
@@ -182,14 +183,6 @@ def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | 
         return _download(url or spec.url, target, spec.sha256, spec.bytes, timeout)
     except ModelError as exc:
         raise ModelError(f"cannot download {manifest.name}: {exc}") from None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify_file(manifest: Manifest, path: Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
+from service.fileio import sha256_file
 from tests.conftest import REPO
 from training.evaluate import read_lfw_pairs
 from training.verification import verification_metrics

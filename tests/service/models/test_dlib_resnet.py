@@ -9,7 +9,7 @@ import pytest
 
 from service.models import dlib_resnet
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
+from service.fileio import sha256_file
 from tests.conftest import REPO
 
 MANIFEST = REPO / "models" / "dlib-resnet-v1.json"
