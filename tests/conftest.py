@@ -22,7 +22,9 @@ def pytest_report_header(config) -> list[str]:
 
     postgres = binaries()
     data = os.environ.get("FACEGATE_TEST_DATA") or "unset (the tests on real photos are skipped: docs/testing.md)"
-    return [f"FACEGATE_TEST_DATA: {data}", f"model cache: {_model_cache_dir()}"] + [f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"]
+    return [f"FACEGATE_TEST_DATA: {data}", f"model cache: {_model_cache_dir()}"] + [
+        f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"
+    ]
 
 
 def _model_cache_dir() -> Path:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.models.manifest import Manifest
 from service.fileio import sha256_file
+from service.models.manifest import Manifest
 
 
 def write_test_embedder(

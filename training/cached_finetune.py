@@ -142,9 +142,9 @@ class CachedRun:
         state = load_checkpoint(path)
         self.backbone.load_state_dict(state["backbone"])
         self.criterion.head.load_state_dict(state["head"])
-        for o, s in zip(self.optimizers, state["optimizers"]):
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
             o.load_state_dict(s)
-        for sched, s in zip(self.schedulers, state["schedulers"]):
+        for sched, s in zip(self.schedulers, state["schedulers"], strict=True):
             sched.load_state_dict(s)
         self.step, self.epoch, self.micro_in_epoch = state["step"], state["epoch"], state["micro_in_epoch"]
         self.best, self.seconds = state["best"], state["seconds"]

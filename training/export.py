@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from service.fileio import sha256_file
 from service.models.embedder import l2_normalize, preprocess
 from service.models.in_graph import in_graph_spec, uint8_nhwc_input
 from service.models.manifest import Manifest
-from service.fileio import sha256_file
 from training.checkpoint import load_backbone
 from training.data.preprocess import DEFAULT, OUTPUT_NAME, Preprocessing, for_backbone
 

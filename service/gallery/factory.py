@@ -10,7 +10,6 @@ from service.gallery.interface import GalleryStore
 from service.models.manifest import EmbedderKey
 from service.settings import Settings
 
-
 POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
 
 

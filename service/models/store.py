@@ -198,7 +198,7 @@ def verify_file(manifest: Manifest, path: Path) -> None:
 def _dims_match(declared: list[int | str], actual: list) -> bool:
     if len(declared) != len(actual):
         return False
-    for want, got in zip(declared, actual):
+    for want, got in zip(declared, actual, strict=True):
         if isinstance(want, int) and isinstance(got, int) and want != got:
             return False
         if isinstance(want, int) and not isinstance(got, int):

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+
 def test_serving_modules_and_cli_load_without_torch():
     code = (
         "import sys, importlib, pkgutil, service\n"

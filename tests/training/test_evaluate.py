@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.training.tiny import tiny_config, write_aligned_folders
-from training.train import Trainer
 from training.evaluate import embed, evaluate, load_bin, load_embedder, read_lfw_pairs
+from training.train import Trainer
 
 torch.set_num_threads(2)
 

@@ -8,8 +8,8 @@ import onnx
 import pytest
 import torch
 
-from service.models.manifest import Manifest
 from service.fileio import sha256_file
+from service.models.manifest import Manifest
 from service.models.store import load_model
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.fileio import sha256_file
 from service.models import dlib_resnet
 from service.models.manifest import Manifest
-from service.fileio import sha256_file
 from tests.conftest import REPO
 
 MANIFEST = REPO / "models" / "dlib-resnet-v1.json"
