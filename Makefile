@@ -39,9 +39,10 @@ serve: install-serve
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
 # The default models in place as `make serve` puts them, and the published clients the compat tests
-# drive, so that no test skips for want of one. ruff (its rules in pyproject.toml) runs first.
+# drive, so that no test skips for want of one. ruff and mypy (pyproject.toml) run first.
 test: install-test clients
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
@@ -66,9 +67,10 @@ clients-js:
 # Every published client the real-client tests drive.
 clients: clients-venv clients-js
 
-# ruff alone (make test runs it too).
+# ruff and mypy alone (make test runs them too).
 lint: install-test
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test

@@ -277,4 +277,6 @@ class EmbedderKey:
 
     @classmethod
     def of(cls, manifest: Manifest) -> EmbedderKey:
+        if manifest.embedding_dim is None:  # only an embedder's manifest has one (checked when it is loaded)
+            raise ModelError(f"{manifest.name} is a {manifest.task}, not an embedder")
         return cls(manifest.name, manifest.file.sha256, manifest.embedding_dim)
