@@ -148,7 +148,7 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
     import logging
     import sqlite3
 
-    from service.gallery.store import DATABASE, SqliteGallery
+    from service.gallery.sqlite import DATABASE, SqliteGallery
     from service.models.manifest import EmbedderKey
 
     logging.disable(logging.WARNING)
@@ -179,7 +179,7 @@ def milvus_lite(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, fol
     import logging
 
     from service.gallery.milvus import MilvusIndex
-    from service.gallery.store import SqliteGallery
+    from service.gallery.sqlite import SqliteGallery
     from service.models.manifest import EmbedderKey
 
     logging.disable(logging.WARNING)

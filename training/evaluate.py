@@ -73,7 +73,7 @@ class OnnxEmbedder:
 
     def __init__(self, manifest_path: Path, batch_size: int = 64) -> None:
         from service.models.embedder import FaceEmbedder
-        from service.models.store import load_model
+        from service.models.files import load_model
         from service.settings import get_settings
 
         settings = get_settings()

@@ -68,7 +68,7 @@ def base_model(backbone: str) -> dict | None:
 
     if backbone not in IMPORTED_INPUT:
         return None
-    from service.models.store import manifest_path
+    from service.models.files import manifest_path
     from service.settings import get_settings
 
     m = Manifest.load(manifest_path(IMPORTED_INPUT[backbone], get_settings().models_dir))

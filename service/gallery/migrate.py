@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.gallery.postgres import PostgresGallery
-from service.gallery.store import FACE_INSERT_COLUMNS, SqliteGallery
+from service.gallery.sqlite import FACE_INSERT_COLUMNS, SqliteGallery
 from service.gallery.sync import record_change
 
 FACE_COLUMNS = f"id, {FACE_INSERT_COLUMNS}"

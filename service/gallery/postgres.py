@@ -30,7 +30,7 @@ from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, Subjec
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import open_milvus
-from service.gallery.store import (
+from service.gallery.sqlite import (
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
     SUBJECT_SELECT,

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from service.errors import ModelError
 from service.models.cohort import Cohort
+from service.models.files import LoadedModel, load_model
 from service.models.manifest import EmbedderKey
 from service.models.providers import Runtime
-from service.models.store import LoadedModel, load_model
 from service.settings import Settings
 
 FIXES = {

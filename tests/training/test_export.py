@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from service.fileio import sha256_file
+from service.models.files import load_model
 from service.models.manifest import Manifest
-from service.models.store import load_model
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input

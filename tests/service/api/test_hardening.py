@@ -54,7 +54,7 @@ def test_metadata_size_is_capped(api_settings, make_client):
 
 def test_stored_rows_that_cannot_be_served_do_not_break_a_page(api, api_settings):
     """Rows written before the limits existed: served without their metadata, with the reason."""
-    from service.gallery.store import DATABASE
+    from service.gallery.sqlite import DATABASE
 
     for subject_id in ("before", "poisoned", "big", "after"):
         new_subject(api, subject_id)

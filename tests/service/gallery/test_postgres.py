@@ -254,7 +254,7 @@ def test_the_settings_choose_the_store(database_url, tmp_path):
     from pydantic import ValidationError
 
     from service.gallery.factory import open_gallery
-    from service.gallery.store import SqliteGallery
+    from service.gallery.sqlite import SqliteGallery
     from service.settings import Settings
 
     password = tmp_path / "db_password"

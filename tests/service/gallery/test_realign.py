@@ -13,7 +13,7 @@ import pytest
 
 from service.align import ARCFACE_112, LOOSE, TEMPLATES, FaceChip, align_face, loose_chip, template_chip
 from service.gallery.interface import NewFace
-from service.gallery.store import DATABASE, SCHEMA_VERSION, SqliteGallery, decode_crop, encode_crop
+from service.gallery.sqlite import DATABASE, SCHEMA_VERSION, SqliteGallery, decode_crop, encode_crop
 from service.models.manifest import EmbedderKey, Manifest
 from tests.onnx_models import write_test_embedder
 
