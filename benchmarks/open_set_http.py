@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from service.loadtest import spawned
-from training.open_set import protocol
+from training.identification import protocol
 
 
 def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[float], workers: int) -> None:

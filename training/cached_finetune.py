@@ -27,7 +27,7 @@ from training.data.datasets import EpochBatches, make_pairs, open_source, split_
 from training.data.preprocess import for_backbone
 from training.heads import build_head
 from training.heads.loss import HeadLoss
-from training.train import Recipe, make_optimizers, optimizer_step
+from training.trainer import Recipe, make_optimizers, optimizer_step
 from training.verification import verification_metrics
 
 

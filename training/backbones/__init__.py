@@ -10,7 +10,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from training.backbones.dlib_resnet import DlibResNetV1
+from training.backbones.dlib_resnet_v1 import DlibResNetV1
 from training.backbones.iresnet import STAGES, IResNet
 from training.backbones.mobilefacenet import MobileFaceNet
 

@@ -36,8 +36,8 @@ def export(
     version: Annotated[str | None, typer.Option(help="Manifest version (default: backbone-head-stepN).")] = None,
 ) -> None:
     """Export the backbone to ONNX, check parity with onnxruntime, write the manifest."""
-    from training.export import ExportError
-    from training.export import export as run
+    from training.onnx_export import ExportError
+    from training.onnx_export import export as run
 
     license = {"name": license_name, **({"terms": license_terms} if license_terms else {})}
     metrics = json.loads(eval_.read_text()) if eval_ else None

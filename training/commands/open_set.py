@@ -44,7 +44,7 @@ def eval_open_set(
     from service.pipeline import FacePipeline
     from service.settings import get_settings
     from training.evaluate import OnnxEmbedder, cached_crops
-    from training.open_set import det_png, protocol, report
+    from training.identification import det_png, protocol, report
 
     settings = get_settings()
     try:

@@ -34,7 +34,7 @@ def _train(config: Path, sets: list[str], resume: Path | None) -> None:
 
     from training.config import load_config
     from training.data.datasets import DataSplitError
-    from training.train import train as run
+    from training.trainer import train as run
 
     try:
         cfg = load_config(config, sets)

@@ -14,8 +14,8 @@ from service.models.manifest import Manifest
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input
-from training.export import ExportError, check_parity, export, parity_crops
-from training.train import Trainer
+from training.onnx_export import ExportError, check_parity, export, parity_crops
+from training.trainer import Trainer
 
 torch.set_num_threads(2)
 
