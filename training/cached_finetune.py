@@ -13,13 +13,13 @@ resumes from its `last.pt`.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from service.fileio import write_atomically
 from training.backbones import build_backbone
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import TrainConfig
@@ -36,9 +36,7 @@ def _cache_key(cfg: TrainConfig, n: int) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, (json.dumps(data, indent=2) + "\n").encode(), durable=False)
 
 
 def build_cache(cfg: TrainConfig, cache_dir: Path, chunk: int = 256, progress: bool = True, from_cache: Path | None = None) -> Path:

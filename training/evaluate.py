@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, align_face
+from service.fileio import replacing
 from service.models.embedder import l2_normalize
 from training.data.preprocess import ALIGNMENT, DEFAULT, SIZE, Preprocessing
 from training.verification import at_thresholds, plot_roc, verification_metrics
@@ -202,10 +203,8 @@ def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, 
         return data["crops"], int(data["fallbacks"])
     with progress_bar("align (cached for next time)", len(paths), enabled=progress) as advance:
         crops, fallbacks = align_images(paths, pipeline, template, advance)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(f".{cache.stem}.tmp.npz")
-    np.savez(tmp, crops=crops, fallbacks=fallbacks)
-    tmp.replace(cache)
+    with replacing(cache, suffix=".npz", durable=False) as tmp:
+        np.savez(tmp, crops=crops, fallbacks=fallbacks)
     return crops, fallbacks
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from service.align import template_chip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.gallery.index import IndexConfig, read_meta, write_atomically
+from service.fileio import write_atomically
+from service.gallery.index import IndexConfig, read_meta
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sync import LISTENER_NAME
