@@ -7,18 +7,16 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from service.errors import FacegateError, InvalidParameters, ModelError
+from service.console import console, fail, fail_on_error
+from service.errors import InvalidParameters, ModelError
 from service.settings import get_settings
 
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -28,26 +26,15 @@ gallery_app = typer.Typer(help="The gallery database (FACEGATE_DATABASE_URL, els
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 app.add_typer(gallery_app, name="gallery")
-console = Console(stderr=True, soft_wrap=True)  # a message is one line, whatever the terminal's width
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
 Aligned = Annotated[bool, typer.Option(help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection.")]
 
 
-@contextmanager
-def _fail_on_error() -> Iterator[None]:
-    """Bad input or an unusable model: one red line and exit status 2, never a traceback."""
-    try:
-        yield
-    except FacegateError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-
-
 def _pipeline(require_embedder: bool = True):
     from service.pipeline import FacePipeline
 
-    with _fail_on_error():
+    with fail_on_error():
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
 
 
@@ -68,14 +55,12 @@ def _check_can_start(settings, host: str, port: int) -> None:
     from service.gallery.factory import POSTGRES_EXTRA_MISSING
 
     if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
-        console.print(f"[red]error:[/red] {escape(POSTGRES_EXTRA_MISSING)}")
-        raise typer.Exit(2)
+        fail(POSTGRES_EXTRA_MISSING)
     try:
         with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
     except OSError as exc:
-        console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
-        raise typer.Exit(2) from None
+        fail(f"cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
 
 
 class _OneLineStartupFailure(logging.Filter):
@@ -104,8 +89,7 @@ def serve(
     try:
         keys = ApiKeys.from_settings(settings)
     except KeyConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if not keys.enabled and not is_loopback(host) and not settings.allow_anonymous:
         console.print(
             f"[red]error:[/red] refusing to serve the gallery on {host} without API keys: anyone who can reach the port "
@@ -146,10 +130,9 @@ def models_pull(
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
     if file is not None and len(paths) != 1:
-        console.print("[red]error:[/red] --file goes with exactly one manifest name")
-        raise typer.Exit(2)
+        fail("--file goes with exactly one manifest name")
     for path in paths:
-        with _fail_on_error():
+        with fail_on_error():
             manifest = Manifest.load(path)
             shipped = path.parent / manifest.file.name
             if shipped.is_file() and file is None:  # ships beside its manifest (YuNet): checked, never fetched
@@ -187,7 +170,7 @@ def models_import_dlib(
     from service.models.manifest import Manifest
 
     settings = get_settings()
-    with _fail_on_error():
+    with fail_on_error():
         if out is None:
             manifest = Manifest.load(manifest_path("dlib-resnet-v1", settings.models_dir))
             target = pull(manifest, settings.model_cache, local=dat)
@@ -229,7 +212,7 @@ def models_list() -> None:
 def detect(image: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:
     """Print the faces of an image as JSON: box (x1, y1, x2, y2), 5 landmarks, score."""
     pipeline = _pipeline(require_embedder=False)
-    with _fail_on_error():
+    with fail_on_error():
         faces = pipeline.detect(pipeline.decode(image.read_bytes()))
     typer.echo(json.dumps({"image": str(image), "faces": [f.as_json() for f in faces]}, indent=2))
 
@@ -244,7 +227,7 @@ def embed(
     import numpy as np
 
     pipeline = _pipeline()
-    with _fail_on_error():
+    with fail_on_error():
         results = [pipeline.embed_file(p, aligned=aligned) for p in images]
     matrix = np.stack([r.embedding for r in results])
     if out:
@@ -262,7 +245,7 @@ def compare(
 ) -> None:
     """Cosine similarity of the largest faces of two images."""
     pipeline = _pipeline()
-    with _fail_on_error():
+    with fail_on_error():
         a, b = (pipeline.embed_file(p, aligned=aligned) for p in (image1, image2))
     manifest = pipeline.embedder_model.manifest
     result = {"similarity": round(float(a.embedding @ b.embedding), 6), "model": {"name": manifest.name, "version": manifest.version}}
@@ -300,7 +283,7 @@ def bench_all(
     if embedder:
         settings = settings.model_copy(update={"embedder": embedder})
     levels = tuple(c for c in (concurrency or [1, 8, 32, 64]) if c > 0)
-    with _fail_on_error():
+    with fail_on_error():
         run_all(settings, images, Console(width=max(Console().width, 120)), seconds, tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)), levels, requests)
 
 
@@ -340,8 +323,7 @@ def gallery_migrate(
 
     settings = get_settings()
     if not settings.database_url.get_secret_value():
-        console.print("[red]error:[/red] FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
-        raise typer.Exit(2)
+        fail("FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
     source = SqliteGallery.open(sqlite_dir, None, searchable=False)
     target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
     try:
@@ -366,10 +348,9 @@ def gallery_sync_index(
 
     settings = get_settings()
     if not settings.milvus_uri:
-        console.print("[red]error:[/red] FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
-        raise typer.Exit(2)
+        fail("FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
     models = load_models(settings)
-    with _fail_on_error():
+    with fail_on_error():
         models.require("embedder")
         gallery = open_gallery(settings, models.embedder_key, searchable=False)
         try:

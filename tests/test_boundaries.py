@@ -21,11 +21,13 @@ PACKAGES = ("service", "training")
 
 TRAINING_MAY_IMPORT = frozenset({
     "service.align",
+    "service.console",
     "service.decision",
     "service.errors",
     "service.fileio",
     "service.pipeline",
     "service.settings",
+    "service.strict",
     "service.models.cohort",
     "service.models.dlib_resnet",
     "service.models.embedder",

@@ -43,7 +43,7 @@ def build_cache(cfg: TrainConfig, cache_dir: Path, chunk: int = 256, progress: b
     """stages[:freeze_stages] over every crop of cfg.data.train and its mirror → cache_dir/features.npy
     (N × 2 × C × H × W float32; [:, 1] = mirror) and labels.npy. Resumes where it stopped. With
     `from_cache` (a complete cache of fewer stages of the same data) only the stages in between run."""
-    from training.commands import progress_bar
+    from service.console import progress_bar
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,7 @@ class CachedRun:
     def run(self, out: Path, stop_at: int | None = None, progress: bool = True) -> dict:
         """Train to the configured length or `stop_at` steps, resuming from out/last.pt; writes
         last.pt (every checkpoint_every steps), best.pt (best held-out flip accuracy) and result.json."""
-        from training.commands import console
+        from service.console import console
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ def embed(embedder: Embedder, crops: np.ndarray, flip: bool, advance=None) -> np
 def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None, progress: bool = False) -> dict:
     """10-fold metrics with and without flip-TTA; with `thresholds` (a manifest's FAR → cosine), also
     the FAR and TAR those thresholds realize here. `progress` shows a bar over the forward passes."""
-    from training.commands import progress_bar
+    from service.console import progress_bar
 
     results = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks, "device": embedder.device}
     curves = {}
@@ -191,7 +191,7 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance
 def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:
     """Aligned crops of `paths`, from the cache when this list was aligned before (a progress bar
     over the photos otherwise: aligning LFW takes minutes on a CPU)."""
-    from training.commands import progress_bar
+    from service.console import progress_bar
 
     if cache_dir is None:
         with progress_bar("align", len(paths), enabled=progress) as advance:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from training.commands import console, fail
+from service.console import console, fail
 
 
 def align(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from training.commands import fail
+from service.console import fail
 
 
 def eval_(

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from training.commands import fail
+from service.console import fail
 
 
 def model_info(

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from training.commands import console, fail
+from service.console import console, fail
 
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.sub=value (YAML value). Repeatable.")]
 
