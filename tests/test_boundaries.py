@@ -69,25 +69,23 @@ def _graph() -> dict[str, set[str]]:
     return {name: _imports(name, path, known) for name, path in modules.items()}
 
 
-def test_service_never_imports_torch_or_training():
-    offenders = [
+def _imports_from(package: str, forbidden) -> list[str]:
+    """`name imports target` for each import of a module of `package` that `forbidden(target)` refuses."""
+    return [
         f"{name} imports {target}"
         for name, targets in _graph().items()
-        if name.split(".")[0] == "service"
+        if name.split(".")[0] == package
         for target in sorted(targets)
-        if target.split(".")[0] in SERVICE_NEVER_IMPORTS
+        if forbidden(target)
     ]
-    assert offenders == []
+
+
+def test_service_never_imports_torch_or_training():
+    assert _imports_from("service", lambda target: target.split(".")[0] in SERVICE_NEVER_IMPORTS) == []
 
 
 def test_training_imports_only_the_allowed_service_modules():
-    offenders = [
-        f"{name} imports {target}"
-        for name, targets in _graph().items()
-        if name.split(".")[0] == "training"
-        for target in sorted(targets)
-        if target.split(".")[0] == "service" and target not in TRAINING_MAY_IMPORT
-    ]
+    offenders = _imports_from("training", lambda target: target.split(".")[0] == "service" and target not in TRAINING_MAY_IMPORT)
     assert offenders == [], "add the module to TRAINING_MAY_IMPORT only if training and serving must share it"
 
 
