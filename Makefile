@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test install-serve install-test clients clients-venv clients-js lint-docker image-test docs clean
+.PHONY: serve test lint install-serve install-test clients clients-venv clients-js lint-docker image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,10 @@ serve: install-serve
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
 # The default models in place as `make serve` puts them, and the published clients the compat tests
-# drive, so that no test skips for want of one.
+# drive, so that no test skips for want of one. ruff and mypy (pyproject.toml) run first.
 test: install-test clients
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
 
@@ -64,6 +66,11 @@ clients-js:
 
 # Every published client the real-client tests drive.
 clients: clients-venv clients-js
+
+# ruff and mypy alone (make test runs them too).
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # hadolint on the Dockerfile and `docker-compose config` on every compose combination (needs no engine).
 lint-docker: install-test

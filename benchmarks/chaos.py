@@ -47,7 +47,13 @@ def serve(env: dict[str, str], ready_path: str = "/readyz"):
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix="facegate-chaos-")
     env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, "FACEGATE_API_KEYS": KEY, "FACEGATE_DEVICE": "cpu", **env}
-    process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -124,7 +130,10 @@ def connections(total: int = 2000) -> None:
         for s in held:
             s.close()
         closes = sorted(closed_at.values())
-        print(f"[connections] {total} held ({len(idle)} idle, {len(trickling)} trickling a header byte/s): /healthz p50 {np.median(times) * 1000:.1f} ms, p99 {p99(times):.1f} ms (300 requests)")
+        print(
+            f"[connections] {total} held ({len(idle)} idle, {len(trickling)} trickling a header byte/s): "
+            f"/healthz p50 {np.median(times) * 1000:.1f} ms, p99 {p99(times):.1f} ms (300 requests)"
+        )
         print(f"[connections] authenticated /verify while held: {verify.status_code} match={verify.json().get('match') if verify.status_code == 200 else verify.text[:120]}")
         print(
             f"[connections] trickling connections closed by the server: {len(closes)}/{len(trickling)}, the last after {closes[-1] if closes else float('nan'):.1f} s "

@@ -57,7 +57,7 @@ def main() -> None:
     print(f"photos: {len(images)}; sizes {detector.sizes}; run at:", {s: sum(detector.size_for(i.shape[:2]) == s for i in images) for s in detector.sizes})
     print(f"faces found: {largest} path {sum(map(len, reference))}, bucketed {sum(map(len, bucketed))}")
     print(f"photos with a face: {largest} path {sum(map(bool, reference))}, bucketed {sum(map(bool, bucketed))}")
-    shifts = np.array([s for b, r in zip(bucketed, reference) if (s := _shift(b, r)) is not None])
+    shifts = np.array([s for b, r in zip(bucketed, reference, strict=True) if (s := _shift(b, r)) is not None])
     if len(shifts):
         print(f"landmark shift of the largest face (px): mean {shifts.mean():.2f}, median {np.median(shifts):.2f}, p95 {np.percentile(shifts, 95):.2f}, max {shifts.max():.2f}")
     half = args.seconds / 4
@@ -65,7 +65,9 @@ def main() -> None:
     for _ in range(2):  # alternated, so drift on a shared machine hits both
         times["640"].append(_ms_per_image(lambda i: _detect(detector, i, largest), images, half))
         times["bucketed"].append(_ms_per_image(detector.detect, images, half))
-    print(f"detect ms/image: {largest} path {np.mean(times['640']):.2f}, bucketed {np.mean(times['bucketed']):.2f} (ratio {np.mean(times['bucketed']) / np.mean(times['640']):.2f})")
+    print(
+        f"detect ms/image: {largest} path {np.mean(times['640']):.2f}, bucketed {np.mean(times['bucketed']):.2f} (ratio {np.mean(times['bucketed']) / np.mean(times['640']):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from service.loadtest import spawned
-from training.open_set import protocol
+from training.identification import protocol
 
 
 def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[float], workers: int) -> None:
@@ -56,7 +56,7 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
             for fpir in [None, *fpirs]:
                 known = list(pool.map(lambda path: identify(path, fpir), p.known))
                 others = list(pool.map(lambda path: identify(path, fpir), p.strangers))
-                found = sum(r is not None and r["match"] is not None and r["match"]["subject_id"] == path.parent.name for r, path in zip(known, p.known))
+                found = sum(r is not None and r["match"] is not None and r["match"]["subject_id"] == path.parent.name for r, path in zip(known, p.known, strict=True))
                 matched = sum(r is not None and r["match"] is not None for r in others)
                 shown = next(r for r in others if r is not None)
                 label = f"fpir={shown['fpir']:g}" + (" (default)" if fpir is None else "")

@@ -89,13 +89,21 @@ def _sample(images: list[Path], pipeline: FacePipeline):
     blobs = [p.read_bytes() for p in images]
     decoded = [pipeline.decode(b) for b in blobs]
     faces = [pipeline.detect(img) for img in decoded]
-    with_face = [(img, f[:1]) for img, f in zip(decoded, faces) if f]
+    with_face = [(img, f[:1]) for img, f in zip(decoded, faces, strict=True) if f]
     if not with_face:
         raise SystemExit("no face found in the given images")
     return blobs, decoded, with_face
 
 
-def run_pipeline_bench(pipeline: FacePipeline, images: list[Path], seconds: float, console: Console, batches: tuple[int, ...] = (1, 8, 32), header: bool = True, sample=None) -> None:
+def run_pipeline_bench(
+    pipeline: FacePipeline,
+    images: list[Path],
+    seconds: float,
+    console: Console,
+    batches: tuple[int, ...] = (1, 8, 32),
+    header: bool = True,
+    sample=None,
+) -> None:
     blobs, decoded, with_face = sample or _sample(images, pipeline)
     providers = pipeline.detector_model.session.get_providers()
     if header:
@@ -143,7 +151,7 @@ def _paired_rates(bare, piped, seconds: float, items: int) -> tuple[float, float
     bare(), piped()  # warm-up: first runs allocate
     times: tuple[list[float], list[float]] = ([], [])
     while sum(map(sum, times)) < 2 * seconds or len(times[0]) < 5:
-        for spent, fn in zip(times, (bare, piped)):
+        for spent, fn in zip(times, (bare, piped), strict=True):
             start = time.perf_counter()
             fn()
             spent.append(time.perf_counter() - start)
@@ -213,7 +221,16 @@ def run_all(
     from service.loadtest import matrix, spawned
 
     env = {"FACEGATE_EMBEDDER": str(settings.embedder), "FACEGATE_DEVICE": settings.device}
-    table = Table("route", "concurrency", "req/s", "p50 ms", "p95 ms", "p99 ms", "statuses", title=f"HTTP load ({requests} requests each, batching {'on' if settings.batching else 'off'})")
+    table = Table(
+        "route",
+        "concurrency",
+        "req/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "statuses",
+        title=f"HTTP load ({requests} requests each, batching {'on' if settings.batching else 'off'})",
+    )
     blobs = [p.read_bytes() for p in images[:64]]
     with spawned(env) as url:
         results = asyncio.run(matrix(url, blobs, list(routes), list(concurrency), requests))

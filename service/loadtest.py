@@ -108,7 +108,16 @@ async def run(client, route: str, images: list[bytes], concurrency: int, request
     return LoadResult(route, concurrency, requests / wall, p50, p95, p99, statuses)
 
 
-async def matrix(url: str, images: list[bytes], routes: list[str], concurrency: list[int], requests: int, enroll: int = 20, api_key: str | None = None, report=None) -> list[LoadResult]:
+async def matrix(
+    url: str,
+    images: list[bytes],
+    routes: list[str],
+    concurrency: list[int],
+    requests: int,
+    enroll: int = 20,
+    api_key: str | None = None,
+    report=None,
+) -> list[LoadResult]:
     """Every (route, concurrency) in turn after a warm-up; `report(result)` is called as each ends."""
     import httpx
 

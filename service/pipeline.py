@@ -122,7 +122,7 @@ class FacePipeline:
         elif len(faces) > self.settings.max_faces:
             raise TooManyFaces(f"{len(faces)} faces were found; at most {self.settings.max_faces} per image are embedded (FACEGATE_MAX_FACES)")
         return [
-            FoundFace(face, crop, loose_chip(image_bgr, face.landmarks) if chips else None) for face, crop in zip(faces, self.align(image_bgr, faces))
+            FoundFace(face, crop, loose_chip(image_bgr, face.landmarks) if chips else None) for face, crop in zip(faces, self.align(image_bgr, faces), strict=True)
         ]
 
     def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
@@ -130,7 +130,7 @@ class FacePipeline:
         embedder = self.require_embedder()
         found = self.find_faces(image_bgr, aligned, "all" if all_faces else "largest")
         embeddings = embedder.embed(np.stack([f.crop for f in found]))
-        return [f.embedded(e) for f, e in zip(found, embeddings)]
+        return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
 
     def embed_file(self, path: Path, aligned: bool = False) -> EmbeddedFace:
         """The largest face of an image file (CLI helper)."""

@@ -72,6 +72,17 @@ class Readiness:
             "models": models,
             "serving": self.serving,
             "problems": [asdict(p) for p in self.models.problems]
-            + ([{"model": "engine", "name": "warm-up", "error": self.warmup_error, "fix": "lower FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES or free device memory"}] if self.warmup_error else [])
+            + (
+                [
+                    {
+                        "model": "engine",
+                        "name": "warm-up",
+                        "error": self.warmup_error,
+                        "fix": "lower FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES or free device memory",
+                    }
+                ]
+                if self.warmup_error
+                else []
+            )
             + self._uncalibrated(),
         }

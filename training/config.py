@@ -7,16 +7,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from service.strict import StrictModel
 from training.data.augment import AugmentConfig
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DataConfig(_Strict):
+class DataConfig(StrictModel):
     train: Path = Field(description="Aligned identity folders (`facegate align` output), a train.rec, or a folder holding train.rec.")
     num_classes: int | None = Field(None, gt=0, description="Identity count; read from the data when unset.")
     val_fraction: float = Field(0.0, ge=0, lt=1, description="Identities held out of training for validation pairs (identity-disjoint).")
@@ -30,14 +27,14 @@ class DataConfig(_Strict):
     )
 
 
-class HeadConfig(_Strict):
+class HeadConfig(StrictModel):
     name: str = "arcface"
     params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of build_head, e.g. {s: 64, m: 0.5}.")
     sharded: bool = Field(False, description="Model-parallel FC: each rank holds num_classes / world_size rows.")
     sample_rate: float = Field(1.0, gt=0, le=1, description="Partial FC: fraction of each shard's classes used per step (positives always).")
 
 
-class OptimConfig(_Strict):
+class OptimConfig(StrictModel):
     name: Literal["sgd", "adamw"] = "sgd"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
@@ -52,7 +49,7 @@ class OptimConfig(_Strict):
     accumulate: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
 
 
-class FinetuneConfig(_Strict):
+class FinetuneConfig(StrictModel):
     """Recipe options for starting from trained weights (e.g. `backbone: dlib_resnet_v1`) on little data."""
 
     freeze_stages: int = Field(0, ge=0, description="The first N backbone stages (the stem counts as one) keep their weights and BN statistics.")
@@ -62,7 +59,7 @@ class FinetuneConfig(_Strict):
     head_only_steps: int = Field(0, ge=0, description="Warm-up: the first N steps train the head only (backbone frozen, in eval mode).")
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     backbone: str = "iresnet50"
     backbone_params: dict[str, Any] = Field(default_factory=dict, description="e.g. {dropout: 0.0} for iresnets.")
     embedding_dim: int = Field(512, gt=0)

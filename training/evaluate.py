@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, align_face
+from service.fileio import replacing
 from service.models.embedder import l2_normalize
 from training.data.preprocess import ALIGNMENT, DEFAULT, SIZE, Preprocessing
 from training.verification import at_thresholds, plot_roc, verification_metrics
@@ -73,7 +74,7 @@ class OnnxEmbedder:
 
     def __init__(self, manifest_path: Path, batch_size: int = 64) -> None:
         from service.models.embedder import FaceEmbedder
-        from service.models.store import load_model
+        from service.models.files import load_model
         from service.settings import get_settings
 
         settings = get_settings()
@@ -130,7 +131,7 @@ def embed(embedder: Embedder, crops: np.ndarray, flip: bool, advance=None) -> np
 def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None, progress: bool = False) -> dict:
     """10-fold metrics with and without flip-TTA; with `thresholds` (a manifest's FAR → cosine), also
     the FAR and TAR those thresholds realize here. `progress` shows a bar over the forward passes."""
-    from training.commands import progress_bar
+    from service.console import progress_bar
 
     results = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks, "device": embedder.device}
     curves = {}
@@ -190,7 +191,7 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance
 def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:
     """Aligned crops of `paths`, from the cache when this list was aligned before (a progress bar
     over the photos otherwise: aligning LFW takes minutes on a CPU)."""
-    from training.commands import progress_bar
+    from service.console import progress_bar
 
     if cache_dir is None:
         with progress_bar("align", len(paths), enabled=progress) as advance:
@@ -202,10 +203,8 @@ def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, 
         return data["crops"], int(data["fallbacks"])
     with progress_bar("align (cached for next time)", len(paths), enabled=progress) as advance:
         crops, fallbacks = align_images(paths, pipeline, template, advance)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(f".{cache.stem}.tmp.npz")
-    np.savez(tmp, crops=crops, fallbacks=fallbacks)
-    tmp.replace(cache)
+    with replacing(cache, suffix=".npz", durable=False) as tmp:
+        np.savez(tmp, crops=crops, fallbacks=fallbacks)
     return crops, fallbacks
 
 

@@ -117,7 +117,11 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
             except asyncio.TimeoutError:
-                raise HTTPException(RequestTimeout.status, f"the request body did not arrive within {self.timeout:g} s (FACEGATE_BODY_TIMEOUT)", headers={"Connection": "close"}) from None
+                raise HTTPException(
+                    RequestTimeout.status,
+                    f"the request body did not arrive within {self.timeout:g} s (FACEGATE_BODY_TIMEOUT)",
+                    headers={"Connection": "close"},
+                ) from None
             complete = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))

@@ -21,7 +21,10 @@ NAME_PATTERN = r"^[^\x00]+$"
 
 FarField = Field(None, description="False-accept rate whose manifest threshold decides (e.g. 1e-3 or \"1e-3\"); default FACEGATE_DEFAULT_FAR.", examples=["1e-3"])
 ThresholdField = Field(None, ge=-1.0, le=1.0, description="Explicit cosine threshold instead of a FAR (the response's far is then null).")
-AlignedField = Field(False, description="The images are already aligned crops of the active embedder's template size (150×150 for dlib_150, 112×112 for arcface_112): detection is skipped.")
+AlignedField = Field(
+    False,
+    description="The images are already aligned crops of the active embedder's template size (150×150 for dlib_150, 112×112 for arcface_112): detection is skipped.",
+)
 PolicyField = Field("largest", description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one.")
 
 

@@ -10,7 +10,6 @@ from service.gallery.interface import GalleryStore
 from service.models.manifest import EmbedderKey
 from service.settings import Settings
 
-
 POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
 
 
@@ -37,6 +36,6 @@ def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: b
         if settings.database_password_file is not None:
             url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
         return PostgresGallery(url, embedder, searchable, settings.database_pool_size, index, settings.database_pool_timeout)
-    from service.gallery.store import SqliteGallery
+    from service.gallery.sqlite import SqliteGallery
 
     return SqliteGallery.open(settings.data_dir, embedder, searchable, index)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import faiss
 import numpy as np
 
+from service.fileio import write_atomically
 from service.gallery.interface import Candidate
 
 log = logging.getLogger("facegate.gallery.index")
@@ -231,20 +232,6 @@ def read_meta(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What a gallery store offers the API and the CLI: the records it returns and the methods it
-implements: `SqliteGallery` (store.py, one process) and `PostgresGallery` (postgres.py, replicas
+implements: `SqliteGallery` (sqlite.py, one process) and `PostgresGallery` (postgres.py, replicas
 sharing one database); `open_gallery` (factory.py) picks one from the settings."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.gallery.postgres import PostgresGallery
-from service.gallery.store import FACE_INSERT_COLUMNS, SqliteGallery
+from service.gallery.sqlite import FACE_INSERT_COLUMNS, SqliteGallery
 from service.gallery.sync import record_change
 
 FACE_COLUMNS = f"id, {FACE_INSERT_COLUMNS}"
@@ -22,7 +22,12 @@ def sqlite_to_postgres(source: SqliteGallery, target: PostgresGallery, batch: in
     last = ""
     while rows := source.read(f"SELECT {SUBJECT_COLUMNS} FROM subjects WHERE id > ? ORDER BY id LIMIT ?", (last, batch)):
         with target.pool.connection() as conn:
-            inserted = [conn.execute(f"INSERT INTO subjects ({SUBJECT_COLUMNS}) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id", row).fetchone() for row in rows]
+            inserted = [
+                conn.execute(
+                    f"INSERT INTO subjects ({SUBJECT_COLUMNS}) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id", row
+                ).fetchone()
+                for row in rows
+            ]
         subjects += sum(1 for r in inserted if r)
         last = rows[-1][0]
     with target.pool.connection() as conn:

@@ -91,7 +91,7 @@ class MilvusIndex:
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.asarray(vectors, np.float32).reshape(-1, self.dim)
         for start in range(0, len(ids), UPSERT_BATCH):
-            rows = [{"id": int(i), "embedding": v.tolist()} for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH])]
+            rows = [{"id": int(i), "embedding": v.tolist()} for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH], strict=True)]
             self._call(lambda client: client.upsert(self.collection, rows, timeout=self.timeout))
 
     def remove(self, ids: np.ndarray) -> int:

@@ -28,9 +28,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
-from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
-from service.gallery.store import (
+from service.gallery.milvus import open_milvus
+from service.gallery.sqlite import (
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
     SUBJECT_SELECT,
@@ -290,7 +290,7 @@ class PostgresGallery(GalleryStore):
             seq = record_change(conn, "add", ids)
         if self.sync:
             self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))
-        return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces)]
+        return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
         self.get_subject(subject_id)
@@ -391,7 +391,7 @@ class PostgresGallery(GalleryStore):
                 with conn.cursor() as cursor:
                     cursor.executemany(
                         "UPDATE faces SET embedding = %s, model_name = %s, model_sha256 = %s WHERE id = %s",
-                        [(embedding_blob(v), key.name, key.sha256, i) for i, v in zip(ids, vectors)],
+                        [(embedding_blob(v), key.name, key.sha256, i) for i, v in zip(ids, vectors, strict=True)],
                     )
                 if self.index is not None and self.index.shared:
                     self.index.add(np.array(ids, np.int64), vectors)

@@ -21,8 +21,8 @@ import numpy as np
 from pydantic import Field
 
 from service.errors import ModelError
+from service.fileio import sha256_file
 from service.models.manifest import FarCurve, Manifest, far_at, threshold_at
-from service.models.store import sha256_file
 from service.strict import StrictModel
 
 

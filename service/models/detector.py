@@ -128,7 +128,7 @@ class FaceDetector:
             values = self.session.run(self.output_names, {self.input_name: blob})
         else:
             runs = [self.session.run(self.output_names, {self.input_name: one[None]}) for one in blob]
-            values = [np.concatenate(outs) for outs in zip(*runs)]
+            values = [np.concatenate(outs) for outs in zip(*runs, strict=True)]
         return np.concatenate([v.reshape(len(blob), -1) for v in values], axis=1)
 
     def _unpack(self, row: np.ndarray, size: int) -> dict[str, np.ndarray]:

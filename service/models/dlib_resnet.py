@@ -16,8 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from service.fileio import sha256_file
+
+if TYPE_CHECKING:
+    import onnx
 
 # ---------------------------------------------------------------------------
 # Framework-neutral description
@@ -65,12 +71,12 @@ class Block:
 def add_prev_pads(shape: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
     """dlib's add_prev zero-pads each operand to the elementwise larger (C, H, W) shape, at the end
     of every axis: the trailing pad per axis of `shape` up to `target`.  One rule for every backend."""
-    return [t - s for s, t in zip(shape, target)]
+    return [t - s for s, t in zip(shape, target, strict=True)]
 
 
 def add_prev_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     """The shape add_prev's two operands are padded to before they are added."""
-    return tuple(max(x, y) for x, y in zip(a, b))
+    return tuple(max(x, y) for x, y in zip(a, b, strict=True))
 
 
 @dataclass
@@ -293,7 +299,7 @@ OPSET = 17
 IR_VERSION = 8  # the IR version that introduced opset 17 support; fixed for byte stability
 
 
-def to_onnx(net: DlibResNet) -> "onnx.ModelProto":
+def to_onnx(net: DlibResNet) -> onnx.ModelProto:
     """Build an ONNX graph equivalent to dlib's forward pass (static 150x150 input)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -377,8 +383,6 @@ def build_manifest(dat: Path, net: DlibResNet, onnx_file: Path) -> dict:
     """The uncalibrated manifest of a network of one's own trained with dlib (`import-dlib --out`):
     its terms are those of its training data, which only its owner knows. dlib's published model
     has its manifest in models/, with its provenance and licence."""
-    from service.models.store import sha256_file
-
     size = net.input_size
     return {
         "name": dat.stem,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -146,8 +147,8 @@ class FarCurve(StrictModel):
 
     @model_validator(mode="after")
     def _monotone(self) -> FarCurve:
-        fars, thresholds = zip(*self.points)
-        if any(b >= a for a, b in zip(fars, fars[1:])) or any(b < a for a, b in zip(thresholds, thresholds[1:])):
+        fars, thresholds = zip(*self.points, strict=True)
+        if any(b >= a for a, b in pairwise(fars)) or any(b < a for a, b in pairwise(thresholds)):
             raise ValueError("far_curve points go from the largest FAR down, thresholds never falling")
         if not all(0 < f < 1 for f in fars):
             raise ValueError("far_curve FARs lie in (0, 1)")
@@ -247,7 +248,7 @@ def threshold_at(curve: Curve, far: float) -> float:
     x = math.log10(far)
     if far >= points[0][0]:
         return points[0][1]
-    for (fa, ta), (fb, tb) in zip(points, points[1:]):
+    for (fa, ta), (fb, tb) in pairwise(points):
         if far >= fb:
             return ta + (tb - ta) * (math.log10(fa) - x) / (math.log10(fa) - math.log10(fb))
     return max(points[-1][1], t_tail + slope * (math.log10(f_tail) - x))
@@ -259,7 +260,7 @@ def far_at(curve: Curve, score: float) -> float:
     points, (f_tail, t_tail), slope = curve
     if score <= points[0][1]:
         return points[0][0]
-    for (fa, ta), (fb, tb) in zip(points, points[1:]):
+    for (fa, ta), (fb, tb) in pairwise(points):
         if score <= tb:
             share = (score - ta) / (tb - ta) if tb > ta else 1.0
             return 10 ** (math.log10(fa) - share * (math.log10(fa) - math.log10(fb)))
@@ -276,4 +277,6 @@ class EmbedderKey:
 
     @classmethod
     def of(cls, manifest: Manifest) -> EmbedderKey:
+        if manifest.embedding_dim is None:  # only an embedder's manifest has one (checked when it is loaded)
+            raise ModelError(f"{manifest.name} is a {manifest.task}, not an embedder")
         return cls(manifest.name, manifest.file.sha256, manifest.embedding_dim)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from service.errors import ModelError
 from service.models.cohort import Cohort
+from service.models.files import LoadedModel, load_model
 from service.models.manifest import EmbedderKey
 from service.models.providers import Runtime
-from service.models.store import LoadedModel, load_model
 from service.settings import Settings
 
 FIXES = {
@@ -52,7 +52,14 @@ def load_models(settings: Settings) -> ModelSet:
     for role, name in (("detector", settings.detector), ("embedder", settings.embedder)):
         try:
             detector = role == "detector"
-            loaded[role] = load_model(name, settings.models_dir, settings.model_cache, runtime=runtime, free_batch_dim=detector, free_sizes=tuple(settings.detect_sizes) if detector else ())
+            loaded[role] = load_model(
+                name,
+                settings.models_dir,
+                settings.model_cache,
+                runtime=runtime,
+                free_batch_dim=detector,
+                free_sizes=tuple(settings.detect_sizes) if detector else (),
+            )
         except ModelError as exc:
             loaded[role] = None
             problems.append(Problem(role, name, str(exc), FIXES[role]))

@@ -57,7 +57,7 @@ def same_outputs(single: ort.InferenceSession, batched: ort.InferenceSession, ba
         return False
     for i in range(batch):
         alone = single.run(None, {spec.name: probe[i : i + 1]})
-        if any(t.shape[0] != batch or not np.allclose(t[i], a[0], atol=atol) for t, a in zip(together, alone)):
+        if any(t.shape[0] != batch or not np.allclose(t[i], a[0], atol=atol) for t, a in zip(together, alone, strict=True)):
             return False
     return True
 
@@ -91,7 +91,7 @@ def scales_with_area(fixed: ort.InferenceSession, freed: ort.InferenceSession, s
         except Exception as exc:  # onnxruntime's bare Fail types: the rewrite did not hold at this size
             log.info("free image size rejected at %d: %s", size, exc)
             return False
-        for t, ref in zip(outputs, reference):
+        for t, ref in zip(outputs, reference, strict=True):
             if t.shape[2:] != ref[2:] or t.shape[1] * height * width != ref[1] * size * size:
                 return False
     return True

@@ -26,7 +26,13 @@ def facegate_serve(env: dict[str, str], log: Path, ready: str = "/healthz", star
     port = free_port()
     full_env = {**{k: v for k, v in os.environ.items() if k not in INHERITED_OFF}, "FACEGATE_DEVICE": "cpu", **env}
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)],
+            cwd=REPO,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + start_timeout

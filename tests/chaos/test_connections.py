@@ -51,7 +51,7 @@ def _closed(s: socket.socket) -> bool:
         return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

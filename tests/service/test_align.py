@@ -41,7 +41,7 @@ def test_noisy_landmarks_give_the_least_squares_fit():
 def test_align_face_outputs_rgb_crop_with_points_on_template():
     image = np.zeros((400, 300, 3), np.uint8)
     landmarks = ARCFACE_112 * 2 + [50, 80]
-    for i, (x, y) in enumerate(landmarks):
+    for x, y in landmarks:
         cv2.circle(image, (int(round(x)), int(round(y))), 3, (255, 0, 0), -1)  # blue in BGR
     crop = align_face(image, landmarks)
     assert crop.shape == (112, 112, 3) and crop.dtype == np.uint8

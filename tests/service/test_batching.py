@@ -31,7 +31,7 @@ def test_queued_jobs_run_as_one_batch_with_their_own_rows():
         others = [batcher.submit(crops(v, v)) for v in range(2, 7)]
         release.set()
         assert first.result(10)[:, 0].tolist() == [1]
-        for value, future in zip(range(2, 7), others):
+        for value, future in zip(range(2, 7), others, strict=True):
             assert future.result(10)[:, 0].tolist() == [value] * value
         assert calls == [1, 2 + 3 + 4 + 5 + 6]
     finally:
@@ -110,7 +110,7 @@ def test_the_batcher_hands_the_model_only_bucket_sizes():
     try:
         sizes = [3, 1, 5, 2, 7, 1, 11, 6]
         futures = [batcher.submit(crops(v, n)) for v, n in enumerate(sizes, start=1)]
-        for value, (n, future) in enumerate(zip(sizes, futures), start=1):
+        for value, (n, future) in enumerate(zip(sizes, futures, strict=True), start=1):
             assert future.result(10)[:, 0].tolist() == [value] * n
         assert set(seen) <= {1, 2, 4, 8}, seen
     finally:

@@ -130,7 +130,7 @@ def test_every_decode_error_is_a_facegate_error():
     """The API maps FacegateError to 4xx; anything else would be a 5xx for bad input."""
     rng = np.random.default_rng(7)
     good = _encode(_photo(), ".jpg")
-    for i in range(200):
+    for _ in range(200):
         data = bytearray(good)
         for pos in rng.integers(0, len(data), size=int(rng.integers(1, 20))):
             data[pos] = int(rng.integers(0, 256))

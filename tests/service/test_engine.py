@@ -86,10 +86,10 @@ def test_batched_detection_finds_what_the_per_image_path_finds(pipeline, setting
         batched = asyncio.run(all_faces())
         runs = engine.metrics.registry.get_sample_value("facegate_detect_batch_size_count")
         assert runs < len(images), "the images were never batched"
-        for image, found in zip(images, batched):
+        for image, found in zip(images, batched, strict=True):
             alone = pipeline.detect(pipeline.decode(image))
             assert len(found) == len(alone) > 0
-            for got, want in zip(found, alone):
+            for got, want in zip(found, alone, strict=True):
                 np.testing.assert_allclose(got.face.box, want.box, atol=1e-4)
                 np.testing.assert_allclose(got.face.landmarks, want.landmarks, atol=1e-4)
                 assert got.face.score == pytest.approx(want.score, abs=1e-5)

@@ -84,7 +84,7 @@ def test_decoder_matches_opencv_facedetectoryn(detections, model_cache):
                 continue
             assert len(ref) == len(faces)
             ref = ref[np.argsort(-ref[:, 2] * ref[:, 3])]
-            for face, row in zip(faces, ref):
+            for face, row in zip(faces, ref, strict=True):
                 assert np.allclose(face.landmarks * scale, row[4:14].reshape(5, 2), atol=0.05)
                 assert abs(face.score - row[14]) < 1e-3
 
@@ -134,7 +134,15 @@ def test_compreface_group_photos_give_the_annotated_faces(test_data, model_cache
         assert len(faces) - note["faces"] == extra_allowed.get(name, 0), name
 
 
-@pytest.mark.parametrize("name, count", [("examples/two_people.jpg", 2), ("examples/obama.jpg", 1), ("examples/knn_examples/test/obama_and_biden.jpg", 3), ("tests/test_images/32bit.png", 1)])
+@pytest.mark.parametrize(
+    "name, count",
+    [
+        ("examples/two_people.jpg", 2),
+        ("examples/obama.jpg", 1),
+        ("examples/knn_examples/test/obama_and_biden.jpg", 3),
+        ("tests/test_images/32bit.png", 1),
+    ],
+)
 def test_face_recognition_samples(test_data, model_cache, name, count):
     """obama_and_biden.jpg has a third, real face: a child at the lower right (checked by eye)."""
     from service.pipeline import FacePipeline

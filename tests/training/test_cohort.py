@@ -97,7 +97,7 @@ def test_written_cohort_loads_for_its_embedder_only(built, tmp_path):
 def test_open_set_evaluation_scores_as_the_service_decides(built, tmp_path):
     """eval-open-set's scores with a cohort are `Decision.best_match`'s: the best face's AS-norm score."""
     from service.gallery.interface import Candidate
-    from training.open_set import best_subjects
+    from training.identification import best_subjects
 
     (cohort, curve, figures), rng = built
     embedder = Manifest.load(REPO / "models" / "dlib-resnet-v1.json").model_copy(update={"embedding_dim": DIM})

@@ -86,7 +86,7 @@ def _full_loss(trainer) -> float:
 
 
 def test_short_finetune_lowers_the_loss_and_keeps_frozen_stages(data, dat, tmp_path):
-    from training.train import Trainer
+    from training.trainer import Trainer
 
     cfg = _config(data, tmp_path, dat, steps=8, optim={"lr": 0.01}, finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1})
     trainer = Trainer(cfg)
@@ -137,8 +137,8 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
 
 
 def test_export_of_a_finetuned_dlib_names_the_base_model_and_both_licences(data, dat, tmp_path):
-    from training.export import export
-    from training.train import Trainer
+    from training.onnx_export import export
+    from training.trainer import Trainer
 
     cfg = _config(data, tmp_path / "run", dat, steps=1, finetune={"freeze_stages": 5})
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"license": {"name": "TINY", "terms": "research use only"}})})

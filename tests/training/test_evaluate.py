@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.training.tiny import tiny_config, write_aligned_folders
-from training.train import Trainer
 from training.evaluate import embed, evaluate, load_bin, load_embedder, read_lfw_pairs
+from training.trainer import Trainer
 
 torch.set_num_threads(2)
 
@@ -27,7 +27,7 @@ def test_lfw_pairs_file(tmp_path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A 2-step checkpoint, its ONNX export, and a .bin verification set of aligned crops."""
-    from training.export import export
+    from training.onnx_export import export
 
     root = tmp_path_factory.mktemp("eval")
     data = write_aligned_folders(root / "data", identities=5, per_identity=4, seed=1)

@@ -9,7 +9,7 @@ import torch
 
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import stages
-from training.train import Trainer
+from training.trainer import Trainer
 
 torch.set_num_threads(2)
 

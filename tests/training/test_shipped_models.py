@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.fileio import sha256_file
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
 from tests.conftest import REPO
 from training.evaluate import read_lfw_pairs
 from training.verification import verification_metrics
@@ -54,13 +54,13 @@ def _lfw_scores(pipeline, lfw, test_data, fold: int | None = None) -> tuple[np.n
     embedded once, in batches, as the service embeds concurrent requests."""
     pairs, issame, folds, largest = lfw
     keep = np.ones(len(pairs), bool) if fold is None else folds == fold
-    pairs = [p for p, k in zip(pairs, keep) if k]
+    pairs = [p for p, k in zip(pairs, keep, strict=True) if k]
     photos = sorted({(n, i) for a, ia, b, ib in pairs for n, i in ((a, ia), (b, ib))})
     embeddings = {}
     for start in range(0, len(photos), 256):
         chunk = photos[start : start + 256]
         crops = [pipeline.align(pipeline.decode(_photo(test_data, *p).read_bytes()), [largest[p]])[0] for p in chunk]
-        embeddings.update(zip(chunk, pipeline.embedder.embed(np.stack(crops))))
+        embeddings.update(zip(chunk, pipeline.embedder.embed(np.stack(crops)), strict=True))
     scores = np.array([float(embeddings[(a, ia)] @ embeddings[(b, ib)]) for a, ia, b, ib in pairs])
     return scores, issame[keep], folds[keep]
 

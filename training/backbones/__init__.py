@@ -3,17 +3,16 @@ embeddings. `build_backbone(name, embedding_dim)`; `stages(model)` for fine-tuni
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import torch
 from torch import nn
 
-from training.backbones.dlib_resnet import DlibResNetV1
+from training.backbones.dlib_resnet_v1 import DlibResNetV1
 from training.backbones.iresnet import STAGES, IResNet
 from training.backbones.mobilefacenet import MobileFaceNet
-
 
 # name → constructor taking (embedding_dim, **params)
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {name: partial(IResNet, layers) for name, layers in STAGES.items()}

@@ -50,7 +50,7 @@ class IResNet(nn.Module):
         self.bn1 = nn.BatchNorm2d(64, eps=1e-5)
         self.prelu = nn.PReLU(64)
         stages, inplanes = [], 64
-        for planes, blocks in zip((64, 128, 256, 512), layers):
+        for planes, blocks in zip((64, 128, 256, 512), layers, strict=True):
             stage = [IBasicBlock(inplanes, planes, stride=2)] + [IBasicBlock(planes, planes) for _ in range(blocks - 1)]
             stages.append(nn.Sequential(*stage))
             inplanes = planes

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from training.commands import console, fail
+from service.console import console, fail
 
 
 def align(
@@ -17,10 +17,9 @@ def align(
     template: Annotated[str, typer.Option(help="Alignment template (a manifest's `alignment`): arcface_112 (112×112, training's) or dlib_150.")] = "arcface_112",
 ) -> None:
     """Detect, align and crop the largest face of every photo, as the service does (resumable)."""
+    from service.align import TEMPLATES
     from service.settings import get_settings
     from training.data.align_folder import REPORT, align_folder
-
-    from service.align import TEMPLATES
 
     if template not in TEMPLATES:
         fail(f"unknown template {template!r}; one of {', '.join(TEMPLATES)}")

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from training.commands import console, fail
+from service.console import console, fail
 
 
 def calibrate(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An exported model's manifest (.json) or its .onnx.")],
-    data: Annotated[Optional[Path], typer.Option(help="Aligned identity folders the model never trained on (default: its run's held-out identities).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Aligned identity folders the model never trained on (default: its run's held-out identities).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the thresholds without writing them into the manifest.")] = False,
 ) -> None:
     """Cosine thresholds for FAR 1e-2 … 1e-5 from impostor pairs of unseen identities, into the manifest."""

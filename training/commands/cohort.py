@@ -4,21 +4,36 @@ the normalized score's calibration; FACEGATE_COHORT then names its manifest."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from training.commands import console, fail
+from service.console import console, fail
 
 
 def calibrate_cohort(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The embedder's manifest (.json) or its .onnx.")],
-    data: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Aligned identity folders (`facegate align --template` the model's), none of them people you will enroll.")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="Aligned identity folders (`facegate align --template` the model's), none of them people you will enroll.",
+        ),
+    ],
     out: Annotated[Path, typer.Option(help="Writes OUT.json (the cohort manifest FACEGATE_COHORT names) and OUT.npy.")],
-    license_name: Annotated[str, typer.Option("--license", help="The terms of the photos the cohort's embeddings come from: they are personal data, and ship under those terms.")],
-    license_terms: Annotated[Optional[str], typer.Option(help="Usage terms, e.g. 'research, non-commercial'.")] = None,
+    license_name: Annotated[
+        str,
+        typer.Option(
+            "--license",
+            help="The terms of the photos the cohort's embeddings come from: they are personal data, and ship under those terms.",
+        ),
+    ],
+    license_terms: Annotated[str | None, typer.Option(help="Usage terms, e.g. 'research, non-commercial'.")] = None,
     top: Annotated[int, typer.Option(min=2, help="Highest cohort cosines per face that give its mean and spread.")] = 200,
-    share: Annotated[float, typer.Option(min=0.01, max=0.99, help="Share of the identities that become the cohort; the others calibrate.")] = 1 / 3,
+    share: Annotated[
+        float, typer.Option(min=0.01, max=0.99, help="Share of the identities that become the cohort; the others calibrate.")
+    ] = 1 / 3,
     seed: Annotated[int, typer.Option(help="Seed of the identities' draw.")] = 0,
 ) -> None:
     """Split the identities into a cohort and calibration identities, embed both as the service

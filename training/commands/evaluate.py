@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from training.commands import fail
+from service.console import fail
 
 
 def eval_(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A checkpoint (.pt) or an exported model's manifest (.json/.onnx).")],
-    pairs: Annotated[Optional[Path], typer.Option(help="LFW-layout pairs.txt (with --images).")] = None,
-    images: Annotated[Optional[Path], typer.Option(help="LFW-layout image folder: NAME/NAME_0001.jpg.")] = None,
-    bin_: Annotated[Optional[Path], typer.Option("--bin", help="InsightFace verification .bin.")] = None,
-    csv: Annotated[Optional[Path], typer.Option(help="CSV with path1,path2,issame (paths relative to it).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the JSON results here too.")] = None,
-    roc: Annotated[Optional[Path], typer.Option(help="ROC curve PNG.")] = None,
+    pairs: Annotated[Path | None, typer.Option(help="LFW-layout pairs.txt (with --images).")] = None,
+    images: Annotated[Path | None, typer.Option(help="LFW-layout image folder: NAME/NAME_0001.jpg.")] = None,
+    bin_: Annotated[Path | None, typer.Option("--bin", help="InsightFace verification .bin.")] = None,
+    csv: Annotated[Path | None, typer.Option(help="CSV with path1,path2,issame (paths relative to it).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON results here too.")] = None,
+    roc: Annotated[Path | None, typer.Option(help="ROC curve PNG.")] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned evaluation crops.")] = Path("~/.cache/facegate/eval"),
     record: Annotated[bool, typer.Option(help="Store the results in the exported model's manifest metrics.")] = False,
     device: Annotated[str, typer.Option(help="A checkpoint's torch device: auto (CUDA when present), cpu, cuda, cuda:N. An exported model follows FACEGATE_DEVICE.")] = "auto",

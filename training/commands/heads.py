@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -59,7 +60,7 @@ def target_curves(theta_deg) -> list[tuple[str, object, dict]]:
 
 
 @heads_app.command("plot-logits")
-def plot_logits(out: Path = typer.Option(..., "--out", help="PNG to write.")) -> None:
+def plot_logits(out: Annotated[Path, typer.Option("--out", help="PNG to write.")]) -> None:
     """Target-logit curves of all heads over θ = 0…180° on one chart."""
     import matplotlib
 
@@ -84,9 +85,9 @@ def plot_logits(out: Path = typer.Option(..., "--out", help="PNG to write.")) ->
 
 @heads_app.command("plot-features")
 def plot_features(
-    head: list[str] = typer.Option(None, "--head", help=f"Head to train (repeatable). Default: {', '.join(FEATURE_HEADS)}."),
-    out: Path = typer.Option(..., "--out", help="PNG to write."),
-    seed: int = typer.Option(0, help="Seed of the toy run (training/toy.py)."),
+    out: Annotated[Path, typer.Option("--out", help="PNG to write.")],
+    head: Annotated[list[str] | None, typer.Option("--head", help=f"Head to train (repeatable). Default: {', '.join(FEATURE_HEADS)}.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the toy run (training/toy.py).")] = 0,
 ) -> None:
     """Train the toy problem (digits → 3-D embedding) with each head; draw the embeddings on the sphere."""
     from training.heads import HEADS

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from training.commands import fail
+from service.console import fail
 
 
 def model_info(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Backbones (default: all).")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="Backbones (default: all).")] = None,
     dim: Annotated[int, typer.Option(help="Embedding dimension.")] = 512,
 ) -> None:
     """Parameters and GFLOPs (multiply-accumulates, as arcface_torch counts) at 112×112."""
     from rich.table import Table
 
-    from training.backbones import BACKBONES, model_info as info
+    from training.backbones import BACKBONES
+    from training.backbones import model_info as info
 
     table = Table("backbone", "params (M)", "GFLOPs (GMACs)", "FLOPs ×2 (G)")
     for name in names or BACKBONES:

@@ -5,21 +5,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from training.commands import console, fail
+from service.console import console, fail
 
 
 def eval_open_set(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An exported model's manifest (.json) or its .onnx.")],
-    images: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Identity folders: NAME/*.jpg (LFW's layout; photos or aligned crops).")],
-    enroll: Annotated[int, typer.Option(min=1, help="Photos enrolled per known person (people with more are known, the others strangers).")] = 1,
-    strangers: Annotated[Optional[int], typer.Option(min=1, help="Probe with at most this many strangers (sorted by name).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the JSON results here too.")] = None,
-    det: Annotated[Optional[Path], typer.Option(help="DET curve PNG.")] = None,
-    cohort: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="A cohort manifest (`facegate calibrate-cohort`): decide on AS-norm scores, as the service does with FACEGATE_COHORT.")] = None,
+    images: Annotated[
+        Path, typer.Option(exists=True, file_okay=False, help="Identity folders: NAME/*.jpg (LFW's layout; photos or aligned crops).")
+    ],
+    enroll: Annotated[
+        int, typer.Option(min=1, help="Photos enrolled per known person (people with more are known, the others strangers).")
+    ] = 1,
+    strangers: Annotated[int | None, typer.Option(min=1, help="Probe with at most this many strangers (sorted by name).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON results here too.")] = None,
+    det: Annotated[Path | None, typer.Option(help="DET curve PNG.")] = None,
+    cohort: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="A cohort manifest (`facegate calibrate-cohort`): decide on AS-norm scores, as the service does with FACEGATE_COHORT.",
+        ),
+    ] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned crops.")] = Path("~/.cache/facegate/eval"),
     progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
 ) -> None:
@@ -33,7 +44,7 @@ def eval_open_set(
     from service.pipeline import FacePipeline
     from service.settings import get_settings
     from training.evaluate import OnnxEmbedder, cached_crops
-    from training.open_set import det_png, protocol, report
+    from training.identification import det_png, protocol, report
 
     settings = get_settings()
     try:

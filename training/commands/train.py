@@ -5,19 +5,19 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from training.commands import console, fail
+from service.console import console, fail
 
-Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config value: key.sub=value (YAML value). Repeatable.")]
+Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.sub=value (YAML value). Repeatable.")]
 
 
 def train(
     config: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Training config (YAML).")],
     set_: Sets = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Checkpoint to continue from (e.g. OUTPUT/last.pt).")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Checkpoint to continue from (e.g. OUTPUT/last.pt).")] = None,
     nproc: Annotated[int, typer.Option(help="Processes on this node; > 1 relaunches under torchrun.")] = 1,
 ) -> None:
     """Train a backbone and head from a config."""
@@ -34,7 +34,7 @@ def _train(config: Path, sets: list[str], resume: Path | None) -> None:
 
     from training.config import load_config
     from training.data.datasets import DataSplitError
-    from training.train import train as run
+    from training.trainer import train as run
 
     try:
         cfg = load_config(config, sets)
@@ -61,6 +61,6 @@ def train_main() -> None:
 def _torchrun_entry(
     config: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     set_: Sets = None,
-    resume: Annotated[Optional[Path], typer.Option()] = None,
+    resume: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     _train(config, set_ or [], resume)

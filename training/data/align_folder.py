@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import cv2
 
 from service.errors import FacegateError
+from service.fileio import write_atomically
 from service.settings import Settings
 from training.data.folders import list_identity_folders
 from training.data.preprocess import ALIGNMENT
@@ -71,12 +71,8 @@ def _align_one(src_root: Path, dst_root: Path, identity: str, path: Path, templa
     face = faces[0]  # the detector sorts largest first
     crop_rgb = _pipeline.align(image, [face], template)[0]
     rel = Path(identity) / f"{path.stem}.jpg"
-    target = dst_root / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
     ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(crop_rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(encoded.tobytes())
-    os.replace(tmp, target)
+    write_atomically(dst_root / rel, encoded.tobytes(), durable=False)
     return Result(identity, source, str(rel), det_score=round(face.score, 4), box_w=round(face.width, 1), box_h=round(face.height, 1))
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from service.strict import StrictModel
 
 
-class AugmentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AugmentConfig(StrictModel):
     flip: float = Field(0.5, ge=0, le=1, description="Probability of a horizontal flip.")
     random_resized_crop: float = Field(0.0, ge=0, le=1, description="Probability of a random crop (scale 0.8–1) resized back.")
     color_jitter: float = Field(0.0, ge=0, le=1, description="Probability of brightness/contrast/saturation jitter (±20%).")

@@ -3,8 +3,9 @@ torch Dataset whose items are addressed by (index, seed) so augmentation is repr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import cv2
 import numpy as np

@@ -44,8 +44,8 @@ DEFAULT = Preprocessing(ALIGNMENT, INPUT_SPEC)
 def for_backbone(name: str) -> Preprocessing:
     if name not in IMPORTED_INPUT:
         return DEFAULT
+    from service.models.files import manifest_path
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path
     from service.settings import get_settings
 
     manifest = Manifest.load(manifest_path(IMPORTED_INPUT[name], get_settings().models_dir))

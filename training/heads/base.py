@@ -7,7 +7,7 @@ scaled logits. Label −1 marks a row without a class (ignored by the loss, no m
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

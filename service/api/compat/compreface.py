@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -18,11 +19,11 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictFloat
 from starlette.concurrency import run_in_threadpool
 
+from service.api.compat.similarity import calibrated_similarity
 from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
-from service.api.compat.similarity import calibrated_similarity
 from service.decision import search_far
 from service.errors import FaceNotFound, FacegateError, InvalidParameters, NoFace, SubjectNotFound
 

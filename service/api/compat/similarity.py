@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+
 def calibrated_similarity(far: float, anchor: float, searched: int = 1) -> float:
     """The 0…1 similarity of a per-comparison FAR whose stranger rate over `searched` comparisons is `anchor` at 0.5."""
     rate = -math.expm1(max(searched, 1) * math.log1p(-min(far, 1 - 1e-12)))  # 1 − (1 − far)^N

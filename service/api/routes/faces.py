@@ -106,7 +106,7 @@ async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDe
         details = [{"index": i, "code": e.code, "message": e.message} for i, e in errors.items()]
         raise EnrollmentFailed(f"none of the {len(many)} images could be enrolled", details)
     records = await run_in_threadpool(gallery.add_faces, subject_id, [o for _, o in ready])
-    stored = {i: StoredFaceOut.of(r, sha) for (i, _), r in zip(ready, records)}
+    stored = {i: StoredFaceOut.of(r, sha) for (i, _), r in zip(ready, records, strict=True)}
     return EnrollBulkResponse(
         enrolled=len(records),
         results=[EnrollItem(index=i, face=stored.get(i), error=errors.get(i)) for i in range(len(many))],

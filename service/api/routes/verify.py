@@ -21,7 +21,8 @@ router = APIRouter(tags=["recognition"])
     "/verify",
     response_model=VerifyResponse,
     summary="Are two faces the same person?",
-    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = max over the subject's k enrolled faces, each held to the per-comparison FAR that keeps the subject at `far`).",
+    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = max over the subject's k enrolled faces, "
+    "each held to the per-comparison FAR that keeps the subject at `far`).",
     responses=error_responses(400, 401, 404, 413, 415, 422, 503),
     openapi_extra=request_body(
         VerifyOptions,

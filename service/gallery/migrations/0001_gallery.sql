@@ -1,4 +1,4 @@
--- The shared gallery: the same tables as SQLite's (store.py), plus the change log replicas follow.
+-- The shared gallery: the same tables as SQLite's (sqlite.py), plus the change log replicas follow.
 CREATE TABLE subjects (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,

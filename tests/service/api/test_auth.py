@@ -23,7 +23,7 @@ def test_bad_hash_entry_is_refused():
 
 def test_keys_file_and_env(tmp_path, settings):
     path = tmp_path / "keys"
-    path.write_text("# ops team\nsha256:%s\n\n" % hashlib.sha256(b"from-file").hexdigest())
+    path.write_text("# ops team\nsha256:{}\n\n".format(hashlib.sha256(b"from-file").hexdigest()))
     keys = ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr("a, b"), "api_keys_file": path}))
     assert all(keys.check(k) for k in ("a", "b", "from-file"))
     assert not keys.check("sha256:" + hashlib.sha256(b"from-file").hexdigest())

@@ -54,7 +54,7 @@ def test_metadata_size_is_capped(api_settings, make_client):
 
 def test_stored_rows_that_cannot_be_served_do_not_break_a_page(api, api_settings):
     """Rows written before the limits existed: served without their metadata, with the reason."""
-    from service.gallery.store import DATABASE
+    from service.gallery.sqlite import DATABASE
 
     for subject_id in ("before", "poisoned", "big", "after"):
         new_subject(api, subject_id)
@@ -135,7 +135,7 @@ def test_repeated_fields_are_refused(api, lfw_faces):
     files = [("image1", image), ("image2", image)]
     error(api.post("/verify", files=files, data={"threshold": ["0.1", "0.9"]}), 422, "invalid_parameters")
     error(api.post("/verify", files=[*files, ("image1", image)]), 422, "invalid_parameters")
-    error(raw_json(api, "POST", "/verify", '{"image1": "%s", "image2": "%s", "threshold": 0.1, "threshold": 0.9}' % (b64(image), b64(image))), 422, "invalid_parameters")
+    error(raw_json(api, "POST", "/verify", f'{{"image1": "{b64(image)}", "image2": "{b64(image)}", "threshold": 0.1, "threshold": 0.9}}'), 422, "invalid_parameters")
     error(raw_json(api, "POST", "/subjects", '{"name": "a", "name": "b"}'), 422, "invalid_parameters")
     assert api.post("/verify", files=files, data={"threshold": "0.1"}).status_code == 200
 

@@ -9,6 +9,7 @@ import pytest
 
 import service.api.requests as requests_module
 
+
 @pytest.mark.parametrize("path", ["/subjects", "/verify", "/identify", "/embed"])
 @pytest.mark.parametrize(
     "body",

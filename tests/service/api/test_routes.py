@@ -374,7 +374,7 @@ def test_enrollment_stores_chips_only_with_store_crops(api_settings, make_client
     import sqlite3
 
     from service.align import ARCFACE_112, LOOSE_320
-    from service.gallery.store import DATABASE, decode_crop
+    from service.gallery.sqlite import DATABASE, decode_crop
 
     for store in (False, True):
         settings = api_settings.model_copy(update={"store_crops": store, "data_dir": api_settings.data_dir / str(store)})

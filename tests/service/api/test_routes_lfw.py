@@ -13,7 +13,6 @@ import cv2
 import numpy as np
 import pytest
 
-
 ENROLLED = 8
 STRANGERS = 6
 

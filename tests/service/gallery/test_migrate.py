@@ -12,7 +12,7 @@ from service.align import template_chip
 from service.gallery.interface import NewFace
 from service.gallery.migrate import sqlite_to_postgres
 from service.gallery.postgres import PostgresGallery
-from service.gallery.store import SqliteGallery
+from service.gallery.sqlite import SqliteGallery
 from service.models.manifest import EmbedderKey
 from tests.conftest import REPO
 

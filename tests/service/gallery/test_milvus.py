@@ -16,7 +16,7 @@ from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.milvus import fill
 from service.gallery.postgres import PostgresGallery
-from service.gallery.store import SqliteGallery
+from service.gallery.sqlite import SqliteGallery
 from service.models.manifest import EmbedderKey
 
 pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")

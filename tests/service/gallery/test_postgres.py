@@ -15,7 +15,8 @@ import pytest
 
 from service.align import template_chip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.gallery.index import IndexConfig, read_meta, write_atomically
+from service.fileio import write_atomically
+from service.gallery.index import IndexConfig, read_meta
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sync import LISTENER_NAME
@@ -254,7 +255,7 @@ def test_the_settings_choose_the_store(database_url, tmp_path):
     from pydantic import ValidationError
 
     from service.gallery.factory import open_gallery
-    from service.gallery.store import SqliteGallery
+    from service.gallery.sqlite import SqliteGallery
     from service.settings import Settings
 
     password = tmp_path / "db_password"

@@ -11,12 +11,11 @@ import cv2
 import numpy as np
 import pytest
 
-from service.align import ARCFACE_112, LOOSE, FaceChip, TEMPLATES, align_face, loose_chip, template_chip
+from service.align import ARCFACE_112, LOOSE, TEMPLATES, FaceChip, align_face, loose_chip, template_chip
 from service.gallery.interface import NewFace
-from service.gallery.store import DATABASE, SCHEMA_VERSION, SqliteGallery, decode_crop, encode_crop
+from service.gallery.sqlite import DATABASE, SCHEMA_VERSION, SqliteGallery, decode_crop, encode_crop
 from service.models.manifest import EmbedderKey, Manifest
 from tests.onnx_models import write_test_embedder
-
 
 OLD = EmbedderKey("old-model", "0" * 64, 64)
 PEOPLE = ("Aaron_Peirsol", "Colin_Powell", "Tony_Blair")
@@ -147,7 +146,7 @@ def test_upgrade_from_the_gallery_before_versions(tmp_path, photos, new_pipeline
     assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
     assert gallery.index.size == 4 and gallery.counts() == {"subjects": 3, "faces": 4, "searchable_faces": 4, "incompatible_faces": 0}
     stored = gallery._db.execute("SELECT id, embedding, crop, crop_frame, crop_landmarks FROM faces ORDER BY id").fetchall()
-    for (face_id, embedding, crop), row in zip(rows, stored):
+    for (face_id, embedding, crop), row in zip(rows, stored[: len(rows)], strict=True):  # the last face has no crop
         assert row[:3] == (face_id, embedding, crop)  # data intact
         assert row[3] == "arcface_112" and np.allclose(json.loads(row[4]), ARCFACE_112)
     assert stored[3][2:] == (None, None, None)  # a face without a crop stays without one
@@ -161,7 +160,7 @@ def test_upgrade_from_the_gallery_before_versions(tmp_path, photos, new_pipeline
 
     gallery = SqliteGallery.open(tmp_path, new)
     assert gallery.index.size == 3 and gallery.incompatible == {f"old-model@{'0' * 12}": 1}
-    for (name, _, _), (_, _, crop) in zip(photos, rows):
+    for (name, _, _), (_, _, crop) in zip(photos, rows, strict=True):
         realigned = align_face(decode_crop(crop)[..., ::-1], ARCFACE_112, TEST_150[0])  # the old crop, re-aligned directly
         expected = new_pipeline.embedder.embed(realigned[None])[0]
         assert np.allclose(gallery.subject_embeddings(name)[0], expected, atol=1e-6)
@@ -190,7 +189,7 @@ def test_reembed_new_rows_equals_aligning_the_photo_for_the_new_model(tmp_path, 
     assert gallery.reembed(embed, new_pipeline.template) == (3, 0)
     gallery.close()
     gallery = SqliteGallery.open(tmp_path, new)
-    for (name, image, landmarks), crop in zip(photos, seen):
+    for (name, image, landmarks), crop in zip(photos, seen, strict=True):
         direct = align_face(image, landmarks, TEST_150[0])
         assert mean_abs(crop, direct) < 3.0
         expected = new_pipeline.embedder.embed(direct[None])[0]

@@ -8,7 +8,7 @@ import numpy as np
 
 from service.align import template_chip
 from service.gallery.interface import NewFace
-from service.gallery.store import SqliteGallery
+from service.gallery.sqlite import SqliteGallery
 from service.models.manifest import EmbedderKey, Manifest
 from tests.conftest import REPO
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.fileio import sha256_file
 from service.models import dlib_resnet
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
 from tests.conftest import REPO
 
 MANIFEST = REPO / "models" / "dlib-resnet-v1.json"
@@ -79,7 +79,7 @@ def test_import_dlib_converts_a_dat_of_ones_own(dat, manifest, tmp_path):
     from typer.testing import CliRunner
 
     from service.cli import app
-    from service.models.store import load_model
+    from service.models.files import load_model
 
     result = CliRunner().invoke(app, ["models", "import-dlib", str(dat), "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

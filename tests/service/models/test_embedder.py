@@ -1,8 +1,8 @@
 import numpy as np
 
 from service.models.embedder import FaceEmbedder, preprocess
+from service.models.files import load_model
 from service.models.manifest import Manifest
-from service.models.store import load_model
 from tests.onnx_models import write_test_embedder
 
 

@@ -12,8 +12,8 @@ import tarfile
 import pytest
 
 from service.errors import ModelError
+from service.models.files import place_weights, pull
 from service.models.manifest import ImportSource, Manifest
-from service.models.store import place_weights, pull
 from tests.conftest import REPO
 
 SHIPPED = REPO / "models" / "dlib-resnet-v1.json"

@@ -11,8 +11,8 @@ import pytest
 
 from service.errors import ModelError
 from service.models.embedder import FaceEmbedder, preprocess, uses_io_binding
+from service.models.files import load_model
 from service.models.manifest import InputSpec, Manifest
-from service.models.store import load_model
 from tests.onnx_models import write_in_graph, write_test_embedder
 
 

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from service.errors import ModelError
+from service.models.files import load_model
 from service.models.manifest import Manifest, far_key
-from service.models.store import load_model
 from tests.onnx_models import write_test_embedder
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import typer
 from typer.testing import CliRunner
 
+from service.models.files import load_model
 from service.models.manifest import Manifest
-from service.models.store import load_model
 from tests.onnx_models import write_test_embedder
 from training.cli import register
 

@@ -42,7 +42,7 @@ def _lfw_slice(test_data, folder):
     """pairs.txt in LFW's format: 10 folds of 1 matched + 1 mismatched pair from View 2's first fold."""
     lines = (test_data / "lfw" / "pairs.txt").read_text().splitlines()
     matched, mismatched = lines[1:11], lines[301:311]
-    body = [line for pair in zip(matched, mismatched) for line in pair]
+    body = [line for pair in zip(matched, mismatched, strict=True) for line in pair]
     (folder / "pairs.txt").write_text("10\t1\n" + "\n".join(body) + "\n")
     return folder / "pairs.txt"
 

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from training.cli import register
-from training.open_set import best_subjects, protocol
+from training.identification import best_subjects, protocol
 
 pytestmark = pytest.mark.data
 

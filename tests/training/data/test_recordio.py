@@ -43,7 +43,7 @@ def rec(tmp_path):
     encoded[2] += MAGIC_BYTES + b"trailing bytes after the image"  # forces a split record
     labels = [0, 0, 1, 2, 2]
     header = pack([len(images) + 1, len(images) + 1 + 3], b"", flag_labels=True)  # record 0: [end, ...]
-    write_rec(tmp_path / "train", [header] + [pack(lab, enc) for lab, enc in zip(labels, encoded)])
+    write_rec(tmp_path / "train", [header] + [pack(lab, enc) for lab, enc in zip(labels, encoded, strict=True)])
     return tmp_path / "train.rec", images, labels
 
 
@@ -51,7 +51,7 @@ def test_reads_every_image_and_label(rec):
     path, images, labels = rec
     data = RecordIODataset(path)
     assert len(data) == len(images)
-    for i, (image, label) in enumerate(zip(images, labels)):
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
         rgb, got = data.load(i)
         np.testing.assert_array_equal(rgb, image[..., ::-1])  # stored BGR by OpenCV → read as RGB
         assert got == label

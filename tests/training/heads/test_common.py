@@ -44,7 +44,7 @@ def reference_logits(name: str, head, x: np.ndarray, labels: list[int]) -> np.nd
     p = {k: v if isinstance(v, str) else float(torch.as_tensor(v).detach()) for k, v in ((k, getattr(head, k)) for k in head_params(name))}
     w = head.weight.detach().double().numpy()
     out = np.zeros((len(x), head.num_classes))
-    for i, (xi, y) in enumerate(zip(x, labels)):
+    for i, (xi, y) in enumerate(zip(x, labels, strict=True)):
         a = float(np.linalg.norm(xi))
         cos = [float(xi @ wj) / (a * float(np.linalg.norm(wj))) for wj in w]
         if name == "subcenter_arcface":
@@ -272,10 +272,10 @@ def test_gradcheck(case):
     inputs = (x.requires_grad_(), *(p.detach().clone().requires_grad_() for p in head.parameters()))
 
     def logits(x, *values):
-        return torch.func.functional_call(head, dict(zip(names, values)), (x, labels))
+        return torch.func.functional_call(head, dict(zip(names, values, strict=True)), (x, labels))
 
     def loss(x, *values):
-        return torch.func.functional_call(module, {f"head.{n}": v for n, v in zip(names, values)}, (x, labels))
+        return torch.func.functional_call(module, {f"head.{n}": v for n, v in zip(names, values, strict=True)}, (x, labels))
 
     assert torch.autograd.gradcheck(logits, inputs)
     assert torch.autograd.gradcheck(loss, inputs)

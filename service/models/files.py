@@ -11,7 +11,6 @@ import hashlib
 import http.client
 import io
 import logging
-import os
 import subprocess
 import sys
 import tarfile
@@ -25,6 +24,7 @@ from typing import BinaryIO
 import onnxruntime as ort
 
 from service.errors import ModelError
+from service.fileio import replacing, sha256_file
 from service.models.manifest import ImportSource, Manifest
 from service.models.providers import Runtime, create_session
 from service.models.rebatch import free_batch, free_size, same_outputs, scales_with_area
@@ -59,26 +59,19 @@ def _store(stream: BinaryIO, target: Path, sha256: str, size: int, origin: str) 
     It is written to a temporary file beside the target and renamed atomically only when it
     matches, so a failed, truncated or forged copy leaves nothing behind.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     digest, written = hashlib.sha256(), 0
-    try:
-        with os.fdopen(fd, "wb") as out:
+    with replacing(target, suffix=".part") as tmp:
+        with open(tmp, "wb") as out:
             while block := stream.read(1 << 16):
                 written += len(block)
                 if written > size:
                     raise ModelError(f"{origin}: larger than the {size} bytes the manifest says")
                 digest.update(block)
                 out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
         if written != size:
             raise ModelError(f"{origin}: got {written} bytes, the manifest says {size}")
         if digest.hexdigest() != sha256:
             raise ModelError(f"{origin}: sha256 {digest.hexdigest()} does not match the manifest ({sha256})")
-        os.replace(tmp_name, target)
-    finally:
-        Path(tmp_name).unlink(missing_ok=True)
     return target
 
 
@@ -184,14 +177,6 @@ def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | 
         raise ModelError(f"cannot download {manifest.name}: {exc}") from None
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_file(manifest: Manifest, path: Path) -> None:
     """Refuse a model file whose size or sha256 differ from the manifest's."""
     size = Path(path).stat().st_size
@@ -205,7 +190,7 @@ def verify_file(manifest: Manifest, path: Path) -> None:
 def _dims_match(declared: list[int | str], actual: list) -> bool:
     if len(declared) != len(actual):
         return False
-    for want, got in zip(declared, actual):
+    for want, got in zip(declared, actual, strict=True):
         if isinstance(want, int) and isinstance(got, int) and want != got:
             return False
         if isinstance(want, int) and not isinstance(got, int):

@@ -8,13 +8,14 @@ import onnx
 import pytest
 import torch
 
+from service.fileio import sha256_file
+from service.models.files import load_model
 from service.models.manifest import Manifest
-from service.models.store import load_model, sha256_file
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input
-from training.export import ExportError, check_parity, export, parity_crops
-from training.train import Trainer
+from training.onnx_export import ExportError, check_parity, export, parity_crops
+from training.trainer import Trainer
 
 torch.set_num_threads(2)
 

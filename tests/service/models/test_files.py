@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from service.errors import ModelError
+from service.models.files import pull
 from service.models.manifest import Manifest
-from service.models.store import pull
 
 PAYLOAD = bytes(range(256)) * 400
 

@@ -249,9 +249,9 @@ class Trainer:
             self.optimizers[0].load_state_dict(state["optimizers"][0])
         else:
             self.criterion_module.head.load_state_dict(state["head"])
-            for o, s in zip(self.optimizers, state["optimizers"]):
+            for o, s in zip(self.optimizers, state["optimizers"], strict=True):
                 o.load_state_dict(s)
-        for sched, s in zip(self.schedulers, state["schedulers"]):
+        for sched, s in zip(self.schedulers, state["schedulers"], strict=True):
             sched.load_state_dict(s)
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.micro_in_epoch = state["step"], state["epoch"], state["micro_in_epoch"]
@@ -273,8 +273,7 @@ class Trainer:
                 generator=torch.Generator().manual_seed(cfg.seed),  # leaves the global RNG alone
                 persistent_workers=False,
             )
-            for micro, batch in enumerate(loader, start=self.micro_in_epoch):
-                yield micro, batch
+            yield from enumerate(loader, start=self.micro_in_epoch)
             self.epoch, self.micro_in_epoch = self.epoch + 1, 0
 
     def _autocast(self):

@@ -99,8 +99,8 @@ class DlibResNetV1(nn.Module):
 def default_weights() -> Path:
     """dlib's published `.dat` in the model cache (placed there, sha256-checked, by
     `facegate models pull dlib-resnet-v1`; fetched now if absent)."""
+    from service.models.files import manifest_path, place_weights
     from service.models.manifest import Manifest
-    from service.models.store import manifest_path, place_weights
     from service.settings import get_settings
 
     settings = get_settings()

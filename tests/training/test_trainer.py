@@ -9,7 +9,7 @@ import torch
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.checkpoint import load_checkpoint
 from training.config import load_config
-from training.train import Trainer, lr_factor
+from training.trainer import Trainer, lr_factor
 
 torch.set_num_threads(2)
 

@@ -24,8 +24,8 @@ import numpy as np
 from service.align import TEMPLATES, FaceChip
 from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
-from service.gallery.milvus import open_milvus
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
+from service.gallery.milvus import open_milvus
 from service.models.manifest import EmbedderKey
 
 log = logging.getLogger("facegate.gallery")
@@ -312,7 +312,7 @@ class SqliteGallery(GalleryStore):
             if self.index is not None and not self.index.shared:  # after the commit: only committed faces are searched
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
         key = self.embedder
-        return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces)]
+        return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
         self.get_subject(subject_id)
@@ -416,7 +416,7 @@ class SqliteGallery(GalleryStore):
             with self._write() as db:
                 db.executemany(
                     "UPDATE faces SET embedding = ?, model_name = ?, model_sha256 = ? WHERE id = ?",
-                    [(embedding_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors)],
+                    [(embedding_blob(v), key.name, key.sha256, r[0]) for r, v in zip(rows, vectors, strict=True)],
                 )
                 if self.index is not None and self.index.shared:  # a local index is rebuilt at start-up instead
                     self.index.add(np.array([r[0] for r in rows], np.int64), vectors)

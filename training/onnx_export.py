@@ -11,7 +11,6 @@ the service runs on a GPU. `input_format="float32_nchw"` keeps the older form.
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import warnings
@@ -21,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from service.fileio import replacing, sha256_file
 from service.models.embedder import l2_normalize, preprocess
 from service.models.in_graph import in_graph_spec, uint8_nhwc_input
 from service.models.manifest import Manifest
-from service.models.store import sha256_file
 from training.checkpoint import load_backbone
 from training.data.preprocess import DEFAULT, OUTPUT_NAME, Preprocessing, for_backbone
 
@@ -68,7 +67,7 @@ def base_model(backbone: str) -> dict | None:
 
     if backbone not in IMPORTED_INPUT:
         return None
-    from service.models.store import manifest_path
+    from service.models.files import manifest_path
     from service.settings import get_settings
 
     m = Manifest.load(manifest_path(IMPORTED_INPUT[backbone], get_settings().models_dir))
@@ -165,9 +164,7 @@ def export(
     reference = _Float16(load_backbone(checkpoint)[0]).eval() if fp16 else backbone
     if flip_tta:  # the parity reference is the float32 model with the same augmentation
         backbone, reference = _FlipSum(backbone).eval(), _FlipSum(reference).eval()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp.onnx")
-    try:
+    with replacing(out, suffix=".onnx", durable=False) as tmp:  # nothing under `out` until the parity check passes
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter, chosen on purpose
             torch.onnx.export(
@@ -190,9 +187,6 @@ def export(
             onnx.save(uint8_nhwc_input(onnx.load(str(tmp)), prep.spec), str(tmp))
         crops, crops_from = parity_crops(config, size=size)
         worst = check_parity(backbone, tmp, crops, fp16, prep, input_format)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
     dim = int(config["embedding_dim"])
     base = base_model(config["backbone"])

@@ -10,7 +10,7 @@ from service.align import template_chip
 from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
-from service.gallery.store import SqliteGallery
+from service.gallery.sqlite import SqliteGallery
 from service.models.manifest import EmbedderKey
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)

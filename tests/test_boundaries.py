@@ -1,0 +1,113 @@
+"""The boundary between `service/` and `training/`, stated once (here) and checked on every import,
+module-level or inside a function:
+
+- `service/` never imports `training`, torch or torchvision: the serving image carries none of them.
+- `training/` imports from `service` only the modules in `TRAINING_MAY_IMPORT`: what must be identical
+  at training and serving time (decode, align and normalize a face one way; read a manifest, load a
+  model, score a pair one way). Anything else it needs goes into one of these, or the list grows
+  here, in review.
+- No module of either package reaches itself again through its imports (no import cycle).
+
+DEVELOPERS.md and docs/architecture.md point here instead of repeating the list.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("service", "training")
+
+TRAINING_MAY_IMPORT = frozenset({
+    "service.align",
+    "service.console",
+    "service.decision",
+    "service.errors",
+    "service.fileio",
+    "service.pipeline",
+    "service.settings",
+    "service.strict",
+    "service.models.cohort",
+    "service.models.dlib_resnet",
+    "service.models.embedder",
+    "service.models.in_graph",
+    "service.models.manifest",
+    "service.models.files",
+})
+SERVICE_NEVER_IMPORTS = frozenset({"training", "torch", "torchvision"})
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module `name` imports, anywhere in its body; `from a import b` names `a.b` where that is
+    a module, `a` otherwise."""
+    found: set[str] = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(name, path, known) for name, path in modules.items()}
+
+
+def _imports_from(package: str, forbidden) -> list[str]:
+    """`name imports target` for each import of a module of `package` that `forbidden(target)` refuses."""
+    return [
+        f"{name} imports {target}"
+        for name, targets in _graph().items()
+        if name.split(".")[0] == package
+        for target in sorted(targets)
+        if forbidden(target)
+    ]
+
+
+def test_service_never_imports_torch_or_training():
+    assert _imports_from("service", lambda target: target.split(".")[0] in SERVICE_NEVER_IMPORTS) == []
+
+
+def test_training_imports_only_the_allowed_service_modules():
+    offenders = _imports_from("training", lambda target: target.split(".")[0] == "service" and target not in TRAINING_MAY_IMPORT)
+    assert offenders == [], "add the module to TRAINING_MAY_IMPORT only if training and serving must share it"
+
+
+def test_allowed_list_names_modules_that_exist():
+    assert TRAINING_MAY_IMPORT <= set(_modules())
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    edges = {name: {t for t in targets if t in graph and t != name} for name, targets in graph.items()}
+    cycles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(edges[name]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target):] + [name, target]))
+            elif target not in state:
+                visit(target, path + [name])
+        state[name] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [])
+    assert cycles == []
