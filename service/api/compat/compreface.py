@@ -25,7 +25,7 @@ from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
 from service.decision import search_far
-from service.errors import FaceNotFound, FacegateError, InvalidParameters, NoFace, SubjectNotFound
+from service.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
 
@@ -260,7 +260,11 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
     manifest = service.models.embedder.manifest
     anchor = float(service.settings.default_far)
     result = [
-        _with_embedding({"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)}, f, request)
+        _with_embedding(
+            {"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)},
+            f,
+            request,
+        )
         for f in await _found(service, body.images["file"], request)
     ]
     result.sort(key=lambda r: r["similarity"], reverse=True)
@@ -338,7 +342,7 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
     manifest = service.models.embedder.manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
     result = []
-    for row, received in zip(rows, body.embeddings):
+    for row, received in zip(rows, body.embeddings, strict=True):
         candidates = await run_in_threadpool(service.search, row, count)
         similarities = [
             {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, row, c), service.settings.default_fpir, searched)}
@@ -356,6 +360,6 @@ async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
     targets = _unit(service, body.targets, "targets")
     manifest = service.models.embedder.manifest
     anchor = float(service.settings.default_far)
-    result = [{"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)} for t, received in zip(targets, body.targets)]
+    result = [{"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)} for t, received in zip(targets, body.targets, strict=True)]
     result.sort(key=lambda r: r["similarity"], reverse=True)
     return {"result": result}
