@@ -2,7 +2,8 @@
 person with two or more photos is enrolled (POST /subjects, POST /subjects/{id}/faces) by the first
 and probes (POST /identify) with the second; the first --strangers people with one photo probe as
 strangers. Prints the realized FPIR (strangers matched) and DIR (known people matched to
-themselves) at the default decision and at each --fpir, with the machine. `facegate eval-open-set`
+themselves) at the default decision and at each --fpir, and for a CompreFace client that takes the
+best subject at similarity ≥ 0.5 (Viseron's default), with the machine. `facegate eval-open-set`
 computes the same offline; this checks that the service answers it.
 
     python benchmarks/open_set_http.py --images ../shared/data/lfw [--url http://127.0.0.1:8000] [--key K]
@@ -48,6 +49,15 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
             answer.raise_for_status()
             return answer.json()
 
+        def compreface(path) -> str | None:
+            """The subject a CompreFace client at Viseron's default cut (similarity ≥ 0.5) takes the best match for."""
+            answer = client.post("/api/v1/recognition/recognize", files={"file": path.read_bytes()}, params={"prediction_count": 1})
+            if answer.status_code == 400 and answer.json().get("code") == 28:  # no face
+                return None
+            answer.raise_for_status()
+            subjects = answer.json()["result"][0]["subjects"]
+            return subjects[0]["subject"] if subjects and subjects[0]["similarity"] >= 0.5 else None
+
         with ThreadPoolExecutor(workers) as pool:
             enrolled = list(pool.map(enroll, p.gallery))
             print(f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {sum(enrolled)} enrolled "
@@ -62,6 +72,12 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
                 label = f"fpir={shown['fpir']:g}" + (" (default)" if fpir is None else "")
                 print(f"{label:<15} {shown['threshold']:.6f}  {shown['far']:<12}  {matched / len(others):.4f} ({matched})   "
                       f"{found / len(known):.4f} ({found})")
+            known = list(pool.map(compreface, p.known))
+            others = list(pool.map(compreface, p.strangers))
+            found = sum(subject == path.parent.name for subject, path in zip(known, p.known, strict=True))
+            matched = sum(subject is not None for subject in others)
+            print(f"{'CompreFace recognize, similarity >= 0.5 (Viseron default)':<42}  {matched / len(others):.4f} ({matched})   "
+                  f"{found / len(known):.4f} ({found})")
 
 
 def main() -> None:
