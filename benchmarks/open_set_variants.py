@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from service.decision import per_comparison_far
-from service.models.cohort import cohort_stats
+from service.models.cohort import as_norm, cohort_stats
 from service.models.manifest import FarCurve, threshold_at
 from training.cohort import build
 
@@ -82,10 +82,10 @@ def main() -> None:
         b = matrix.argmax(axis=1)
         return b, matrix[np.arange(len(matrix)), b]
 
-    def as_norm(x, top, gallery=first, table=emb):
-        (mp, sp), (mg, sg) = cohort_stats(table[x], cohort, top), cohort_stats(table[gallery], cohort, top)
+    def normalized(x, top, gallery=first, table=emb):
+        mg, sg = cohort_stats(table[gallery], cohort, top)
         b, s = best(table[x] @ table[gallery].T)
-        return b, 0.5 * ((s - mp) / sp + (s - mg[b]) / sg[b])
+        return b, as_norm(s, cohort_stats(table[x], cohort, top), (mg[b], sg[b]))
 
     both = emb + flip
     both /= np.linalg.norm(both, axis=1, keepdims=True)
@@ -99,12 +99,12 @@ def main() -> None:
     row("gallery cohort: best − mean of next 10", lambda x: cohort_margin(x, 10))
     row("gallery cohort: best − second best", lambda x: cohort_margin(x, 1))
     for top in (50, 200):
-        strangers_norm = row(f"AS-norm, cohort top {top}", lambda x, t=top: as_norm(x, t))
+        strangers_norm = row(f"AS-norm, cohort top {top}", lambda x, t=top: normalized(x, t))
         if top == 200:
             threshold = threshold_at(FarCurve(**curve).curve, per_comparison_far(1e-2, len(known)))
             print(f"{'':42s} its calibrated fpir=1e-2 threshold {threshold:.3f}: realized FPIR {(strangers_norm >= threshold).mean():.4f} "
                   f"({figures['impostor_pairs']:,} impostor pairs of {figures['calibration_identities']} people)")
-    row("AS-norm top 200 + flip TTA", lambda x: as_norm(x, 200, table=both))
+    row("AS-norm top 200 + flip TTA", lambda x: normalized(x, 200, table=both))
     print("two photos enrolled:")
     row("  max of the two cosines (today)", lambda x: best(np.maximum(emb[x] @ emb[first].T, emb[x] @ emb[second].T)))
     row("  mean of the two cosines", lambda x: best(0.5 * (emb[x] @ emb[first].T + emb[x] @ emb[second].T)))

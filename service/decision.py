@@ -45,13 +45,10 @@ class Decision:
         return similarity >= self.threshold
 
     def best_match(self, probe: np.ndarray, candidates: list[Candidate]) -> Candidate | None:
-        """The best-ranked candidate when its score reaches the threshold: its cosine, or with a
-        cohort its AS-norm score against the probe."""
-        if not candidates:
-            return None
-        best = candidates[0]
-        score = best.similarity if self.cohort is None else self.cohort.normalize(probe, best.embedding, best.similarity)
-        return best if score >= self.threshold else None
+        """The best-ranked candidate when its score (`search_scores`) reaches the threshold."""
+        if candidates and search_scores(self.cohort, probe, candidates[:1])[0] >= self.threshold:
+            return candidates[0]
+        return None
 
 
 def decide(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str) -> Decision:
@@ -96,10 +93,7 @@ def decide_search(
     rate = default_fpir if fpir is None else fpir
     if not 1e-9 <= rate < 1.0:
         raise InvalidParameters(f"fpir must be in [1e-9, 1), got {rate}")
-    if cohort is not None:
-        per = per_comparison_far(rate, gallery_faces)
-        return Decision(round(cohort.threshold_at(per), 6), far_key(per), rate, gallery_faces, cohort.beyond_calibration(per), cohort)
-    return at_rate(manifest, rate, gallery_faces)
+    return at_rate(manifest, rate, gallery_faces, cohort)
 
 
 def decide_subject(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str, faces: int) -> Decision:
@@ -111,18 +105,28 @@ def decide_subject(manifest: Manifest, far: float | str | None, threshold: float
     return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces)
 
 
-def at_rate(manifest: Manifest, rate: float, faces: int) -> Decision:
+def at_rate(manifest: Manifest, rate: float, faces: int, cohort: Cohort | None = None) -> Decision:
+    """The threshold that holds `faces` comparisons to `rate`, on the cohort's curve when there is one."""
     per = per_comparison_far(rate, faces)
+    curve = cohort or manifest
     try:
-        threshold = manifest.threshold_at(per)
+        threshold = curve.threshold_at(per)
     except KeyError as exc:
         raise UnknownFar(f"the model has no calibrated FAR curve: {exc.args[0]}; pass far or threshold") from None
-    return Decision(round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=manifest.beyond_calibration(per))
+    return Decision(round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=curve.beyond_calibration(per), cohort=cohort)
 
 
-def search_far(manifest: Manifest, cohort: Cohort | None, probe: np.ndarray, candidate: Candidate) -> float:
-    """The calibrated per-comparison FAR of a search candidate: of its AS-norm score against the
-    cohort when there is one (as FPIR decisions score it), else of its cosine."""
-    if cohort is None:
-        return manifest.far_at(candidate.similarity)
-    return cohort.far_at(cohort.normalize(probe, candidate.embedding, candidate.similarity))
+def search_scores(cohort: Cohort | None, probe: np.ndarray, candidates: list[Candidate]) -> np.ndarray:
+    """What an FPIR decision holds to its threshold, per candidate: the cosine, or with a cohort the
+    AS-norm score (the probe's cohort statistics computed once for all of them)."""
+    cosines = np.array([c.similarity for c in candidates], np.float32)
+    if cohort is None or not candidates:
+        return cosines
+    return cohort.normalize(probe, np.stack([c.embedding for c in candidates]), cosines)
+
+
+def search_fars(manifest: Manifest, cohort: Cohort | None, probe: np.ndarray, candidates: list[Candidate]) -> list[float]:
+    """The calibrated per-comparison FAR of each search candidate's score, on the curve that score
+    is calibrated by (the cohort's or the manifest's)."""
+    curve = cohort or manifest
+    return [curve.far_at(float(score)) for score in search_scores(cohort, probe, candidates)]

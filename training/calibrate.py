@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.models.cohort import as_norm
+from service.models.embedder import l2_normalize
 from service.models.manifest import FarCurve, Manifest, far_key
 from training.verification import FARS
 
@@ -84,7 +86,7 @@ def pair_scores(
     for start, rows, scores, later in _blocks(e, chunk):
         if stats is not None:
             (mean, spread), end = stats, start + len(rows)
-            scores = 0.5 * ((scores - mean[start:end, None]) / spread[start:end, None] + (scores - mean[None, start + 1 :]) / spread[None, start + 1 :])
+            scores = as_norm(scores, (mean[start:end, None], spread[start:end, None]), (mean[None, start + 1 :], spread[None, start + 1 :]))
         mine, theirs = labels[start : start + len(rows), None], labels[None, start + 1 :]
         same = mine == theirs
         present = set(np.unique(mine).tolist())
@@ -216,6 +218,11 @@ def heldout_source(manifest: Manifest, data: Path | None):
     return Subset(source, held), f"held-out identities of {train} (val_fraction {config['data']['val_fraction']}, seed {config['seed']})"
 
 
+def embed_source(embedder, source) -> tuple[np.ndarray, np.ndarray]:
+    """(unit embeddings, labels) of every aligned crop of `source`, embedded as the service embeds."""
+    return l2_normalize(embedder.raw(np.stack([source.load(i)[0] for i in range(len(source))]))), np.asarray(source.labels)
+
+
 def calibrate(manifest_path: Path, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:
     """Embed the calibration identities with the model as the service runs it, fit the thresholds,
     and (unless write=False) store them and the calibration report in the manifest."""
@@ -223,10 +230,7 @@ def calibrate(manifest_path: Path, data: Path | None = None, fars=FARS, write: b
 
     embedder = OnnxEmbedder(manifest_path)
     source, origin = heldout_source(embedder.model.manifest, data)
-    crops = np.stack([source.load(i)[0] for i in range(len(source))])
-    labels = np.asarray(source.labels)
-    raw = embedder.raw(crops)
-    embeddings = raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+    embeddings, labels = embed_source(embedder, source)
     genuine, impostor = pair_scores(embeddings, labels)
     one_person, report = same_person_pairs(embeddings, labels, impostor)
     if report["identity_pairs"]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from service.decision import decide_search
-from service.models.cohort import Cohort
+from service.models.cohort import Cohort, as_norm
 from service.models.manifest import Manifest
 
 FPIRS = (1e-1, 1e-2, 1e-3)
@@ -59,8 +59,8 @@ def best_subjects(gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray, c
     cosine = scores[np.arange(len(probes)), best]
     if cohort is None:
         return labels[best], cosine
-    (probe_mean, probe_spread), (face_mean, face_spread) = cohort.stats(probes), cohort.stats(gallery)
-    return labels[best], 0.5 * ((cosine - probe_mean) / probe_spread + (cosine - face_mean[best]) / face_spread[best])
+    face_mean, face_spread = cohort.stats(gallery)
+    return labels[best], as_norm(cosine, cohort.stats(probes), (face_mean[best], face_spread[best]))
 
 
 def report(manifest: Manifest, p: Protocol, embed, default_fpir: float, fpirs=FPIRS, cohort: Cohort | None = None) -> dict:

@@ -80,9 +80,10 @@ class Cohort:
         """Each row's mean and spread over its `top` highest cosines to the cohort."""
         return cohort_stats(np.atleast_2d(embeddings), self.faces, self.manifest.top)
 
-    def normalize(self, probe: np.ndarray, face: np.ndarray, cosine: float) -> float:
-        (mp, mf), (sp, sf) = self.stats(np.stack([probe, face]))
-        return float(0.5 * ((cosine - mp) / sp + (cosine - mf) / sf))
+    def normalize(self, probe: np.ndarray, faces: np.ndarray, cosines: np.ndarray) -> np.ndarray:
+        """AS-norm scores of one probe against `faces` (k × dim), whose cosines to it are `cosines`."""
+        (probe_mean,), (probe_spread,) = self.stats(probe)
+        return as_norm(np.asarray(cosines), (probe_mean, probe_spread), self.stats(faces))
 
     def threshold_at(self, far: float) -> float:
         return threshold_at(self.manifest.far_curve.curve, far)
@@ -92,6 +93,13 @@ class Cohort:
 
     def beyond_calibration(self, far: float) -> bool:
         return far < self.manifest.far_curve.points[-1][0]
+
+
+def as_norm(cosines: np.ndarray, probe_stats: tuple, face_stats: tuple) -> np.ndarray:
+    """½ · ((s − μ_probe) / σ_probe + (s − μ_face) / σ_face), elementwise: the one formula the
+    service decides with and training calibrates with."""
+    (probe_mean, probe_spread), (face_mean, face_spread) = probe_stats, face_stats
+    return 0.5 * ((cosines - probe_mean) / probe_spread + (cosines - face_mean) / face_spread)
 
 
 def cohort_stats(embeddings: np.ndarray, cohort: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:

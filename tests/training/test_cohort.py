@@ -79,7 +79,8 @@ def test_written_cohort_loads_for_its_embedder_only(built, tmp_path):
     assert decision.score == "as-norm" and decision.threshold == pytest.approx(loaded.threshold_at(per_comparison_far(0.01, 300)), abs=1e-6)
     assert decide_search(embedder, None, None, 0.7, 300, 0.01, loaded).score == "cosine"
     probe = cohort[0]
-    assert loaded.normalize(probe, probe, 1.0) > loaded.normalize(probe, cohort[1], float(probe @ cohort[1]))
+    same, other = loaded.normalize(probe, cohort[:2], [1.0, float(probe @ cohort[1])])
+    assert same > other
 
     other = embedder.model_copy(update={"name": "another-embedder"})
     with pytest.raises(ModelError, match="calibrate-cohort"):
@@ -108,6 +109,6 @@ def test_open_set_evaluation_scores_as_the_service_decides(built, tmp_path):
     labels, scores = best_subjects(gallery, np.arange(20) * 10, probes, loaded)
     for probe, label, score in zip(probes, labels, scores, strict=True):
         face = gallery[label // 10]
-        assert score == pytest.approx(loaded.normalize(probe, face, float(probe @ face)), abs=1e-5)
+        assert score == pytest.approx(loaded.normalize(probe, face[None], [float(probe @ face)])[0], abs=1e-5)
         decision = decide_search(embedder, 0.1, None, None, 20, 0.01, loaded)
         assert (decision.best_match(probe, [Candidate("s", "s", float(probe @ face), 0, face)]) is not None) == (score >= decision.threshold)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from service.console import console, fail
+from training.cohort import COHORT_SHARE, TOP
 
 
 def calibrate_cohort(
@@ -30,27 +31,23 @@ def calibrate_cohort(
         ),
     ],
     license_terms: Annotated[str | None, typer.Option(help="Usage terms, e.g. 'research, non-commercial'.")] = None,
-    top: Annotated[int, typer.Option(min=2, help="Highest cohort cosines per face that give its mean and spread.")] = 200,
+    top: Annotated[int, typer.Option(min=2, help="Highest cohort cosines per face that give its mean and spread.")] = TOP,
     share: Annotated[
         float, typer.Option(min=0.01, max=0.99, help="Share of the identities that become the cohort; the others calibrate.")
-    ] = 1 / 3,
+    ] = COHORT_SHARE,
     seed: Annotated[int, typer.Option(help="Seed of the identities' draw.")] = 0,
 ) -> None:
     """Split the identities into a cohort and calibration identities, embed both as the service
     does, and fit the FAR curve of AS-norm scores from the calibration identities' impostor pairs."""
-    import numpy as np
-
     from service.errors import ModelError
+    from training.calibrate import embed_source
     from training.cohort import build, write
     from training.data.datasets import open_source
     from training.evaluate import OnnxEmbedder
 
     try:
         embedder = OnnxEmbedder(model.with_suffix(".json"))
-        source = open_source(data, embedder.model.manifest.input.height)
-        labels = np.asarray(source.labels)
-        raw = embedder.raw(np.stack([source.load(i)[0] for i in range(len(source))]))
-        embeddings = raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+        embeddings, labels = embed_source(embedder, open_source(data, embedder.model.manifest.input.height))
         cohort, curve, figures = build(embeddings, labels, top, share, seed)
         manifest = write(out, embedder.model.manifest, cohort, curve, top, figures, {"data": str(data), "share": share, "seed": seed},
                          {"name": license_name, **({"terms": license_terms} if license_terms else {})})

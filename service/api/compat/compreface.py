@@ -24,7 +24,7 @@ from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
-from service.decision import search_far
+from service.decision import search_fars
 from service.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
@@ -142,9 +142,10 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     result = []
     for face in await _found(service, body.images["file"], request):
         candidates = await run_in_threadpool(service.search, face.embedding, count)
+        fars = search_fars(manifest, service.models.cohort, face.embedding, candidates)
         subjects = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, face.embedding, c), service.settings.default_fpir, searched)}
-            for c in candidates
+            {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
+            for c, far in zip(candidates, fars, strict=True)
         ]
         result.append(_with_embedding({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)}, face, request))
     return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
@@ -344,9 +345,10 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
     result = []
     for row, received in zip(rows, body.embeddings, strict=True):
         candidates = await run_in_threadpool(service.search, row, count)
+        fars = search_fars(manifest, service.models.cohort, row, candidates)
         similarities = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(search_far(manifest, service.models.cohort, row, c), service.settings.default_fpir, searched)}
-            for c in candidates
+            {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
+            for c, far in zip(candidates, fars, strict=True)
         ]
         result.append({"embedding": received, "similarities": similarities})
     return {"result": result}

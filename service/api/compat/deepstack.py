@@ -27,7 +27,7 @@ from service.api.deps import Service, ServiceDep, get_service
 from service.api.requests import MAX_FORM_FIELDS
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
-from service.decision import decide_search, search_far
+from service.decision import decide_search, search_scores
 from service.errors import FacegateError, InvalidParameters, NoFace, SubjectExists, SubjectNotFound, Unauthorized
 from service.gallery.interface import NewFace
 
@@ -149,10 +149,11 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     decision = decide_search(manifest, None, None, None, searched, fpir, service.models.cohort)
     predictions = []
     for face in await _faces(service, data):
-        best = next(iter(await run_in_threadpool(service.search, face.embedding, 1)), None)
-        confidence = calibrated_similarity(search_far(manifest, service.models.cohort, face.embedding, best), fpir, searched) if best else 0.0
-        known = best is not None and decision.best_match(face.embedding, [best]) is not None and (floor is None or confidence >= floor)
-        predictions.append({"confidence": confidence if known else 0, "userid": best.subject_id if known else "unknown", **_box(face.face)})
+        best = await run_in_threadpool(service.search, face.embedding, 1)
+        score = float(search_scores(decision.cohort, face.embedding, best)[0]) if best else -math.inf  # what the decision holds
+        confidence = calibrated_similarity((decision.cohort or manifest).far_at(score), fpir, searched) if best else 0.0
+        known = score >= decision.threshold and (floor is None or confidence >= floor)
+        predictions.append({"confidence": confidence if known else 0, "userid": best[0].subject_id if known else "unknown", **_box(face.face)})
     return _ok(request, predictions=predictions)
 
 
