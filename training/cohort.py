@@ -15,12 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from service.fileio import sha256_file
-from service.models.cohort import CohortFile, CohortManifest, cohort_stats
+from service.models.cohort import COHORT_SHARE, TOP, CohortFile, CohortManifest, cohort_stats
 from service.models.manifest import FarCurve, Manifest
 from training.calibrate import far_curve, pair_scores, same_person_pairs
-
-TOP = 200  # a face's highest cohort cosines that give its mean and spread (chosen on a development open set: docs/models/dlib-resnet-v1.md)
-COHORT_SHARE = 1 / 3
 
 
 @dataclass

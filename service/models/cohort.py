@@ -25,6 +25,9 @@ from service.fileio import sha256_file
 from service.models.manifest import FarCurve, Manifest, far_at, threshold_at
 from service.strict import StrictModel
 
+TOP = 200  # a face's highest cohort cosines that give its mean and spread (chosen on a development open set: docs/models/dlib-resnet-v1.md)
+COHORT_SHARE = 1 / 3  # of the identities `facegate calibrate-cohort` is given, the share that becomes the cohort
+
 
 class CohortFile(StrictModel):
     name: str = Field(description="A .npy of float32 unit embeddings (cohort faces × embedding_dim), beside this manifest.")

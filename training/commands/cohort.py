@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from service.console import console, fail
-from training.cohort import COHORT_SHARE, TOP
+from service.models.cohort import COHORT_SHARE, TOP
 
 
 def calibrate_cohort(
