@@ -16,7 +16,7 @@ from functools import partial
 
 import numpy as np
 
-from service.batching import BatchShapes, MicroBatcher
+from service.batching import MicroBatcher
 from service.budget import PixelBudget
 from service.cores import available_cores
 from service.decode import Probe
@@ -36,38 +36,29 @@ class Engine:
         self.workers = settings.worker_threads or available_cores()
         self.executor = ThreadPoolExecutor(self.workers, thread_name_prefix="facegate-infer")
         embedder, detector = pipeline.require_embedder(), pipeline.detector
-        fixed = embedder.manifest.input.shape[0]  # an embedder exported with a fixed batch runs at that size only
-        self.embed_shapes = BatchShapes([fixed] if isinstance(fixed, int) else settings.batch_sizes)
-        # A detector with a fixed batch of 1 takes a batch's images one run each: no padding needed.
-        largest = max(settings.detect_batch_sizes)
-        self.detect_shapes = BatchShapes(settings.detect_batch_sizes if detector.batchable else range(1, largest + 1))
-        self._embed = partial(self.embed_shapes.run, embedder.embed)
-        self._detect = partial(self.detect_shapes.run, detector.infer)
+        # Both run at their own batch shapes (BatchShapes): a micro-batch is at most the largest.
+        self._embed, self._detect = embedder.embed, detector.infer
         self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
         self.embed_batcher = None
         self.detect_batchers: dict[int, MicroBatcher] = {}
         self._closing = threading.Event()
         self._warm_up_thread: threading.Thread | None = None
         if settings.batching:
-            self.embed_batcher = MicroBatcher(self._embed, self.embed_shapes.largest, settings.batch_wait_ms, metrics, "embedder")
+            self.embed_batcher = MicroBatcher(self._embed, embedder.shapes.largest, settings.batch_wait_ms, metrics, "embedder")
             self.detect_batchers = {
-                size: MicroBatcher(self._detect, self.detect_shapes.largest, settings.batch_wait_ms, metrics, "detector") for size in detector.sizes
+                size: MicroBatcher(self._detect, detector.shapes.largest, settings.batch_wait_ms, metrics, "detector") for size in detector.sizes
             }
 
     def describe(self) -> dict:
         """What /readyz reports of how requests are served."""
         return {
             "batching": self.embed_batcher is not None,
-            "embed_batch_sizes": list(self.embed_shapes.sizes),
-            "detect_batch_sizes": list(self._detector_run_sizes()),
+            "embed_batch_sizes": list(self.pipeline.require_embedder().shapes.sizes),
+            "detect_batch_sizes": list(self.pipeline.detector.shapes.sizes),
             "detect_image_sizes": list(self.pipeline.detector.sizes),
-            "detector_batched_in_graph": self.pipeline.detector.batchable,
             "worker_threads": self.workers,
             "cores": available_cores(),
         }
-
-    def _detector_run_sizes(self) -> tuple[int, ...]:
-        return self.detect_shapes.sizes if self.pipeline.detector.batchable else (1,)
 
     def start_warm_up(self, done: Callable[[str | None], None]) -> None:
         """Warm up in the background: /healthz answers meanwhile; close() waits for it, since a model
@@ -81,8 +72,8 @@ class Engine:
         Stops between shapes once close() was called (a start-up that failed after it began)."""
         started = time.perf_counter()
         detector, embedder = self.pipeline.detector, self.pipeline.require_embedder()
-        runs = [partial(detector.infer, np.zeros((n, size, size, 3), np.uint8)) for size in detector.sizes for n in self._detector_run_sizes()]
-        runs += [partial(embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8)) for n in self.embed_shapes.sizes]
+        runs = [partial(detector.infer, np.zeros((n, size, size, 3), np.uint8)) for size in detector.sizes for n in detector.shapes.sizes]
+        runs += [partial(embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8)) for n in embedder.shapes.sizes]
         try:
             for run in runs:
                 if self._closing.is_set():
@@ -92,7 +83,7 @@ class Engine:
             log.error("warm-up failed: %s", exc)
             done(f"{type(exc).__name__}: {exc}")
             return
-        log.info("warm-up done in %.1f s (embedder batches %s)", time.perf_counter() - started, list(self.embed_shapes.sizes))
+        log.info("warm-up done in %.1f s (embedder batches %s)", time.perf_counter() - started, list(embedder.shapes.sizes))
         done(None)
 
     def close(self) -> None:

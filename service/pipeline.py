@@ -51,8 +51,9 @@ class FacePipeline:
             nms_threshold=settings.det_nms_threshold,
             min_face_size=settings.min_face_size,
             sizes=tuple(settings.detect_sizes),
+            batch_sizes=settings.detect_batch_sizes,
         )
-        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, max(settings.batch_sizes)) if models.embedder else None
+        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, settings.batch_sizes) if models.embedder else None
 
     @classmethod
     def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:

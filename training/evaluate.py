@@ -83,7 +83,7 @@ class OnnxEmbedder:
         self.model = load_model(str(manifest_path), Path(manifest_path).parent, settings.model_cache, device=settings.device)
         self.alignment = self.model.manifest.alignment
         self.device = "cuda" if self.model.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-        self.raw = FaceEmbedder(self.model.manifest, self.model.session, batch_size).raw
+        self.raw = FaceEmbedder(self.model.manifest, self.model.session, [batch_size]).raw
 
 
 def torch_device(device: str = "auto") -> str:

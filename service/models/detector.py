@@ -3,12 +3,14 @@ serves the detector too. The output decoding is hand-written: no library exposes
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 import onnxruntime as ort
 
+from service.batch_shapes import BatchShapes
 from service.models.manifest import Manifest
 
 STRIDES = (8, 16, 32)
@@ -62,10 +64,12 @@ class FaceDetector:
         min_face_size: int = 20,
         top_k: int = 5000,
         sizes: tuple[int, ...] = (),
+        batch_sizes: Iterable[int] = (1,),
     ):
         """`sizes`: the square inputs an image may run at (multiples of the largest stride; few and
         fixed, so a GPU warms each shape once at start-up); a graph whose image size is fixed (or
-        could not be freed: service/models/rebatch.py) runs at its own."""
+        could not be freed: service/models/rebatch.py) runs at its own. `batch_sizes`: the only
+        batch sizes the session runs at (`BatchShapes`; YuNet as published fixes 1)."""
         self.manifest = manifest
         self.session = session
         self.score_threshold = score_threshold
@@ -79,8 +83,7 @@ class FaceDetector:
         self._grids = {size: self._grid(size) for size in self.sizes}
         # Where each output sits in an `infer` row of each size, and its width: computed once.
         self._layouts = {size: self._layout(size) for size in self.sizes}
-        # YuNet as published fixes batch 1; read once, not per run.
-        self.batchable = not isinstance(session.get_inputs()[0].shape[0], int)
+        self.shapes = BatchShapes.for_model(session.get_inputs()[0].shape[0], batch_sizes)
 
     @staticmethod
     def _grid(size: int) -> dict[int, np.ndarray]:
@@ -122,13 +125,13 @@ class FaceDetector:
 
     def infer(self, canvases: np.ndarray) -> np.ndarray:
         """N letterboxed BGR canvases of one size → N rows of the network's outputs, flattened and
-        packed (`_unpack` reads one back), so a micro-batcher can hand each image its own row."""
+        packed (`_unpack` reads one back), so a micro-batcher can hand each image its own row; run
+        at the detector's batch shapes."""
+        return self.shapes.run(self._run, canvases)
+
+    def _run(self, canvases: np.ndarray) -> np.ndarray:
         blob = np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
-        if self.batchable:
-            values = self.session.run(self.output_names, {self.input_name: blob})
-        else:
-            runs = [self.session.run(self.output_names, {self.input_name: one[None]}) for one in blob]
-            values = [np.concatenate(outs) for outs in zip(*runs, strict=True)]
+        values = self.session.run(self.output_names, {self.input_name: blob})
         return np.concatenate([v.reshape(len(blob), -1) for v in values], axis=1)
 
     def _unpack(self, row: np.ndarray, size: int) -> dict[str, np.ndarray]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import onnxruntime as ort
 
+from service.batch_shapes import BatchShapes
 from service.models.manifest import InputSpec, Manifest
 
 
@@ -39,16 +42,15 @@ def uses_io_binding(providers: list[str]) -> bool:
 
 
 class FaceEmbedder:
-    def __init__(self, manifest: Manifest, session: ort.InferenceSession, max_batch: int = 32):
+    def __init__(self, manifest: Manifest, session: ort.InferenceSession, batch_sizes: Iterable[int] = (32,)):
+        """`batch_sizes`: the only batch sizes the session runs at (`BatchShapes`)."""
         self.manifest = manifest
         self.session = session
         self.input_name = manifest.input.name
         self.output_name = manifest.outputs[0].name
         self.dim = manifest.embedding_dim
         self.size = (manifest.input.height, manifest.input.width)
-        # A model exported with a fixed batch axis is run one face at a time.
-        batch_axis = manifest.input.shape[0]
-        self.max_batch = max_batch if not isinstance(batch_axis, int) else batch_axis
+        self.shapes = BatchShapes.for_model(manifest.input.shape[0], batch_sizes)
         self.io_binding = uses_io_binding(session.get_providers())
 
     def embed(self, crops_rgb: np.ndarray) -> np.ndarray:
@@ -65,8 +67,7 @@ class FaceEmbedder:
         if len(crops_rgb) == 0:
             return np.zeros((0, self.dim), np.float32)
         run = self.run_bound if self.io_binding else self.run
-        out = [run(preprocess(crops_rgb[start : start + self.max_batch], self.manifest.input)) for start in range(0, len(crops_rgb), self.max_batch)]
-        return np.concatenate(out).astype(np.float32)
+        return self.shapes.run(lambda chunk: run(preprocess(chunk, self.manifest.input)), crops_rgb).astype(np.float32)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """One session run on an already preprocessed batch."""

@@ -11,6 +11,7 @@ import pytest
 
 from service.engine import Engine
 from service.metrics import Metrics
+from service.pipeline import FacePipeline
 
 
 class SpySession:
@@ -36,16 +37,18 @@ def _warm(engine: Engine) -> None:
     assert result == [None]
 
 
-@pytest.fixture
-def spied(pipeline):
+def _spied(settings) -> FacePipeline:
+    """A pipeline whose sessions record every input shape they are run at."""
+    pipeline = FacePipeline.from_settings(settings)
     pipeline.embedder.session = SpySession(pipeline.embedder.session)
     pipeline.detector.session = SpySession(pipeline.detector.session)
     return pipeline
 
 
 @pytest.mark.parametrize("batching", [True, False])
-def test_after_warm_up_no_new_input_shape_reaches_a_session(spied, settings, lfw_faces, two_faces_jpeg, batching):
+def test_after_warm_up_no_new_input_shape_reaches_a_session(settings, lfw_faces, two_faces_jpeg, batching):
     settings = settings.model_copy(update={"batch_sizes": [1, 2, 4, 8], "batching": batching, "batch_wait_ms": 5.0})
+    spied = _spied(settings)
     engine = Engine(settings, spied, Metrics())
     try:
         _warm(engine)

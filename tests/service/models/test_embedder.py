@@ -8,7 +8,7 @@ from tests.onnx_models import write_test_embedder
 
 def _embedder(tmp_path, **kw) -> FaceEmbedder:
     loaded = load_model(str(write_test_embedder(tmp_path, **kw)), tmp_path, tmp_path, device="cpu")
-    return FaceEmbedder(loaded.manifest, loaded.session, max_batch=4)
+    return FaceEmbedder(loaded.manifest, loaded.session, batch_sizes=[1, 4])
 
 
 def _crops(n, seed=0):
@@ -23,7 +23,7 @@ def test_embeddings_have_unit_norm(tmp_path):
 
 def test_batch_equals_singles_across_chunking(tmp_path):
     embedder = _embedder(tmp_path)
-    crops = _crops(11)  # 3 chunks of max_batch 4
+    crops = _crops(11)  # runs of 4, 4 and 3 padded to 4
     batched = embedder.embed(crops)
     singles = np.stack([embedder.embed(c)[0] for c in crops])
     assert np.allclose(batched, singles, atol=1e-5)
@@ -31,8 +31,18 @@ def test_batch_equals_singles_across_chunking(tmp_path):
 
 def test_fixed_batch_model_runs_one_at_a_time(tmp_path):
     embedder = _embedder(tmp_path, batch=1)
-    assert embedder.max_batch == 1
+    assert embedder.shapes.sizes == (1,)  # the configured [1, 4] give way to the graph's fixed batch
     assert embedder.embed(_crops(3)).shape == (3, 64)
+
+
+def test_the_session_only_sees_its_batch_shapes(tmp_path):
+    """Every run is at one of the configured sizes, whoever calls: the service's engine, the CLI or
+    training's evaluation (one place decides, so a GPU only meets shapes it warmed)."""
+    embedder = _embedder(tmp_path)
+    seen, run = [], embedder.run
+    embedder.run = lambda batch: seen.append(len(batch)) or run(batch)
+    assert embedder.embed(_crops(11)).shape == (11, 64)
+    assert seen == [4, 4, 4]
 
 
 def test_empty_input_gives_empty_output(tmp_path):
