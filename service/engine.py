@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +21,7 @@ from service.budget import PixelBudget
 from service.cores import available_cores
 from service.decode import Probe
 from service.metrics import Metrics
-from service.models.detector import Face
-from service.pipeline import EmbeddedFace, FacePipeline, FacePolicy, FoundFace
+from service.pipeline import Detect, EmbeddedFace, FacePipeline, FacePolicy, Steps, advance
 from service.settings import Settings
 
 log = logging.getLogger("facegate.engine")
@@ -108,27 +107,15 @@ class Engine:
             return await asyncio.wrap_future(self.embed_batcher.submit(crops))
         return await self._run(self._embed_now, crops)
 
-    def _prepare(self, data: bytes, aligned: bool) -> tuple[np.ndarray, np.ndarray | None, float]:
-        """Decode (a large JPEG reduced) and, unless aligned, letterbox to the detector's input size
-        for it, on a worker thread."""
-        image = self.pipeline.decode(data, reduced=True)
-        if aligned:
-            return image, None, 1.0
-        canvas, scale = self.pipeline.detector.letterbox(image)
-        return image, canvas, scale
-
     async def _detect_row(self, canvas: np.ndarray) -> np.ndarray:
         if self.detect_batchers:
             return (await asyncio.wrap_future(self.detect_batchers[len(canvas)].submit(canvas[None])))[0]
         return (await self._run(self._detect, canvas[None]))[0]
 
-    def _select(self, image: np.ndarray, row: np.ndarray, size: int, scale: float, sent: Probe, policy: FacePolicy, chips: bool) -> list[FoundFace]:
-        """Detections in the pixels of the image as sent (FACEGATE_MIN_FACE_SIZE and the answer's
-        boxes and landmarks), aligned on the pixels decoded."""
-        r = sent.reduction
-        faces: list[Face] = self.pipeline.detector.faces(row, size, scale / r, _sent_size(image, sent))
-        found = self.pipeline.find_faces(image, False, policy, chips, faces=[f.scaled(1 / r) for f in faces])
-        return [replace(f, face=f.face.scaled(r)) for f in found]
+    def _start(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> tuple[Steps, tuple[bool, Any]]:
+        """Decode (a large JPEG reduced) and run the steps up to their first model run, on a worker thread."""
+        steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True), aligned, policy, chips, sent)
+        return steps, advance(steps)
 
     async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
         """The image's faces with their embeddings, largest first (and their chips, when asked). The
@@ -138,18 +125,10 @@ class Engine:
             return await self._faces(data, sent, aligned, policy, chips)
 
     async def _faces(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> list[EmbeddedFace]:
-        image, canvas, scale = await self._run(self._prepare, data, aligned)
-        if aligned:
-            found = await self._run(self.pipeline.find_faces, image, True, policy, chips)
-        else:
-            row = await self._detect_row(canvas)
-            found = await self._run(self._select, image, row, len(canvas), scale, sent, policy, chips)
-        embeddings = await self.embed_crops(np.stack([f.crop for f in found]))
-        return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
-
-
-def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:
-    """(height, width) of the image as sent, after EXIF orientation, from its reduced decode."""
-    h, w = image.shape[:2]
-    upright = (h, w) == (-(-sent.height // sent.reduction), -(-sent.width // sent.reduction))
-    return (sent.height, sent.width) if upright else (sent.width, sent.height)
+        """The async driver of the pipeline's steps: model runs through the micro-batchers, the
+        work between them on the thread pool."""
+        steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips)
+        while not done:
+            result = await (self._detect_row(request.canvas) if isinstance(request, Detect) else self.embed_crops(request.crops))
+            done, request = await self._run(advance, steps, result)
+        return request

@@ -1,11 +1,14 @@
-"""decode → detect → align → embed over an already-loaded model set; the service's engine and the
-CLI (and training's alignment) all run faces through it."""
+"""decode → detect → align → embed over an already-loaded model set, orchestrated once (`steps`):
+the CLI, training's evaluation and the service's engine all run faces through it. The steps hand
+each model run to their driver, so the sync driver here runs the models in place and the engine's
+async one runs them through its micro-batchers, with everything between on its thread pool."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -36,6 +39,39 @@ class FoundFace:
 @dataclass(frozen=True)
 class EmbeddedFace(FoundFace):
     embedding: np.ndarray
+
+
+@dataclass(frozen=True)
+class Detect:
+    """A detector run the steps ask of their driver: one letterboxed canvas → its output row."""
+
+    canvas: np.ndarray
+
+
+@dataclass(frozen=True)
+class Embed:
+    """An embedder run the steps ask of their driver: aligned crops → their embeddings."""
+
+    crops: np.ndarray
+
+
+Steps = Generator[Detect | Embed, np.ndarray, list[EmbeddedFace]]
+
+
+def advance(steps: Steps, result: np.ndarray | None = None) -> tuple[bool, Any]:
+    """Resume the steps with a model's result: (False, the next model run) or (True, the faces).
+    StopIteration stays inside, since it cannot cross a thread pool's future."""
+    try:
+        return False, steps.send(result)  # type: ignore[arg-type]  # a fresh generator takes None
+    except StopIteration as done:
+        return True, done.value
+
+
+def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:
+    """(height, width) of the image as sent, after EXIF orientation, from its reduced decode."""
+    h, w = image.shape[:2]
+    upright = (h, w) == (-(-sent.height // sent.reduction), -(-sent.width // sent.reduction))
+    return (sent.height, sent.width) if upright else (sent.width, sent.height)
 
 
 class FacePipeline:
@@ -101,19 +137,41 @@ class FacePipeline:
             raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
         return image_bgr[..., ::-1][None]
 
-    def find_faces(
-        self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False, faces: list[Face] | None = None
-    ) -> list[FoundFace]:
-        """The faces to embed, largest first, each with its aligned RGB crop.
+    def steps(self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False, sent: Probe | None = None) -> Steps:
+        """The one orchestration: letterbox → detect → select and align → embed, yielding each model
+        run to the driver (`run` here, the engine's micro-batchers in the service). The faces come
+        largest first, each with its aligned RGB crop and embedding.
 
         policy: `largest` (one face), `reject_multiple` (one face, else MultipleFaces) or `all`.
         chips: also cut each face's FaceChip (a loose chip; an aligned upload is its own chip).
-        faces: the image's detections when they were already run (the engine batches detection).
+        sent: the probe of a reduced decode (a large JPEG): faces are then reported, and
+        FACEGATE_MIN_FACE_SIZE applied, in the pixels of the image as sent.
         """
         if aligned:
             crop = self.aligned_crop(image_bgr)[0]
-            return [FoundFace(None, crop, template_chip(crop, self.template) if chips else None)]
-        faces = self.detect(image_bgr) if faces is None else faces
+            found = [FoundFace(None, crop, template_chip(crop, self.template) if chips else None)]
+        else:
+            canvas, scale = self.detector.letterbox(image_bgr)
+            row = yield Detect(canvas)
+            found = self._select(image_bgr, row, len(canvas), scale, sent, policy, chips)
+        embeddings = yield Embed(np.stack([f.crop for f in found]))
+        return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
+
+    def run(self, steps: Steps) -> list[EmbeddedFace]:
+        """The sync driver: each model run in place, in this thread."""
+        done, request = advance(steps)
+        while not done:
+            result = self.detector.infer(request.canvas[None])[0] if isinstance(request, Detect) else self.require_embedder().embed(request.crops)
+            done, request = advance(steps, result)
+        return request
+
+    def _select(
+        self, image_bgr: np.ndarray, row: np.ndarray, size: int, scale: float, sent: Probe | None, policy: FacePolicy, chips: bool
+    ) -> list[FoundFace]:
+        """A detector row → the faces the policy keeps, aligned on the pixels decoded; their
+        detections in the pixels of the image as sent."""
+        r = sent.reduction if sent else 1
+        faces = self.detector.faces(row, size, scale / r, _sent_size(image_bgr, sent) if sent else image_bgr.shape[:2])
         if not faces:
             raise NoFace("no face was found in the image")
         if policy == "reject_multiple" and len(faces) > 1:
@@ -122,16 +180,16 @@ class FacePipeline:
             faces = faces[:1]
         elif len(faces) > self.settings.max_faces:
             raise TooManyFaces(f"{len(faces)} faces were found; at most {self.settings.max_faces} per image are embedded (FACEGATE_MAX_FACES)")
+        decoded = [f.scaled(1 / r) for f in faces] if r != 1 else faces
         return [
-            FoundFace(face, crop, loose_chip(image_bgr, face.landmarks) if chips else None) for face, crop in zip(faces, self.align(image_bgr, faces), strict=True)
+            FoundFace(face, crop, loose_chip(image_bgr, seen.landmarks) if chips else None)
+            for face, seen, crop in zip(faces, decoded, self.align(image_bgr, decoded), strict=True)
         ]
 
     def embed_image(self, image_bgr: np.ndarray, aligned: bool = False, all_faces: bool = True) -> list[EmbeddedFace]:
         """Every face of an image (largest first), or only the largest when all_faces is False."""
-        embedder = self.require_embedder()
-        found = self.find_faces(image_bgr, aligned, "all" if all_faces else "largest")
-        embeddings = embedder.embed(np.stack([f.crop for f in found]))
-        return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
+        self.require_embedder()
+        return self.run(self.steps(image_bgr, aligned, "all" if all_faces else "largest"))
 
     def embed_file(self, path: Path, aligned: bool = False) -> EmbeddedFace:
         """The largest face of an image file (CLI helper)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import cv2
 import numpy as np
 import pytest
 
@@ -97,6 +98,33 @@ def test_batched_detection_finds_what_the_per_image_path_finds(pipeline, setting
                 np.testing.assert_allclose(got.face.landmarks, want.landmarks, atol=1e-4)
                 assert got.face.score == pytest.approx(want.score, abs=1e-5)
                 np.testing.assert_array_equal(got.crop, pipeline.align(pipeline.decode(image), [want])[0])
+    finally:
+        engine.close()
+
+
+def test_the_engine_and_the_sync_driver_run_one_orchestration(pipeline, settings, lfw_faces, two_faces_jpeg):
+    """The engine drives the pipeline's steps through its micro-batchers; the CLI and training drive
+    the same steps in place: the same faces, crops and embeddings, and the same error for a photo
+    without a face."""
+    from service.errors import NoFace
+
+    engine = Engine(settings, pipeline, Metrics())
+    images = [lfw_faces["Tony_Blair"][0], two_faces_jpeg]
+    try:
+        _warm(engine)
+        for image in images:
+            served = asyncio.run(engine.faces(image, policy="all"))
+            direct = pipeline.embed_image(pipeline.decode(image))
+            assert len(served) == len(direct) == (2 if image is two_faces_jpeg else 1)
+            for a, b in zip(served, direct, strict=True):
+                np.testing.assert_array_equal(a.crop, b.crop)
+                np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-5)
+                np.testing.assert_allclose(a.face.landmarks, b.face.landmarks, atol=1e-4)
+        blank = cv2.imencode(".png", np.full((200, 200, 3), 127, np.uint8))[1].tobytes()
+        with pytest.raises(NoFace):
+            asyncio.run(engine.faces(blank))
+        with pytest.raises(NoFace):
+            pipeline.embed_image(pipeline.decode(blank))
     finally:
         engine.close()
 
