@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -96,7 +97,7 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def load_config(path: Path | None, overrides: list[str] = (), base: dict | None = None) -> TrainConfig:
+def load_config(path: Path | None, overrides: Sequence[str] = (), base: dict | None = None) -> TrainConfig:
     """YAML file (or `base`) + `key=value` overrides → a validated config."""
     tree = dict(base or {})
     if path is not None:

@@ -7,8 +7,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from service.console import console, fail
+from service.errors import ModelError
+from service.settings import get_settings
 
 
 def calibrate(
@@ -17,14 +20,11 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option(help="Print the thresholds without writing them into the manifest.")] = False,
 ) -> None:
     """Cosine thresholds for FAR 1e-2 … 1e-5 from impostor pairs of unseen identities, into the manifest."""
-    from rich.table import Table
-
-    from service.errors import ModelError
     from training.calibrate import calibrate as run
 
     manifest_path = model.with_suffix(".json")
     try:
-        result, origin = run(manifest_path, data, write=not dry_run)
+        result, origin = run(manifest_path, get_settings(), data, write=not dry_run)
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)
     table = Table("FAR", "threshold", "realized FAR", "TAR", title=f"{result.identities} identities, {result.images} images: "

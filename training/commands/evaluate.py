@@ -9,6 +9,10 @@ from typing import Annotated
 import typer
 
 from service.console import fail
+from service.errors import ModelError
+from service.models.manifest import Manifest
+from service.pipeline import FacePipeline
+from service.settings import get_settings
 
 
 def eval_(
@@ -31,16 +35,13 @@ def eval_(
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
         fail("give exactly one of: --pairs with --images, --bin, --csv")
     cache = cache.expanduser()
-    embedder, kind = load_embedder(model, device)
+    settings = get_settings()
+    embedder, kind = load_embedder(model, settings, device)
     if bin_ is not None:
         vset = load_bin(bin_)
     else:
-        from service.errors import ModelError
-        from service.pipeline import FacePipeline
-        from service.settings import get_settings
-
         try:
-            pipeline = FacePipeline.from_settings(get_settings(), require_embedder=False)
+            pipeline = FacePipeline.from_settings(settings, require_embedder=False)
         except ModelError as exc:
             fail(exc)
         template = embedder.alignment
@@ -52,8 +53,6 @@ def eval_(
     metrics = evaluate(embedder, vset, roc, thresholds, progress=progress)
     results = {"model": str(model), "kind": kind, **metrics}
     if record:
-        from service.models.manifest import Manifest
-
         manifest_path = model.with_suffix(".json")
         manifest = Manifest.load(manifest_path)
         manifest.metrics = {**manifest.metrics, **metrics}

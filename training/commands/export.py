@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from service.console import console, fail
+from service.settings import get_settings
 
 
 def export(
@@ -42,7 +43,7 @@ def export(
     license = {"name": license_name, **({"terms": license_terms} if license_terms else {})}
     metrics = json.loads(eval_.read_text()) if eval_ else None
     try:
-        manifest = run(checkpoint, out, fp16=fp16, input_format=input_format, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
+        manifest = run(checkpoint, out, get_settings(), fp16=fp16, input_format=input_format, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
     except ExportError as exc:
         fail(exc)
     console.print(f"[green]ok[/green] {out} (parity cosine ≥ {manifest.provenance['export']['parity_min_cosine']}) + {out.with_suffix('.json')}")

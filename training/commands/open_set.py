@@ -7,9 +7,16 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
+from rich.table import Table
 
 from service.console import console, fail
+from service.errors import ModelError
+from service.models.cohort import Cohort
+from service.pipeline import FacePipeline
+from service.settings import get_settings
+from training.identification import det_png, protocol, report
 
 
 def eval_open_set(
@@ -36,19 +43,11 @@ def eval_open_set(
 ) -> None:
     """Enroll `enroll` photos of each person who has more, probe with the next photo and with the
     people who have fewer: DIR at FPIR 1e-1/1e-2/1e-3 and the realized FPIR at FACEGATE_DEFAULT_FPIR."""
-    import numpy as np
-    from rich.table import Table
-
-    from service.errors import ModelError
-    from service.models.cohort import Cohort
-    from service.pipeline import FacePipeline
-    from service.settings import get_settings
     from training.evaluate import OnnxEmbedder, cached_crops
-    from training.identification import det_png, protocol, report
 
     settings = get_settings()
     try:
-        embedder = OnnxEmbedder(model.with_suffix(".json"))
+        embedder = OnnxEmbedder(model.with_suffix(".json"), settings)
         pipeline = FacePipeline.from_settings(settings, require_embedder=False)
         p = protocol(images, enroll, strangers)
         normalizer = Cohort.load(cohort, embedder.model.manifest) if cohort else None
