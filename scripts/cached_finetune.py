@@ -56,7 +56,9 @@ def build_cache(
     source = open_source(cfg.data.train, prep.size)
     model = build_backbone(cfg.backbone, cfg.embedding_dim, settings, **cfg.backbone_params).eval()
     if not hasattr(model, "prefix") or stop < 1:
-        raise ValueError(f"a prefix cache needs finetune.freeze_stages ≥ 1 on a backbone with `prefix` (dlib_resnet_v1), not {cfg.backbone}")
+        raise ValueError(
+            f"a prefix cache needs finetune.freeze_stages ≥ 1 on a backbone with `prefix` (dlib_resnet_v1), not {cfg.backbone}"
+        )
     key, meta_path, path = _cache_key(cfg, len(source)), cache_dir / "meta.json", cache_dir / "features.npy"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
     if meta is not None and meta["key"] != key:
@@ -135,9 +137,14 @@ class CachedRun:
             "head": self.criterion.head.state_dict(),
             "optimizers": [o.state_dict() for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
-            "step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch,
-            "best": self.best, "seconds": self.seconds, "rng": torch.get_rng_state(),
-            "num_classes": self.num_classes, "world_size": 1,
+            "step": self.step,
+            "epoch": self.epoch,
+            "micro_in_epoch": self.micro_in_epoch,
+            "best": self.best,
+            "seconds": self.seconds,
+            "rng": torch.get_rng_state(),
+            "num_classes": self.num_classes,
+            "world_size": 1,
             "config": self.cfg.model_dump(mode="json"),
         }
 
@@ -177,8 +184,15 @@ class CachedRun:
         """Held-out identities' pairs, 10-fold, with and without flip-TTA (as `Trainer.validate`)."""
         was = self.backbone.training
         self.backbone.eval()
-        raw = [torch.cat([self._forward(self.val_used[i : i + 512], np.full(len(self.val_used[i : i + 512]), m))
-                          for i in range(0, len(self.val_used), 512)]).numpy() for m in (0, 1)]
+        raw = [
+            torch.cat(
+                [
+                    self._forward(self.val_used[i : i + 512], np.full(len(self.val_used[i : i + 512]), m))
+                    for i in range(0, len(self.val_used), 512)
+                ]
+            ).numpy()
+            for m in (0, 1)
+        ]
         self.backbone.train(was)
         out = {}
         for key, e in (("no_flip", raw[0]), ("flip", raw[0] + raw[1])):
@@ -205,7 +219,7 @@ class CachedRun:
                 losses.append(self.train_step(rows, mirror))
                 self.micro_in_epoch += 1
                 if self.step % cfg.log_every == 0 and progress:
-                    console.print(f"step {self.step}/{end} loss {np.mean(losses[-cfg.log_every:]):.4f}")
+                    console.print(f"step {self.step}/{end} loss {np.mean(losses[-cfg.log_every :]):.4f}")
                 if self.step >= end or self.step % cfg.checkpoint_every == 0 or self.step % cfg.val_every == 0:
                     break
             else:
@@ -222,6 +236,11 @@ class CachedRun:
                 if progress:
                     console.print(f"step {self.step}: held-out accuracy {metrics['flip']['accuracy']:.4f} (flip)")
             save_checkpoint(self.state(), out / "last.pt")
-        result = {"step": self.step, "total_steps": self.total_steps, "train_seconds": round(self.seconds, 1), "best_flip_accuracy": self.best}
+        result = {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "train_seconds": round(self.seconds, 1),
+            "best_flip_accuracy": self.best,
+        }
         _write_json(out / "result.json", result)
         return result

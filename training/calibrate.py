@@ -109,7 +109,9 @@ def _blocks(e: np.ndarray, chunk: int):
         yield start, rows, rows @ e[start + 1 :].T, later  # row r pairs with every later image: columns start+1 …
 
 
-def same_person_pairs(embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024) -> tuple[list[tuple[int, int]], dict[str, int]]:
+def same_person_pairs(
+    embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024
+) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """(label pairs, report): identity pairs at least SAME_PERSON_SHARE of whose cross pairs reach
     the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines."""
     labels = np.asarray(labels)
@@ -156,7 +158,9 @@ def far_curve(impostor: np.ndarray) -> dict:
             threshold = points[-1][1]
         points.append((float(f"{far:.6g}"), threshold))
     if len(points) < 2:
-        raise ValueError(f"{n} impostor pairs are too few for a FAR curve (it needs at least {math.ceil(10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR)})")
+        raise ValueError(
+            f"{n} impostor pairs are too few for a FAR curve (it needs at least {math.ceil(10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR)})"
+        )
     k = min(TAIL_SCORES, top_count - 1)
     base = float(top[k])  # k scores lie above it: its FAR is k / n
     slope = float(np.mean(top[:k] - base)) * math.log(10)  # threshold per decade of FAR

@@ -125,7 +125,13 @@ def embed(embedder: Embedder, crops: np.ndarray, flip: bool, advance=None) -> np
     return l2_normalize(np.concatenate(out))
 
 
-def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None, progress: bool = False) -> dict:
+def evaluate(
+    embedder: Embedder,
+    vset: VerificationSet,
+    roc_png: Path | None = None,
+    thresholds: dict[str, float] | None = None,
+    progress: bool = False,
+) -> dict:
     """10-fold metrics with and without flip-TTA; with `thresholds` (a manifest's FAR → cosine), also
     the FAR and TAR those thresholds realize here. `progress` shows a bar over the forward passes."""
     results = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks, "device": embedder.device}
@@ -220,7 +226,9 @@ def read_lfw_pairs(pairs_txt: Path) -> tuple[list[tuple[str, int, str, int]], np
     return pairs, np.array(issame), folds
 
 
-def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT, progress: bool = False) -> VerificationSet:
+def load_lfw(
+    pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT, progress: bool = False
+) -> VerificationSet:
     pairs, issame, folds = read_lfw_pairs(pairs_txt)
     names = sorted({(n, i) for a, ia, b, ib in pairs for n, i in ((a, ia), (b, ib))})
     position = {k: j for j, k in enumerate(names)}
@@ -249,7 +257,9 @@ def load_bin(path: Path, n_folds: int = 10) -> VerificationSet:
     return VerificationSet(Path(path).stem, np.stack(crops), pairs, np.array(issame, bool), folds)
 
 
-def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT, progress: bool = False) -> VerificationSet:
+def load_csv(
+    path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT, progress: bool = False
+) -> VerificationSet:
     """A CSV with columns path1,path2,issame (paths relative to the CSV; issame 1/0/true/false)."""
     root = Path(path).parent
     with open(path, newline="") as fh:

@@ -71,7 +71,12 @@ def base_model(backbone: str, models_dir: Path) -> dict | None:
         return None
     m = Manifest.load(manifest_path(IMPORTED_INPUT[backbone], models_dir))
     source = m.file.source
-    return {"name": m.name, "version": m.version, "weights_sha256": source.weights_sha256 if source else m.file.sha256, "license": m.license}
+    return {
+        "name": m.name,
+        "version": m.version,
+        "weights_sha256": source.weights_sha256 if source else m.file.sha256,
+        "license": m.license,
+    }
 
 
 def combined_license(data: dict[str, str], base: dict) -> dict[str, str]:
@@ -86,7 +91,9 @@ def combined_license(data: dict[str, str], base: dict) -> dict[str, str]:
 def git_commit() -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         return f"{sha}{'-dirty' if dirty else ''}"
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -63,7 +63,9 @@ def lr_factor(cfg: TrainConfig, total_steps: int):
     return factor
 
 
-def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr_scale: float = 1.0, weight_decay: float | None = None) -> torch.optim.Optimizer:
+def make_optimizer(
+    cfg: TrainConfig, params: list[nn.Parameter], lr_scale: float = 1.0, weight_decay: float | None = None
+) -> torch.optim.Optimizer:
     o = cfg.optim
     params = [p for p in params if p.requires_grad]
     lr, wd = o.lr * lr_scale, o.weight_decay if weight_decay is None else weight_decay
@@ -85,8 +87,9 @@ def make_optimizers(cfg: TrainConfig, backbone: nn.Module, criterion: nn.Module,
     return optimizers, [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
 
 
-def optimizer_step(cfg: TrainConfig, optimizers: list, schedulers: list, modules: list[nn.Module], head_only: bool,
-                   scaler: torch.amp.GradScaler) -> None:
+def optimizer_step(
+    cfg: TrainConfig, optimizers: list, schedulers: list, modules: list[nn.Module], head_only: bool, scaler: torch.amp.GradScaler
+) -> None:
     """The end of a step, after backward: clip (each module's own norm), step (the head's optimizer
     only during a head-only warm-up), zero the gradients, advance every schedule."""
     stepped = optimizers[1:] if head_only else optimizers
@@ -168,10 +171,15 @@ class Trainer:
         if cfg.data.val_bin is not None and self.env.main:
             self.val_set = load_bin(cfg.data.val_bin)
         self.dataset = FaceDataset(source, cfg.data.augment, self.preprocessing)
-        held_out = "no validation (data.val_fraction 0)" if self.val_set is None else (
-            f"validation: {len(self.val_set.issame)} pairs of {self.val_set.name} every {cfg.val_every} steps")
-        self.summary = (f"data: {len(source)} images of {len(set(source.labels.tolist()))} identities from {cfg.data.train}; "
-                        f"{held_out}; {cfg.steps} steps of {cfg.batch_size}")
+        held_out = (
+            "no validation (data.val_fraction 0)"
+            if self.val_set is None
+            else (f"validation: {len(self.val_set.issame)} pairs of {self.val_set.name} every {cfg.val_every} steps")
+        )
+        self.summary = (
+            f"data: {len(source)} images of {len(set(source.labels.tolist()))} identities from {cfg.data.train}; "
+            f"{held_out}; {cfg.steps} steps of {cfg.batch_size}"
+        )
         self.num_classes = num_classes
         e, device = self.env, self.env.device
 
@@ -213,7 +221,7 @@ class Trainer:
         return {
             "backbone": self.backbone_module.state_dict(),
             "head": None if self.cfg.head.sharded else self.criterion_module.head.state_dict(),
-            "optimizers": [o.state_dict() for o in self.optimizers[:1 if self.cfg.head.sharded else None]],
+            "optimizers": [o.state_dict() for o in self.optimizers[: 1 if self.cfg.head.sharded else None]],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scaler": self.scaler.state_dict(),
             "step": self.step,
@@ -366,8 +374,11 @@ class Trainer:
                         writer.add_scalar("train/samples_per_s", bar.rate, self.step)
                         if scale is not None:
                             writer.add_scalar("train/head_scale", scale, self.step)
-                        bar.log(f"step {self.step}/{end} loss {loss:.4f} lr {lr:.4g} acc {stats['accuracy']:.3f} "
-                                f"θy {stats['theta_y']:.1f}° ‖x‖ {stats['feature_norm']:.2f} {bar.rate:.1f} samples/s, ETA {bar.eta(end - self.step)}")
+                        bar.log(
+                            f"step {self.step}/{end} loss {loss:.4f} lr {lr:.4g} acc {stats['accuracy']:.3f} "
+                            f"θy {stats['theta_y']:.1f}° ‖x‖ {stats['feature_norm']:.2f} {bar.rate:.1f} "
+                            f"samples/s, ETA {bar.eta(end - self.step)}"
+                        )
                 if cfg.val_every and self.step % cfg.val_every == 0 or self.step == end:
                     accuracy = self._validate_and_keep_best(writer, out)
                     if accuracy is not None:
@@ -418,8 +429,12 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.progress = Progress(
-                TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
-                TextColumn("{task.fields[rate]:.1f} samples/s"), TimeRemainingColumn(),
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[rate]:.1f} samples/s"),
+                TimeRemainingColumn(),
             )
             self.task = self.progress.add_task("train", total=total, completed=done, loss=float("nan"), rate=0.0)
 

@@ -17,7 +17,9 @@ def align(
     src: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Raw photos: SRC/<identity>/*.jpg")],
     dst: Annotated[Path, typer.Argument(file_okay=False, help="Aligned crops: DST/<identity>/*.jpg")],
     workers: Annotated[int, typer.Option(help="Worker processes, each with its own detector.")] = 2,
-    template: Annotated[str, typer.Option(help="Alignment template (a manifest's `alignment`): arcface_112 (112×112, training's) or dlib_150.")] = "arcface_112",
+    template: Annotated[
+        str, typer.Option(help="Alignment template (a manifest's `alignment`): arcface_112 (112×112, training's) or dlib_150.")
+    ] = "arcface_112",
 ) -> None:
     """Detect, align and crop the largest face of every photo, as the service does (resumable)."""
     if template not in TEMPLATES:

@@ -16,7 +16,9 @@ from service.settings import get_settings
 
 
 def eval_(
-    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A checkpoint (.pt) or an exported model's manifest (.json/.onnx).")],
+    model: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="A checkpoint (.pt) or an exported model's manifest (.json/.onnx).")
+    ],
     pairs: Annotated[Path | None, typer.Option(help="LFW-layout pairs.txt (with --images).")] = None,
     images: Annotated[Path | None, typer.Option(help="LFW-layout image folder: NAME/NAME_0001.jpg.")] = None,
     bin_: Annotated[Path | None, typer.Option("--bin", help="InsightFace verification .bin.")] = None,
@@ -25,7 +27,12 @@ def eval_(
     roc: Annotated[Path | None, typer.Option(help="ROC curve PNG.")] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned evaluation crops.")] = Path("~/.cache/facegate/eval"),
     record: Annotated[bool, typer.Option(help="Store the results in the exported model's manifest metrics.")] = False,
-    device: Annotated[str, typer.Option(help="A checkpoint's torch device: auto (CUDA when present), cpu, cuda, cuda:N. An exported model follows FACEGATE_DEVICE.")] = "auto",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="A checkpoint's torch device: auto (CUDA when present), cpu, cuda, cuda:N. An exported model follows FACEGATE_DEVICE."
+        ),
+    ] = "auto",
     progress: Annotated[bool, typer.Option(help="Progress bar on stderr.")] = True,
 ) -> None:
     """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
@@ -45,8 +52,11 @@ def eval_(
         except ModelError as exc:
             fail(exc)
         template = embedder.alignment
-        vset = (load_lfw(pairs, images, pipeline, cache, template=template, progress=progress) if pairs
-                else load_csv(csv, pipeline, cache, template=template, progress=progress))
+        vset = (
+            load_lfw(pairs, images, pipeline, cache, template=template, progress=progress)
+            if pairs
+            else load_csv(csv, pipeline, cache, template=template, progress=progress)
+        )
     if record and kind != "onnx":
         fail("--record needs an exported model (its .json manifest)")
     thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None

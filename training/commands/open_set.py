@@ -59,13 +59,33 @@ def eval_open_set(
         raw = embedder.raw(crops)
         return raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
 
-    result = {"model": str(model), "images": str(images), **report(embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer)}
-    table = Table("fpir", "threshold", "per-comparison FAR", "realized FPIR", "DIR", "oracle DIR",
-                  title=f"{result['score']} scores; {result['enrolled_subjects']} enrolled ({result['gallery_faces']} faces), {result['known_probes']} known probes, "
-                  f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}")
+    result = {
+        "model": str(model),
+        "images": str(images),
+        **report(embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer),
+    }
+    table = Table(
+        "fpir",
+        "threshold",
+        "per-comparison FAR",
+        "realized FPIR",
+        "DIR",
+        "oracle DIR",
+        title=(
+            f"{result['score']} scores; {result['enrolled_subjects']} enrolled "
+            f"({result['gallery_faces']} faces), {result['known_probes']} known probes, "
+            f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}"
+        ),
+    )
     for row in result["rows"]:
-        table.add_row(f"{row['fpir']:g}" + (" (default)" if row["default"] else ""), f"{row['threshold']:.6f}",
-                      row["far"] + (" (tail)" if row["extrapolated"] else ""), f"{row['realized_fpir']:.4f}", f"{row['dir']:.4f}", f"{row['oracle_dir']:.4f}")
+        table.add_row(
+            f"{row['fpir']:g}" + (" (default)" if row["default"] else ""),
+            f"{row['threshold']:.6f}",
+            row["far"] + (" (tail)" if row["extrapolated"] else ""),
+            f"{row['realized_fpir']:.4f}",
+            f"{row['dir']:.4f}",
+            f"{row['oracle_dir']:.4f}",
+        )
     console.print(table)
     if det is not None:
         det_png(result, det, f"{embedder.model.manifest.name} on {images.name}: open set, enrolled by {enroll}")
