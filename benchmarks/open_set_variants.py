@@ -36,8 +36,9 @@ def embeddings(images: Path, cache: Path | None) -> tuple[np.ndarray, np.ndarray
     from training.evaluate import OnnxEmbedder, align_images
 
     paths = sorted(p for d in sorted(images.iterdir()) if d.is_dir() for p in sorted(d.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
-    embedder = OnnxEmbedder(Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json")
-    crops, _ = align_images(paths, FacePipeline.from_settings(get_settings(), require_embedder=False), embedder.alignment)
+    settings = get_settings()
+    embedder = OnnxEmbedder(Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json", settings)
+    crops, _ = align_images(paths, FacePipeline.from_settings(settings, require_embedder=False), embedder.alignment)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     emb, flip = unit(embedder.raw(crops)), unit(embedder.raw(np.ascontiguousarray(crops[:, :, ::-1])))
     labels = np.array([p.parent.name for p in paths])

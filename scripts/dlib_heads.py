@@ -18,6 +18,10 @@ import platform
 from pathlib import Path
 
 import torch
+from cached_finetune import CachedRun, build_cache  # beside this script (its sys.path[0])
+
+from service.settings import get_settings
+from training.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "dlib-finetune.yaml"
@@ -36,35 +40,30 @@ HEADS = {
 
 
 def config(stages: int, overrides: list[str] = ()):
-    from training.config import load_config
-
     return load_config(CONFIG, [f"finetune.freeze_stages={stages}", *overrides])
 
 
 def cache(work: Path, stages: list[int]) -> None:
-    from training.cached_finetune import build_cache
-
     previous = None
     for k in sorted(stages):
-        build_cache(config(k), work / f"cache-k{k}", from_cache=previous)
+        build_cache(config(k), get_settings(), work / f"cache-k{k}", from_cache=previous)
         previous = work / f"cache-k{k}"
 
 
 def run(work: Path, stages: int, only: list[str], overrides: list[str]) -> None:
-    from training.cached_finetune import CachedRun
-
+    settings = get_settings()
     cache_dir = work / f"cache-k{stages}"
     baseline = work / "runs" / "import" / "best.json"
     if not baseline.is_file():  # the imported model, untouched, on the same held-out pairs
         baseline.parent.mkdir(parents=True, exist_ok=True)
-        baseline.write_text(json.dumps({"step": 0, **CachedRun(config(stages, overrides), cache_dir).validate()}, indent=2) + "\n")
+        baseline.write_text(json.dumps({"step": 0, **CachedRun(config(stages, overrides), settings, cache_dir).validate()}, indent=2) + "\n")
     for label, (head, params) in HEADS.items():
         if only and label not in only:
             continue
         cfg = config(stages, [f"head.name={head}", f"head.params={json.dumps(params)}", *overrides])
         out = work / "runs" / label
         print(f"== {label}: {cfg.head.name} {cfg.head.params}", flush=True)
-        CachedRun(cfg, cache_dir).run(out)
+        CachedRun(cfg, settings, cache_dir).run(out)
 
 
 def _rows(work: Path) -> list[tuple[str, dict, dict]]:

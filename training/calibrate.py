@@ -24,6 +24,7 @@ look-alikes: among the default model's 3,441 training identities it left out 120
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,9 @@ import numpy as np
 from service.models.cohort import as_norm
 from service.models.embedder import l2_normalize
 from service.models.manifest import FarCurve, Manifest, far_key
+from service.settings import Settings
+from training.config import TrainConfig
+from training.evaluate import OnnxEmbedder
 from training.verification import FARS
 
 MIN_FALSE_ACCEPTS = 10
@@ -74,7 +78,7 @@ def pair_scores(
     labels: np.ndarray,
     chunk: int = 1024,
     stats: tuple[np.ndarray, np.ndarray] | None = None,
-    one_person: list[tuple[int, int]] = (),
+    one_person: Sequence[tuple[int, int]] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every unordered pair of unit embeddings → (genuine scores, impostor scores), a block of rows
     at a time so that 20,000 images (200M pairs) need the scores' memory, not an N×N matrix's.
@@ -105,7 +109,9 @@ def _blocks(e: np.ndarray, chunk: int):
         yield start, rows, rows @ e[start + 1 :].T, later  # row r pairs with every later image: columns start+1 …
 
 
-def same_person_pairs(embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024) -> tuple[list[tuple[int, int]], dict[str, int]]:
+def same_person_pairs(
+    embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024
+) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """(label pairs, report): identity pairs at least SAME_PERSON_SHARE of whose cross pairs reach
     the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines."""
     labels = np.asarray(labels)
@@ -141,7 +147,7 @@ def far_curve(impostor: np.ndarray) -> dict:
     n = len(impostor)
     top_count = min(n, math.floor(CURVE_TOP_FAR * n) + 1)
     top = np.sort(np.partition(np.asarray(impostor, np.float32), n - top_count)[n - top_count :])[::-1]  # highest first
-    points = []
+    points: list[tuple[float, float]] = []
     for step in range(POINTS_PER_DECADE, 10**6):
         far = 10 ** (-step / POINTS_PER_DECADE)
         allowed = math.floor(far * n + 1e-9)
@@ -152,7 +158,9 @@ def far_curve(impostor: np.ndarray) -> dict:
             threshold = points[-1][1]
         points.append((float(f"{far:.6g}"), threshold))
     if len(points) < 2:
-        raise ValueError(f"{n} impostor pairs are too few for a FAR curve (it needs at least {math.ceil(10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR)})")
+        raise ValueError(
+            f"{n} impostor pairs are too few for a FAR curve (it needs at least {math.ceil(10 * MIN_FALSE_ACCEPTS / CURVE_TOP_FAR)})"
+        )
     k = min(TAIL_SCORES, top_count - 1)
     base = float(top[k])  # k scores lie above it: its FAR is k / n
     slope = float(np.mean(top[:k] - base)) * math.log(10)  # threshold per decade of FAR
@@ -205,17 +213,18 @@ def calibrate_scores(
 def heldout_source(manifest: Manifest, data: Path | None):
     """The identities to calibrate on: all of `data` when given, else the held-out identities of the
     model's training run (its config in the manifest's provenance: data.train, val_fraction, seed)."""
-    from training.data.datasets import Subset, open_source, split_identities
+    from training.data.datasets import Subset, open_source, split_identities  # torch, which only this path needs
 
     if data is not None:
         return open_source(data, manifest.input.height), f"all identities of {data}"
-    config = manifest.provenance.get("config")
-    if not config or not config["data"].get("val_fraction"):
+    provenance = manifest.provenance.get("config")
+    config = TrainConfig.model_validate(provenance) if provenance else None
+    if config is None or not config.data.val_fraction:
         raise ValueError(f"{manifest.name}: no held-out split in its provenance; give --data with identities it never trained on")
-    train = Path(config["data"]["train"])
+    train = config.data.train
     source = open_source(train, manifest.input.height)
-    _, held = split_identities(source.labels, config["data"]["val_fraction"], config["seed"])
-    return Subset(source, held), f"held-out identities of {train} (val_fraction {config['data']['val_fraction']}, seed {config['seed']})"
+    _, held = split_identities(source.labels, config.data.val_fraction, config.seed)
+    return Subset(source, held), f"held-out identities of {train} (val_fraction {config.data.val_fraction}, seed {config.seed})"
 
 
 def embed_source(embedder, source) -> tuple[np.ndarray, np.ndarray]:
@@ -223,12 +232,10 @@ def embed_source(embedder, source) -> tuple[np.ndarray, np.ndarray]:
     return l2_normalize(embedder.raw(np.stack([source.load(i)[0] for i in range(len(source))]))), np.asarray(source.labels)
 
 
-def calibrate(manifest_path: Path, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:
-    """Embed the calibration identities with the model as the service runs it, fit the thresholds,
-    and (unless write=False) store them and the calibration report in the manifest."""
-    from training.evaluate import OnnxEmbedder
-
-    embedder = OnnxEmbedder(manifest_path)
+def calibrate(manifest_path: Path, settings: Settings, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:
+    """Embed the calibration identities with the model as the service runs it (`settings`: its model
+    cache and device), fit the thresholds, and (unless write=False) store them and the calibration report in the manifest."""
+    embedder = OnnxEmbedder(manifest_path, settings)
     source, origin = heldout_source(embedder.model.manifest, data)
     embeddings, labels = embed_source(embedder, source)
     genuine, impostor = pair_scores(embeddings, labels)

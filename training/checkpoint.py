@@ -10,6 +10,9 @@ from typing import Any
 import torch
 
 from service.fileio import replacing
+from service.settings import Settings
+from training.backbones import build_backbone
+from training.config import TrainConfig
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -27,12 +30,19 @@ def shard_path(path: Path, rank: int) -> Path:
     return path.with_name(f"{path.stem}.head{rank}{path.suffix}")
 
 
-def load_backbone(path: Path, map_location: str | torch.device = "cpu"):
-    """Checkpoint → (backbone in eval mode, config dict, checkpoint dict)."""
-    from training.backbones import build_backbone
+def checkpoint_config(state: dict[str, Any]) -> TrainConfig:
+    """The run's config a checkpoint carries (saved as `TrainConfig.model_dump(mode="json")`), validated
+    again, so readers use its attributes and an unreadable config fails here, by name."""
+    return TrainConfig.model_validate(state["config"])
 
+
+def load_backbone(
+    path: Path, settings: Settings, map_location: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, TrainConfig, dict[str, Any]]:
+    """Checkpoint → (backbone in eval mode, its run's config, checkpoint dict); `settings` find an
+    imported backbone's starting weights (its architecture is read from them)."""
     state = load_checkpoint(path, map_location)
-    config = state["config"]
-    backbone = build_backbone(config["backbone"], config["embedding_dim"], **config.get("backbone_params", {}))
+    config = checkpoint_config(state)
+    backbone = build_backbone(config.backbone, config.embedding_dim, settings, **config.backbone_params)
     backbone.load_state_dict(state["backbone"])
     return backbone.eval(), config, state

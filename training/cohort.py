@@ -35,7 +35,9 @@ def split(labels: np.ndarray, share: float, seed: int) -> CohortSplit:
     return CohortSplit(np.flatnonzero(in_cohort), np.flatnonzero(~in_cohort))
 
 
-def build(embeddings: np.ndarray, labels: np.ndarray, top: int = TOP, share: float = COHORT_SHARE, seed: int = 0) -> tuple[np.ndarray, dict, dict]:
+def build(
+    embeddings: np.ndarray, labels: np.ndarray, top: int = TOP, share: float = COHORT_SHARE, seed: int = 0
+) -> tuple[np.ndarray, dict, dict]:
     """Unit embeddings and their identities → (cohort faces, far_curve of the normalized impostor
     scores, figures for the manifest)."""
     parts = split(np.asarray(labels), share, seed)
@@ -59,7 +61,9 @@ def build(embeddings: np.ndarray, labels: np.ndarray, top: int = TOP, share: flo
     return cohort, curve, figures
 
 
-def write(out: Path, embedder: Manifest, cohort: np.ndarray, curve: dict, top: int, figures: dict, provenance: dict, license_terms: dict) -> CohortManifest:
+def write(
+    out: Path, embedder: Manifest, cohort: np.ndarray, curve: dict, top: int, figures: dict, provenance: dict, license_terms: dict
+) -> CohortManifest:
     """OUT.npy and its manifest OUT.json (the file FACEGATE_COHORT names)."""
     out = Path(out).with_suffix("")
     npy = out.with_suffix(".npy")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +32,9 @@ class HeadConfig(StrictModel):
     name: str = "arcface"
     params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of build_head, e.g. {s: 64, m: 0.5}.")
     sharded: bool = Field(False, description="Model-parallel FC: each rank holds num_classes / world_size rows.")
-    sample_rate: float = Field(1.0, gt=0, le=1, description="Partial FC: fraction of each shard's classes used per step (positives always).")
+    sample_rate: float = Field(
+        1.0, gt=0, le=1, description="Partial FC: fraction of each shard's classes used per step (positives always)."
+    )
 
 
 class OptimConfig(StrictModel):
@@ -52,10 +55,21 @@ class OptimConfig(StrictModel):
 class FinetuneConfig(StrictModel):
     """Recipe options for starting from trained weights (e.g. `backbone: dlib_resnet_v1`) on little data."""
 
-    freeze_stages: int = Field(0, ge=0, description="The first N backbone stages (the stem counts as one) keep their weights and BN statistics.")
+    freeze_stages: int = Field(
+        0, ge=0, description="The first N backbone stages (the stem counts as one) keep their weights and BN statistics."
+    )
     backbone_lr_scale: float = Field(1.0, gt=0, description="The backbone's LR is optim.lr × this; the head keeps optim.lr.")
-    bn_eval: bool = Field(False, description="Every BatchNorm in eval mode: running statistics frozen (scale and shift still learn unless frozen).")
-    l2_sp: float = Field(0.0, ge=0, description="L2-SP: α/2·‖w − w₀‖² towards the backbone's initial weights, in place of its plain weight decay; 0 = plain weight decay.")
+    bn_eval: bool = Field(
+        False, description="Every BatchNorm in eval mode: running statistics frozen (scale and shift still learn unless frozen)."
+    )
+    l2_sp: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "L2-SP: α/2·‖w − w₀‖² towards the backbone's initial weights, in place of its "
+            "plain weight decay; 0 = plain weight decay."
+        ),
+    )
     head_only_steps: int = Field(0, ge=0, description="Warm-up: the first N steps train the head only (backbone frozen, in eval mode).")
 
 
@@ -96,7 +110,7 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def load_config(path: Path | None, overrides: list[str] = (), base: dict | None = None) -> TrainConfig:
+def load_config(path: Path | None, overrides: Sequence[str] = (), base: dict | None = None) -> TrainConfig:
     """YAML file (or `base`) + `key=value` overrides → a validated config."""
     tree = dict(base or {})
     if path is not None:

@@ -20,9 +20,12 @@ import cv2
 import numpy as np
 
 from service.align import TEMPLATES, align_face
+from service.console import progress_bar
 from service.fileio import replacing
-from service.models.embedder import l2_normalize
-from training.data.preprocess import ALIGNMENT, DEFAULT, SIZE, Preprocessing
+from service.models.embedder import FaceEmbedder, l2_normalize
+from service.models.files import load_model
+from service.settings import Settings
+from training.data.preprocess import ALIGNMENT, DEFAULT, SIZE, Preprocessing, for_backbone
 from training.verification import at_thresholds, plot_roc, verification_metrics
 
 
@@ -72,14 +75,9 @@ class OnnxEmbedder:
     """An exported model loaded and run exactly as the service runs it (manifest, sha256, I/O check,
     preprocessing and batching of `FaceEmbedder`)."""
 
-    def __init__(self, manifest_path: Path, batch_size: int = 64) -> None:
-        from service.models.embedder import FaceEmbedder
-        from service.models.files import load_model
-        from service.settings import get_settings
-
-        settings = get_settings()
-        # the file beside its manifest (an export), else in the model cache (a pulled or imported model);
-        # the service's provider choice: CUDA when onnxruntime offers it and a GPU is usable
+    def __init__(self, manifest_path: Path, settings: Settings, batch_size: int = 64) -> None:
+        # the file beside its manifest (an export), else in the settings' model cache (a pulled or imported
+        # model); the service's provider choice (settings.device): CUDA when onnxruntime offers it and a GPU is usable
         self.model = load_model(str(manifest_path), Path(manifest_path).parent, settings.model_cache, device=settings.device)
         self.alignment = self.model.manifest.alignment
         self.device = "cuda" if self.model.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
@@ -95,19 +93,18 @@ def torch_device(device: str = "auto") -> str:
     return device
 
 
-def load_embedder(path: Path, device: str = "auto") -> tuple[Embedder, str]:
+def load_embedder(path: Path, settings: Settings, device: str = "auto") -> tuple[Embedder, str]:
     """A manifest (.json), an .onnx with its manifest beside it, or a training checkpoint (whose
     backbone is moved to `device`: CUDA when present under "auto")."""
     path = Path(path)
     if path.suffix == ".onnx":
         path = path.with_suffix(".json")
     if path.suffix == ".json":
-        return OnnxEmbedder(path), "onnx"
-    from training.checkpoint import load_backbone
-    from training.data.preprocess import for_backbone
+        return OnnxEmbedder(path, settings), "onnx"
+    from training.checkpoint import load_backbone  # torch: only a checkpoint needs it, not the ONNX commands
 
-    backbone, config, _ = load_backbone(path)
-    return TorchEmbedder(backbone.to(torch_device(device)), preprocessing=for_backbone(config["backbone"])), "checkpoint"
+    backbone, config, _ = load_backbone(path, settings)
+    return TorchEmbedder(backbone.to(torch_device(device)), preprocessing=for_backbone(config.backbone, settings.models_dir)), "checkpoint"
 
 
 CHUNK = 512  # crops per progress step
@@ -128,11 +125,15 @@ def embed(embedder: Embedder, crops: np.ndarray, flip: bool, advance=None) -> np
     return l2_normalize(np.concatenate(out))
 
 
-def evaluate(embedder: Embedder, vset: VerificationSet, roc_png: Path | None = None, thresholds: dict[str, float] | None = None, progress: bool = False) -> dict:
+def evaluate(
+    embedder: Embedder,
+    vset: VerificationSet,
+    roc_png: Path | None = None,
+    thresholds: dict[str, float] | None = None,
+    progress: bool = False,
+) -> dict:
     """10-fold metrics with and without flip-TTA; with `thresholds` (a manifest's FAR → cosine), also
     the FAR and TAR those thresholds realize here. `progress` shows a bar over the forward passes."""
-    from service.console import progress_bar
-
     results = {"set": vset.name, "images": int(len(vset.crops)), "fallback_alignments": vset.fallbacks, "device": embedder.device}
     curves = {}
     with progress_bar(f"embed on {embedder.device}", 3 * len(vset.crops), enabled=progress) as advance:
@@ -191,8 +192,6 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance
 def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:
     """Aligned crops of `paths`, from the cache when this list was aligned before (a progress bar
     over the photos otherwise: aligning LFW takes minutes on a CPU)."""
-    from service.console import progress_bar
-
     if cache_dir is None:
         with progress_bar("align", len(paths), enabled=progress) as advance:
             return align_images(paths, pipeline, template, advance)
@@ -227,7 +226,9 @@ def read_lfw_pairs(pairs_txt: Path) -> tuple[list[tuple[str, int, str, int]], np
     return pairs, np.array(issame), folds
 
 
-def load_lfw(pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT, progress: bool = False) -> VerificationSet:
+def load_lfw(
+    pairs_txt: Path, images: Path, pipeline, cache_dir: Path | None = None, template: str = ALIGNMENT, progress: bool = False
+) -> VerificationSet:
     pairs, issame, folds = read_lfw_pairs(pairs_txt)
     names = sorted({(n, i) for a, ia, b, ib in pairs for n, i in ((a, ia), (b, ib))})
     position = {k: j for j, k in enumerate(names)}
@@ -256,7 +257,9 @@ def load_bin(path: Path, n_folds: int = 10) -> VerificationSet:
     return VerificationSet(Path(path).stem, np.stack(crops), pairs, np.array(issame, bool), folds)
 
 
-def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT, progress: bool = False) -> VerificationSet:
+def load_csv(
+    path: Path, pipeline, cache_dir: Path | None = None, n_folds: int = 10, template: str = ALIGNMENT, progress: bool = False
+) -> VerificationSet:
     """A CSV with columns path1,path2,issame (paths relative to the CSV; issame 1/0/true/false)."""
     root = Path(path).parent
     with open(path, newline="") as fh:
@@ -272,7 +275,7 @@ def load_csv(path: Path, pipeline, cache_dir: Path | None = None, n_folds: int =
 
 def holdout_set(source, n_pairs: int, seed: int) -> VerificationSet:
     """Validation pairs from held-out identities of an aligned training source (a Subset)."""
-    from training.data.datasets import make_pairs
+    from training.data.datasets import make_pairs  # torch, which the ONNX commands do without
 
     pairs, issame = make_pairs(source.labels, n_pairs, seed)
     used = np.unique(pairs)

@@ -51,7 +51,9 @@ def protocol(folder: Path, enroll: int = 1, strangers: int | None = None) -> Pro
     return Protocol(gallery, np.array(gallery_labels), known, np.array(known_labels), others[:strangers])
 
 
-def best_subjects(gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray, cohort: Cohort | None = None) -> tuple[np.ndarray, np.ndarray]:
+def best_subjects(
+    gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray, cohort: Cohort | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each probe's best subject as the gallery ranks them (by its best face's cosine) and the score
     its FPIR decision holds: that cosine, or with a cohort its AS-norm score (as `Decision.best_match`)."""
     scores = probes @ gallery.T
@@ -74,16 +76,18 @@ def report(manifest: Manifest, p: Protocol, embed, default_fpir: float, fpirs=FP
     for rate in sorted({*fpirs, default_fpir}, reverse=True):
         decision = decide_search(manifest, rate, None, None, len(gallery), default_fpir, cohort)
         oracle = float(np.quantile(stranger_score, 1 - rate, method="higher"))
-        rows.append({
-            "fpir": rate,
-            "default": rate == default_fpir,
-            "threshold": decision.threshold,
-            "far": decision.far,
-            "extrapolated": decision.extrapolated,
-            "realized_fpir": float((stranger_score >= decision.threshold).mean()),
-            "dir": float((correct & (known_score >= decision.threshold)).mean()),
-            "oracle_dir": float((correct & (known_score > oracle)).mean()),
-        })
+        rows.append(
+            {
+                "fpir": rate,
+                "default": rate == default_fpir,
+                "threshold": decision.threshold,
+                "far": decision.far,
+                "extrapolated": decision.extrapolated,
+                "realized_fpir": float((stranger_score >= decision.threshold).mean()),
+                "dir": float((correct & (known_score >= decision.threshold)).mean()),
+                "oracle_dir": float((correct & (known_score > oracle)).mean()),
+            }
+        )
     sweep = np.unique(np.concatenate([known_score, stranger_score]))
     det = {
         "fpir": [float((stranger_score >= t).mean()) for t in sweep],
@@ -111,7 +115,12 @@ def det_png(result: dict, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4.5))
     ax.plot(result["det"]["fpir"], result["det"]["fnir"], label="any threshold")
     for row in result["rows"]:
-        ax.plot(row["realized_fpir"], 1 - row["dir"], "o", label=f"fpir={row['fpir']:g}: realized {row['realized_fpir']:.4f}, DIR {row['dir']:.3f}")
+        ax.plot(
+            row["realized_fpir"],
+            1 - row["dir"],
+            "o",
+            label=f"fpir={row['fpir']:g}: realized {row['realized_fpir']:.4f}, DIR {row['dir']:.3f}",
+        )
     ax.set_xscale("log")
     ax.set_xlim(1 / max(result["stranger_probes"], 1) / 2, 1)
     ax.set_ylim(0, 1)

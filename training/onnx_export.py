@@ -22,10 +22,14 @@ from torch import nn
 
 from service.fileio import replacing, sha256_file
 from service.models.embedder import l2_normalize, preprocess
+from service.models.files import manifest_path
 from service.models.in_graph import in_graph_spec, uint8_nhwc_input
 from service.models.manifest import Manifest
+from service.settings import Settings
 from training.checkpoint import load_backbone
-from training.data.preprocess import DEFAULT, OUTPUT_NAME, Preprocessing, for_backbone
+from training.config import TrainConfig
+from training.data.datasets import open_source
+from training.data.preprocess import DEFAULT, IMPORTED_INPUT, OUTPUT_NAME, Preprocessing, for_backbone
 
 MIN_OPSET = 17
 PARITY = {False: 0.9999, True: 0.999}  # fp16 → threshold
@@ -61,18 +65,18 @@ class _FlipSum(nn.Module):
         return both[: x.shape[0]] + both[x.shape[0] :]
 
 
-def base_model(backbone: str) -> dict | None:
-    """The imported model a fine-tuned backbone started from: its name, weights and licence."""
-    from training.data.preprocess import IMPORTED_INPUT
-
+def base_model(backbone: str, models_dir: Path) -> dict | None:
+    """The imported model a fine-tuned backbone started from (its manifest in `models_dir`): its name, weights and licence."""
     if backbone not in IMPORTED_INPUT:
         return None
-    from service.models.files import manifest_path
-    from service.settings import get_settings
-
-    m = Manifest.load(manifest_path(IMPORTED_INPUT[backbone], get_settings().models_dir))
+    m = Manifest.load(manifest_path(IMPORTED_INPUT[backbone], models_dir))
     source = m.file.source
-    return {"name": m.name, "version": m.version, "weights_sha256": source.weights_sha256 if source else m.file.sha256, "license": m.license}
+    return {
+        "name": m.name,
+        "version": m.version,
+        "weights_sha256": source.weights_sha256 if source else m.file.sha256,
+        "license": m.license,
+    }
 
 
 def combined_license(data: dict[str, str], base: dict) -> dict[str, str]:
@@ -87,18 +91,18 @@ def combined_license(data: dict[str, str], base: dict) -> dict[str, str]:
 def git_commit() -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         return f"{sha}{'-dirty' if dirty else ''}"
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
-def parity_crops(config: dict, n: int = 16, size: int = DEFAULT.size) -> tuple[np.ndarray, str]:
+def parity_crops(config: TrainConfig, n: int = 16, size: int = DEFAULT.size) -> tuple[np.ndarray, str]:
     """n aligned crops from the run's training data, or smooth synthetic images when it is gone."""
-    from training.data.datasets import open_source
-
     try:
-        source = open_source(Path(config["data"]["train"]), size)
+        source = open_source(config.data.train, size)
         picks = np.linspace(0, len(source) - 1, n).astype(int)
         return np.stack([source.load(int(i))[0] for i in picks]), "training data"
     except (OSError, ValueError):
@@ -142,6 +146,7 @@ def _input_spec(input_format: str, prep: Preprocessing = DEFAULT):
 def export(
     checkpoint: Path,
     out: Path,
+    settings: Settings,
     fp16: bool = False,
     input_format: str = "uint8_nhwc",
     flip_tta: bool = False,
@@ -156,12 +161,12 @@ def export(
     out = Path(out)
     if out.suffix != ".onnx":
         raise ExportError(f"--out must name an .onnx file, got {out}")
-    backbone, config, state = load_backbone(checkpoint)
-    prep = for_backbone(config["backbone"])
+    backbone, config, state = load_backbone(checkpoint, settings)
+    prep = for_backbone(config.backbone, settings.models_dir)
     input_spec = _input_spec(input_format, prep)
     size = prep.size
     backbone = backbone.float()
-    reference = _Float16(load_backbone(checkpoint)[0]).eval() if fp16 else backbone
+    reference = _Float16(load_backbone(checkpoint, settings)[0]).eval() if fp16 else backbone
     if flip_tta:  # the parity reference is the float32 model with the same augmentation
         backbone, reference = _FlipSum(backbone).eval(), _FlipSum(reference).eval()
     with replacing(out, suffix=".onnx", durable=False) as tmp:  # nothing under `out` until the parity check passes
@@ -188,16 +193,16 @@ def export(
         crops, crops_from = parity_crops(config, size=size)
         worst = check_parity(backbone, tmp, crops, fp16, prep, input_format)
 
-    dim = int(config["embedding_dim"])
-    base = base_model(config["backbone"])
-    data_license = license or config["data"]["license"]
+    dim = config.embedding_dim
+    base = base_model(config.backbone, settings.models_dir)
+    data_license = license or config.data.license
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         backbone(torch.zeros(1, 3, size, size))
     manifest = Manifest(
         name=out.stem,
-        version=version or f"{config['backbone']}-{config['head']['name']}-step{state['step']}",
+        version=version or f"{config.backbone}-{config.head.name}-step{state['step']}",
         task="embedder",
         file={"name": out.name, "sha256": sha256_file(out), "bytes": out.stat().st_size},
         input=input_spec,
@@ -207,10 +212,10 @@ def export(
         thresholds={},
         metrics=metrics or {},
         provenance={
-            "backbone": config["backbone"],
-            "head": config["head"],
-            "data": {"train": config["data"]["train"], "num_classes": state["num_classes"]},
-            "config": config,
+            "backbone": config.backbone,
+            "head": config.head.model_dump(mode="json"),
+            "data": {"train": str(config.data.train), "num_classes": state["num_classes"]},
+            "config": config.model_dump(mode="json"),
             "step": state["step"],
             **({"base_model": base} if base else {}),
             "checkpoint_sha256": sha256_file(checkpoint),

@@ -21,12 +21,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.backbones import build_backbone
-from training.checkpoint import load_checkpoint, save_checkpoint, shard_path
+from service.settings import Settings
+from training.backbones import build_backbone, stages
+from training.checkpoint import checkpoint_config, load_checkpoint, save_checkpoint, shard_path
 from training.config import TrainConfig
 from training.data.datasets import EpochBatches, FaceDataset, Subset, open_source, split_identities
+from training.data.preprocess import for_backbone
 from training.distributed.process_group import Dist, init_distributed
 from training.distributed.sharded_head import ShardedHead, shard_range
+from training.evaluate import TorchEmbedder, evaluate, holdout_set, load_bin
 from training.heads import build_head
 from training.heads.base import head_scale
 from training.heads.loss import HeadLoss
@@ -60,7 +63,9 @@ def lr_factor(cfg: TrainConfig, total_steps: int):
     return factor
 
 
-def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr_scale: float = 1.0, weight_decay: float | None = None) -> torch.optim.Optimizer:
+def make_optimizer(
+    cfg: TrainConfig, params: list[nn.Parameter], lr_scale: float = 1.0, weight_decay: float | None = None
+) -> torch.optim.Optimizer:
     o = cfg.optim
     params = [p for p in params if p.requires_grad]
     lr, wd = o.lr * lr_scale, o.weight_decay if weight_decay is None else weight_decay
@@ -82,8 +87,9 @@ def make_optimizers(cfg: TrainConfig, backbone: nn.Module, criterion: nn.Module,
     return optimizers, [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
 
 
-def optimizer_step(cfg: TrainConfig, optimizers: list, schedulers: list, modules: list[nn.Module], head_only: bool,
-                   scaler: torch.amp.GradScaler) -> None:
+def optimizer_step(
+    cfg: TrainConfig, optimizers: list, schedulers: list, modules: list[nn.Module], head_only: bool, scaler: torch.amp.GradScaler
+) -> None:
     """The end of a step, after backward: clip (each module's own norm), step (the head's optimizer
     only during a head-only warm-up), zero the gradients, advance every schedule."""
     stepped = optimizers[1:] if head_only else optimizers
@@ -109,8 +115,6 @@ class Recipe:
     mode), BatchNorm statistics frozen, L2-SP towards the initial weights, a head-only warm-up."""
 
     def __init__(self, cfg: TrainConfig, backbone: nn.Module) -> None:
-        from training.backbones import stages
-
         self.cfg = cfg.finetune
         self.frozen: list[nn.Module] = []
         if self.cfg.freeze_stages:
@@ -151,35 +155,35 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, env: Dist | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, settings: Settings, env: Dist | None = None) -> None:
+        """`settings` (read once by the command) locate an imported backbone's manifest and weights."""
         self.cfg, self.env = cfg, env or init_distributed()
         torch.manual_seed(cfg.seed)
-        from training.data.preprocess import for_backbone
-
-        self.preprocessing = for_backbone(cfg.backbone)
+        self.preprocessing = for_backbone(cfg.backbone, settings.models_dir)
         source = open_source(cfg.data.train, self.preprocessing.size)
         num_classes = cfg.data.num_classes or int(source.labels.max()) + 1
         self.val_set = None
         if cfg.data.val_fraction > 0:
             train_idx, val_idx = split_identities(source.labels, cfg.data.val_fraction, cfg.seed)
             if self.env.main:
-                from training.evaluate import holdout_set
-
                 self.val_set = holdout_set(Subset(source, val_idx), cfg.data.val_pairs, cfg.seed)
             source = Subset(source, train_idx)
         if cfg.data.val_bin is not None and self.env.main:
-            from training.evaluate import load_bin
-
             self.val_set = load_bin(cfg.data.val_bin)
         self.dataset = FaceDataset(source, cfg.data.augment, self.preprocessing)
-        held_out = "no validation (data.val_fraction 0)" if self.val_set is None else (
-            f"validation: {len(self.val_set.issame)} pairs of {self.val_set.name} every {cfg.val_every} steps")
-        self.summary = (f"data: {len(source)} images of {len(set(source.labels.tolist()))} identities from {cfg.data.train}; "
-                        f"{held_out}; {cfg.steps} steps of {cfg.batch_size}")
+        held_out = (
+            "no validation (data.val_fraction 0)"
+            if self.val_set is None
+            else (f"validation: {len(self.val_set.issame)} pairs of {self.val_set.name} every {cfg.val_every} steps")
+        )
+        self.summary = (
+            f"data: {len(source)} images of {len(set(source.labels.tolist()))} identities from {cfg.data.train}; "
+            f"{held_out}; {cfg.steps} steps of {cfg.batch_size}"
+        )
         self.num_classes = num_classes
         e, device = self.env, self.env.device
 
-        backbone = build_backbone(cfg.backbone, cfg.embedding_dim, **cfg.backbone_params).to(device)
+        backbone = build_backbone(cfg.backbone, cfg.embedding_dim, settings, **cfg.backbone_params).to(device)
         if cfg.channels_last:
             backbone = backbone.to(memory_format=torch.channels_last)
         self.recipe = Recipe(cfg, backbone)
@@ -217,7 +221,7 @@ class Trainer:
         return {
             "backbone": self.backbone_module.state_dict(),
             "head": None if self.cfg.head.sharded else self.criterion_module.head.state_dict(),
-            "optimizers": [o.state_dict() for o in self.optimizers[:1 if self.cfg.head.sharded else None]],
+            "optimizers": [o.state_dict() for o in self.optimizers[: 1 if self.cfg.head.sharded else None]],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scaler": self.scaler.state_dict(),
             "step": self.step,
@@ -239,7 +243,8 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         state = load_checkpoint(path, self.env.device)
-        if state["config"]["head"]["sharded"] != self.cfg.head.sharded or (self.cfg.head.sharded and state["world_size"] != self.env.world_size):
+        sharded = checkpoint_config(state).head.sharded
+        if sharded != self.cfg.head.sharded or (self.cfg.head.sharded and state["world_size"] != self.env.world_size):
             raise ValueError(f"{path} was trained with another head layout (sharded over {state['world_size']} ranks)")
         self.backbone_module.load_state_dict(state["backbone"])
         if self.cfg.head.sharded:
@@ -318,8 +323,6 @@ class Trainer:
 
     def validate(self) -> float | None:
         """Rank 0 scores the validation pairs (10-fold accuracy, flip-TTA); None without a set."""
-        from training.evaluate import TorchEmbedder, evaluate
-
         if self.val_set is None:
             return None
         metrics = evaluate(TorchEmbedder(self.backbone_module, preprocessing=self.preprocessing), self.val_set)
@@ -371,8 +374,11 @@ class Trainer:
                         writer.add_scalar("train/samples_per_s", bar.rate, self.step)
                         if scale is not None:
                             writer.add_scalar("train/head_scale", scale, self.step)
-                        bar.log(f"step {self.step}/{end} loss {loss:.4f} lr {lr:.4g} acc {stats['accuracy']:.3f} "
-                                f"θy {stats['theta_y']:.1f}° ‖x‖ {stats['feature_norm']:.2f} {bar.rate:.1f} samples/s, ETA {bar.eta(end - self.step)}")
+                        bar.log(
+                            f"step {self.step}/{end} loss {loss:.4f} lr {lr:.4g} acc {stats['accuracy']:.3f} "
+                            f"θy {stats['theta_y']:.1f}° ‖x‖ {stats['feature_norm']:.2f} {bar.rate:.1f} "
+                            f"samples/s, ETA {bar.eta(end - self.step)}"
+                        )
                 if cfg.val_every and self.step % cfg.val_every == 0 or self.step == end:
                     accuracy = self._validate_and_keep_best(writer, out)
                     if accuracy is not None:
@@ -423,8 +429,12 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.progress = Progress(
-                TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
-                TextColumn("{task.fields[rate]:.1f} samples/s"), TimeRemainingColumn(),
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[rate]:.1f} samples/s"),
+                TimeRemainingColumn(),
             )
             self.task = self.progress.add_task("train", total=total, completed=done, loss=float("nan"), rate=0.0)
 
@@ -455,5 +465,5 @@ class _Progress:
             self.progress.console.print(line)
 
 
-def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True, stop_at: int | None = None) -> RunResult:
-    return Trainer(cfg).run(resume=resume, progress=progress, stop_at=stop_at)
+def train(cfg: TrainConfig, settings: Settings, resume: Path | None = None, progress: bool = True, stop_at: int | None = None) -> RunResult:
+    return Trainer(cfg, settings).run(resume=resume, progress=progress, stop_at=stop_at)

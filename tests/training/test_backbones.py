@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from service.settings import get_settings
 from training.backbones import build_backbone, model_info
 
 torch.set_num_threads(2)
@@ -37,7 +38,7 @@ def test_iresnet_blocks_follow_insightface():
     [("iresnet50", 43.6, 6.3), ("iresnet100", 65.2, 12.1), ("mobilefacenet", 2.06, 0.45)],
 )
 def test_counts_match_arcface_torch(name, params_m, gflops):
-    info = model_info(name)
+    info = model_info(name, get_settings())
     assert info.params / 1e6 == pytest.approx(params_m, rel=0.01)
     assert info.gmacs == pytest.approx(gflops, rel=0.04)
 
@@ -48,7 +49,7 @@ def test_mobilefacenet_downsampled_input_costs_a_quarter():
     assert gdc.kernel_size == (4, 4)  # 112 → 56 → 28, 14, 7, 4: the GDC covers the whole 4×4 map
     with torch.no_grad():
         assert model(torch.randn(2, 3, 112, 112)).shape == (2, 128)  # the input stays 112×112
-    full, small = model_info("mobilefacenet"), model_info("mobilefacenet", downsample=2)
+    full, small = model_info("mobilefacenet", get_settings()), model_info("mobilefacenet", get_settings(), downsample=2)
     assert small.gmacs / full.gmacs == pytest.approx(0.25, abs=0.02)
     assert small.params < full.params  # the GDC kernel shrinks from 7×7 to 4×4
 

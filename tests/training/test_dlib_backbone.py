@@ -1,6 +1,6 @@
 """`backbone: dlib_resnet_v1`: the imported default embedder as a torch module, built from the same
 `read_dat` description as its ONNX file: the same descriptors, its stages, a short fine-tune that
-lowers the loss, and the prefix cache (training/cached_finetune.py) that trains its last stages."""
+lowers the loss, and the prefix cache (scripts/cached_finetune.py) that trains its last stages."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from service.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone, stages
 from training.data.preprocess import for_backbone
@@ -56,17 +57,17 @@ def test_same_descriptors_as_the_imported_onnx_on_real_faces(model, dlib_model, 
         if faces:
             chips.append(pipeline.align(image, faces[:1])[0])
     chips = np.stack(chips)
-    assert len(chips) >= 12 and for_backbone("dlib_resnet_v1").alignment == pipeline.embedder.manifest.alignment
+    assert len(chips) >= 12 and for_backbone("dlib_resnet_v1", get_settings().models_dir).alignment == pipeline.embedder.manifest.alignment
     onnx = pipeline.embedder.raw(chips)
     with torch.no_grad():
-        ours = model(torch.from_numpy(for_backbone("dlib_resnet_v1").to_input(chips))).numpy()
+        ours = model(torch.from_numpy(for_backbone("dlib_resnet_v1", get_settings().models_dir).to_input(chips))).numpy()
     assert np.abs(ours - onnx).max() <= 1e-5
     assert np.abs(onnx).max() > 0.05  # real descriptors, not zeros
 
 
 def test_stages_prefix_and_refusals(model, dat):
     assert [len(s[0]) for s in stages(model)] == [4, 3, 4, 3, 3, 1]  # stem (conv, affine, relu, pool), then dlib's levels
-    x = torch.from_numpy(for_backbone("dlib_resnet_v1").to_input(np.random.default_rng(0).integers(0, 256, (2, 150, 150, 3), np.uint8)))
+    x = torch.from_numpy(for_backbone("dlib_resnet_v1", get_settings().models_dir).to_input(np.random.default_rng(0).integers(0, 256, (2, 150, 150, 3), np.uint8)))
     with torch.no_grad():
         whole = model(x)
         for k in range(len(model.stages)):
@@ -89,7 +90,7 @@ def test_short_finetune_lowers_the_loss_and_keeps_frozen_stages(data, dat, tmp_p
     from training.trainer import Trainer
 
     cfg = _config(data, tmp_path, dat, steps=8, optim={"lr": 0.01}, finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1})
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, get_settings())
     before = {k: v.clone() for k, v in trainer.backbone_module.state_dict().items()}
     loss_before = _full_loss(trainer)
     trainer.run(progress=False)
@@ -100,7 +101,7 @@ def test_short_finetune_lowers_the_loss_and_keeps_frozen_stages(data, dat, tmp_p
 
 
 def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
-    from training.cached_finetune import CachedRun, build_cache
+    from scripts.cached_finetune import CachedRun, build_cache
     from training.checkpoint import load_backbone
     from training.data.datasets import open_source
     from training.evaluate import TorchEmbedder
@@ -108,20 +109,20 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     cfg = _config(data, tmp_path / "run", dat, steps=6, optim={"lr": 0.01},
                   finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1},
                   data={"val_fraction": 0.5, "val_pairs": 8}, checkpoint_every=3, val_every=3)
-    build_cache(cfg, tmp_path / "cache", chunk=5, progress=False)
-    straight = CachedRun(cfg, tmp_path / "cache").run(tmp_path / "a", progress=False)
-    first = CachedRun(cfg, tmp_path / "cache").run(tmp_path / "b", stop_at=3, progress=False)
+    build_cache(cfg, get_settings(), tmp_path / "cache", chunk=5, progress=False)
+    straight = CachedRun(cfg, get_settings(), tmp_path / "cache").run(tmp_path / "a", progress=False)
+    first = CachedRun(cfg, get_settings(), tmp_path / "cache").run(tmp_path / "b", stop_at=3, progress=False)
     assert first["step"] == 3
-    resumed = CachedRun(cfg, tmp_path / "cache")
+    resumed = CachedRun(cfg, get_settings(), tmp_path / "cache")
     result = resumed.run(tmp_path / "b", progress=False)
     assert result["step"] == straight["step"] == 6
-    a, b = (load_backbone(tmp_path / d / "last.pt")[0].state_dict() for d in "ab")
+    a, b = (load_backbone(tmp_path / d / "last.pt", get_settings())[0].state_dict() for d in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)  # resumed bit for bit
     # the checkpoint is a whole backbone: embedding the crops gives what the run computes on its cache
-    backbone, config, _ = load_backbone(tmp_path / "a" / "last.pt")
+    backbone, config, _ = load_backbone(tmp_path / "a" / "last.pt", get_settings())
     source = open_source(data, 150)
     crops = np.stack([source.load(i)[0] for i in range(len(source))])
-    direct = TorchEmbedder(backbone, preprocessing=for_backbone("dlib_resnet_v1")).raw(crops)
+    direct = TorchEmbedder(backbone, preprocessing=for_backbone("dlib_resnet_v1", get_settings().models_dir)).raw(crops)
     resumed.backbone.load_state_dict(backbone.state_dict())
     resumed.backbone.eval()
     with torch.no_grad():
@@ -129,10 +130,10 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     np.testing.assert_allclose(cached, direct, atol=1e-5)
     three = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"freeze_stages": 3})})
     with pytest.raises(ValueError, match="another prefix"):
-        CachedRun(three, tmp_path / "cache")
+        CachedRun(three, get_settings(), tmp_path / "cache")
     # a cache of more stages derived from one of fewer: the same activations as from the images
-    build_cache(three, tmp_path / "cache3", progress=False)
-    build_cache(cfg, tmp_path / "cache4", progress=False, from_cache=tmp_path / "cache3")
+    build_cache(three, get_settings(), tmp_path / "cache3", progress=False)
+    build_cache(cfg, get_settings(), tmp_path / "cache4", progress=False, from_cache=tmp_path / "cache3")
     np.testing.assert_allclose(np.load(tmp_path / "cache4" / "features.npy"), np.load(tmp_path / "cache" / "features.npy"), atol=1e-5)
 
 
@@ -142,10 +143,10 @@ def test_export_of_a_finetuned_dlib_names_the_base_model_and_both_licences(data,
 
     cfg = _config(data, tmp_path / "run", dat, steps=1, finetune={"freeze_stages": 5})
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"license": {"name": "TINY", "terms": "research use only"}})})
-    Trainer(cfg).run(progress=False)
-    manifest = export(tmp_path / "run" / "last.pt", tmp_path / "m" / "tuned.onnx")
+    Trainer(cfg, get_settings()).run(progress=False)
+    manifest = export(tmp_path / "run" / "last.pt", tmp_path / "m" / "tuned.onnx", get_settings())
     assert manifest.alignment == "dlib_150" and manifest.input.height == 150 and manifest.embedding_dim == 128
-    assert manifest.input.mean == for_backbone("dlib_resnet_v1").spec.mean and manifest.input.std == [256.0] * 3
+    assert manifest.input.mean == for_backbone("dlib_resnet_v1", get_settings().models_dir).spec.mean and manifest.input.std == [256.0] * 3
     base = manifest.provenance["base_model"]
     assert base["name"] == "dlib-resnet-v1" and base["license"]["name"] == "CC0-1.0"
     assert "TINY" in manifest.license["name"] and "CC0-1.0" in manifest.license["name"]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from service.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.evaluate import embed, evaluate, load_bin, load_embedder, read_lfw_pairs
 from training.trainer import Trainer
@@ -31,8 +32,8 @@ def run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("eval")
     data = write_aligned_folders(root / "data", identities=5, per_identity=4, seed=1)
-    Trainer(tiny_config(data, root / "run", steps=2)).run(progress=False)
-    export(root / "run" / "last.pt", root / "models" / "m.onnx")
+    Trainer(tiny_config(data, root / "run", steps=2), get_settings()).run(progress=False)
+    export(root / "run" / "last.pt", root / "models" / "m.onnx", get_settings())
     images = sorted(data.rglob("*.jpg"))
     rng = np.random.default_rng(0)
     bins, issame = [], []
@@ -60,8 +61,8 @@ def test_checkpoint_and_export_give_the_same_figures(run, tmp_path):
     sit within ~1e-5 of each other, where float noise can swap two pairs' order; so the scores are
     compared tightly and the figures to two pairs (identical on full LFW, 6,000 pairs)."""
     vset = load_bin(run / "set.bin")
-    ckpt, kind_c = load_embedder(run / "run" / "last.pt")
-    onnx, kind_o = load_embedder(run / "models" / "m.onnx")
+    ckpt, kind_c = load_embedder(run / "run" / "last.pt", get_settings())
+    onnx, kind_o = load_embedder(run / "models" / "m.onnx", get_settings())
     assert (kind_c, kind_o) == ("checkpoint", "onnx")
     for flip in (False, True):
         a, b = embed(ckpt, vset.crops, flip), embed(onnx, vset.crops, flip)
@@ -83,10 +84,10 @@ def test_results_name_the_device_and_a_checkpoint_follows_the_asked_device(run, 
     import training.evaluate as ev
 
     vset = load_bin(run / "set.bin")
-    ckpt, _ = load_embedder(run / "run" / "last.pt", device="cpu")
-    onnx, _ = load_embedder(run / "models" / "m.onnx")
+    ckpt, _ = load_embedder(run / "run" / "last.pt", get_settings(), device="cpu")
+    onnx, _ = load_embedder(run / "models" / "m.onnx", get_settings())
     assert evaluate(ckpt, vset)["device"] == "cpu" and evaluate(onnx, vset, progress=True)["device"] == "cpu"
-    assert load_embedder(run / "run" / "last.pt", device="meta")[0].device == "meta"
+    assert load_embedder(run / "run" / "last.pt", get_settings(), device="meta")[0].device == "meta"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert ev.torch_device("auto") == "cuda" and ev.torch_device("cpu") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -104,12 +105,12 @@ def test_an_export_is_run_on_the_services_provider_choice(run, monkeypatch):
     get_settings.cache_clear()
     try:
         if select_providers("cuda")[0] == "CUDAExecutionProvider":  # pragma: no cover - a GPU host
-            assert load_embedder(run / "models" / "m.onnx")[0].device == "cuda"
+            assert load_embedder(run / "models" / "m.onnx", get_settings())[0].device == "cuda"
         else:
             pytest.fail("select_providers should have raised")
     except ModelError as exc:
         assert "no usable GPU" in str(exc)
         with pytest.raises(ModelError, match="no usable GPU"):
-            load_embedder(run / "models" / "m.onnx")
+            load_embedder(run / "models" / "m.onnx", get_settings())
     finally:
         get_settings.cache_clear()

@@ -11,6 +11,7 @@ import torch
 from service.fileio import sha256_file
 from service.models.files import load_model
 from service.models.manifest import Manifest
+from service.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input
@@ -24,14 +25,14 @@ torch.set_num_threads(2)
 def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     data = write_aligned_folders(root / "data")
-    Trainer(tiny_config(data, root / "run", steps=2)).run(progress=False)
+    Trainer(tiny_config(data, root / "run", steps=2), get_settings()).run(progress=False)
     return root / "run" / "last.pt"
 
 
 @pytest.fixture(scope="module")
 def exported(checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "tiny-face.onnx"
-    manifest = export(checkpoint, out, license={"name": "test", "terms": "research, non-commercial"})
+    manifest = export(checkpoint, out, get_settings(), license={"name": "test", "terms": "research, non-commercial"})
     return out, manifest
 
 
@@ -68,9 +69,9 @@ def test_service_loads_it_and_embeds_like_torch(exported, checkpoint):
     out, _ = exported
     loaded = load_model(str(out.with_suffix(".json")), out.parent, out.parent, device="cpu")
     embedder = FaceEmbedder(loaded.manifest, loaded.session)
-    crops, _ = parity_crops(load_backbone(checkpoint)[1], 5)
+    crops, _ = parity_crops(load_backbone(checkpoint, get_settings())[1], 5)
     got = embedder.embed(crops)
-    backbone = load_backbone(checkpoint)[0]
+    backbone = load_backbone(checkpoint, get_settings())[0]
     with torch.no_grad():
         want = torch.nn.functional.normalize(backbone(torch.from_numpy(to_input(crops))), dim=1).numpy()
     np.testing.assert_allclose(got, want, atol=1e-4)
@@ -80,7 +81,7 @@ def test_parity_failure_is_loud(exported, checkpoint):
     from training.checkpoint import load_backbone
 
     out, _ = exported
-    backbone, config, _ = load_backbone(checkpoint)
+    backbone, config, _ = load_backbone(checkpoint, get_settings())
     crops, _ = parity_crops(config, 4)
     other = build_backbone("mobilefacenet", 32, blocks=(1, 1, 1, 1), width=0.25).eval()  # not the exported weights
     with pytest.raises(ExportError, match="parity"):
@@ -90,7 +91,7 @@ def test_parity_failure_is_loud(exported, checkpoint):
 
 def test_refuses_low_opset_and_leaves_nothing(checkpoint, tmp_path):
     with pytest.raises(ExportError, match="opset"):
-        export(checkpoint, tmp_path / "m.onnx", opset=13)
+        export(checkpoint, tmp_path / "m.onnx", get_settings(), opset=13)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -107,29 +108,29 @@ def test_older_float32_nchw_form_embeds_like_the_in_graph_form(exported, checkpo
     from training.checkpoint import load_backbone
 
     out, _ = exported
-    manifest = export(checkpoint, tmp_path / "nchw.onnx", input_format="float32_nchw")
+    manifest = export(checkpoint, tmp_path / "nchw.onnx", get_settings(), input_format="float32_nchw")
     assert (manifest.input.dtype, manifest.input.shape) == ("float32", ["batch", 3, 112, 112])
     assert onnx.load(str(tmp_path / "nchw.onnx")).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    crops, _ = parity_crops(load_backbone(checkpoint)[1], 16)
+    crops, _ = parity_crops(load_backbone(checkpoint, get_settings())[1], 16)
     numpy_path = _service_embedder(tmp_path / "nchw.json").embed(crops)
     in_graph = _service_embedder(out.with_suffix(".json")).embed(crops)
     assert np.abs(numpy_path - in_graph).max() <= 1e-5
     with pytest.raises(ExportError, match="input format"):
-        export(checkpoint, tmp_path / "bad.onnx", input_format="float16_nhwc")
+        export(checkpoint, tmp_path / "bad.onnx", get_settings(), input_format="float16_nhwc")
 
 
 def test_fp16_export_keeps_uint8_input_float32_output_and_serves(exported, checkpoint, tmp_path):
     from training.checkpoint import load_backbone
 
     out, _ = exported
-    manifest = export(checkpoint, tmp_path / "half.onnx", fp16=True)
+    manifest = export(checkpoint, tmp_path / "half.onnx", get_settings(), fp16=True)
     export_info = manifest.provenance["export"]
     assert export_info["fp16"] and export_info["dtype"] == "float16" and export_info["parity_min_cosine"] >= 0.999
     model = onnx.load(str(tmp_path / "half.onnx"))
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)  # the weights are half
-    crops, _ = parity_crops(load_backbone(checkpoint)[1], 16)
+    crops, _ = parity_crops(load_backbone(checkpoint, get_settings())[1], 16)
     half = _service_embedder(tmp_path / "half.json").embed(crops)
     full = _service_embedder(out.with_suffix(".json")).embed(crops)
     assert half.dtype == np.float32 and np.sum(half * full, axis=1).min() >= 0.999
@@ -141,9 +142,9 @@ def test_flip_tta_export_embeds_crop_plus_mirror(checkpoint, tmp_path):
 
     from training.checkpoint import load_backbone
 
-    manifest = export(checkpoint, tmp_path / "tta.onnx", flip_tta=True, input_format="float32_nchw")  # fed float inputs below
+    manifest = export(checkpoint, tmp_path / "tta.onnx", get_settings(), flip_tta=True, input_format="float32_nchw")  # fed float inputs below
     assert manifest.provenance["export"]["flip_tta"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.9999
-    backbone = load_backbone(checkpoint)[0]
+    backbone = load_backbone(checkpoint, get_settings())[0]
     x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 112, 112)).astype(np.float32)
     x[:, :, :, :56] = 1.0  # left half bright: the mirror is a different input
     with torch.no_grad():

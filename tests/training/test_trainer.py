@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from service.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.checkpoint import load_checkpoint
 from training.config import load_config
@@ -23,7 +24,7 @@ def data(tmp_path_factory):
 def test_loss_goes_down(data, tmp_path, head):
     name, params = head
     cfg = tiny_config(data, tmp_path / name, head={"name": name, "params": params})
-    result = Trainer(cfg).run(progress=False)
+    result = Trainer(cfg, get_settings()).run(progress=False)
     assert len(result.losses) == 6
     assert sum(result.losses[-2:]) / 2 < 0.6 * sum(result.losses[:2]) / 2, result.losses
     state = load_checkpoint(tmp_path / name / "last.pt")
@@ -33,10 +34,10 @@ def test_loss_goes_down(data, tmp_path, head):
 
 def test_resume_gives_the_same_next_step(data, tmp_path):
     """3 steps straight vs 2 steps, stop, resume from last.pt, 1 step: the same third loss, bit for bit."""
-    straight = Trainer(tiny_config(data, tmp_path / "a", steps=3)).run(progress=False)
-    first = Trainer(tiny_config(data, tmp_path / "b", steps=3)).run(progress=False, stop_at=2)
+    straight = Trainer(tiny_config(data, tmp_path / "a", steps=3), get_settings()).run(progress=False)
+    first = Trainer(tiny_config(data, tmp_path / "b", steps=3), get_settings()).run(progress=False, stop_at=2)
     assert first.step == 2 and first.losses == straight.losses[:2]
-    resumed = Trainer(tiny_config(data, tmp_path / "b", steps=3)).run(resume=tmp_path / "b" / "last.pt", progress=False)
+    resumed = Trainer(tiny_config(data, tmp_path / "b", steps=3), get_settings()).run(resume=tmp_path / "b" / "last.pt", progress=False)
     assert resumed.losses == straight.losses[2:]
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
     for key, value in a["backbone"].items():
@@ -45,7 +46,7 @@ def test_resume_gives_the_same_next_step(data, tmp_path):
 
 def test_gradient_accumulation_and_validation(data, tmp_path):
     cfg = tiny_config(data, tmp_path, steps=2, batch_size=4, optim={"accumulate": 2}, data={"val_fraction": 0.5, "val_pairs": 20, "workers": 0})
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, get_settings())
     assert trainer.val_set is not None
     trained = set(trainer.dataset.source.labels.tolist())
     assert len(trained) == 2  # two of four identities held out for validation pairs, never trained on
@@ -74,12 +75,12 @@ def test_config_overrides_and_errors():
 
 def test_partial_fc_needs_sharded_head(data, tmp_path):
     with pytest.raises(ValueError, match="sharded"):
-        Trainer(tiny_config(data, tmp_path, head={"sample_rate": 0.5}))
+        Trainer(tiny_config(data, tmp_path, head={"sample_rate": 0.5}), get_settings())
 
 
 def test_the_log_says_what_it_trains_on_each_validation_and_the_time_left(data, tmp_path, capsys):
     cfg = tiny_config(data, tmp_path, steps=2, log_every=1, val_every=1, data={"val_fraction": 0.5, "val_pairs": 20, "workers": 0})
-    Trainer(cfg).run(progress=True)
+    Trainer(cfg, get_settings()).run(progress=True)
     out = " ".join(capsys.readouterr().out.split())
     assert "data: 8 images of 2 identities" in out and "validation: 20 pairs" in out
     assert "step 1/2 validation accuracy" in out and "step 2/2 validation accuracy" in out

@@ -1,5 +1,7 @@
 """Backbones: aligned RGB faces (112×112, or the imported model's input for `dlib_resnet_v1`) → D-dim
-embeddings. `build_backbone(name, embedding_dim)`; `stages(model)` for fine-tuning recipes."""
+embeddings. `build_backbone(name, embedding_dim)`; `stages(model)` for fine-tuning recipes. An imported
+backbone starts from the imported model's weights: `weights=`, or the model cache's copy that the
+settings the command read name."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from training.backbones.dlib_resnet_v1 import DlibResNetV1
+from service.settings import Settings
+from training.backbones.dlib_resnet_v1 import DlibResNetV1, default_weights
 from training.backbones.iresnet import STAGES, IResNet
 from training.backbones.mobilefacenet import MobileFaceNet
+from training.data.preprocess import for_backbone
 
 # name → constructor taking (embedding_dim, **params)
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {name: partial(IResNet, layers) for name, layers in STAGES.items()}
@@ -21,12 +26,17 @@ _REGISTRY["dlib_resnet_v1"] = DlibResNetV1
 BACKBONES: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def build_backbone(name: str, embedding_dim: int = 512, **params: object) -> nn.Module:
-    """The backbone `name` (one of BACKBONES); params go to its constructor (e.g. iresnet dropout)."""
+def build_backbone(name: str, embedding_dim: int = 512, settings: Settings | None = None, **params: object) -> nn.Module:
+    """The backbone `name` (one of BACKBONES); params go to its constructor (e.g. iresnet dropout).
+    `dlib_resnet_v1` without `weights` starts from the `.dat` in `settings`' model cache."""
     try:
         factory = _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}") from None
+    if factory is DlibResNetV1 and "weights" not in params:
+        if settings is None:
+            raise ValueError("dlib_resnet_v1 starts from dlib's weights: give weights= or the settings naming the model cache")
+        params["weights"] = default_weights(settings.models_dir, settings.model_cache)
     return factory(embedding_dim, **params)
 
 
@@ -55,16 +65,11 @@ class ModelInfo:
         return self.flops / 2e9
 
 
-def model_info(name: str, embedding_dim: int = 512, **params: object) -> ModelInfo:
+def model_info(name: str, settings: Settings, embedding_dim: int = 512, **params: object) -> ModelInfo:
     """Parameter count and the FLOPs of one forward pass (the backbone's input size) in eval mode."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from training.data.preprocess import for_backbone
-
-    size = for_backbone(name).size
-
-    model = build_backbone(name, embedding_dim, **params).eval()
-    params = sum(p.numel() for p in model.parameters())
+    size = for_backbone(name, settings.models_dir).size
+    model = build_backbone(name, embedding_dim, settings, **params).eval()
+    count = sum(p.numel() for p in model.parameters())
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.zeros(1, 3, size, size))
-    return ModelInfo(name, embedding_dim, params, counter.get_total_flops())
+    return ModelInfo(name, embedding_dim, count, counter.get_total_flops())

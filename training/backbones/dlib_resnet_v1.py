@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from service.models import dlib_resnet as dat
+from service.models.files import manifest_path, place_weights
+from service.models.manifest import Manifest
 
 MODEL_NAME = "dlib-resnet-v1"  # the imported model this backbone starts from (models/MODEL_NAME.json)
 
@@ -73,9 +75,9 @@ class Block(nn.Module):
 class DlibResNetV1(nn.Module):
     """`stages`: the stem, then the five resolution stages; `fc`: the 256 → 128 projection (no bias)."""
 
-    def __init__(self, embedding_dim: int = 128, weights: str | Path | None = None) -> None:
+    def __init__(self, embedding_dim: int = 128, *, weights: str | Path) -> None:
         super().__init__()
-        net = dat.read_dat(Path(weights) if weights else default_weights())
+        net = dat.read_dat(Path(weights))
         if embedding_dim != net.fc_weight.shape[0]:
             raise ValueError(f"dlib_resnet_v1 gives {net.fc_weight.shape[0]}-d embeddings, not {embedding_dim} (set embedding_dim: 128)")
         stem = nn.Sequential(_conv(net.stem_conv), Affine(net.stem_bn), nn.ReLU(), _pool(net.stem_pool))
@@ -96,13 +98,8 @@ class DlibResNetV1(nn.Module):
         return x
 
 
-def default_weights() -> Path:
-    """dlib's published `.dat` in the model cache (placed there, sha256-checked, by
-    `facegate models pull dlib-resnet-v1`; fetched now if absent)."""
-    from service.models.files import manifest_path, place_weights
-    from service.models.manifest import Manifest
-    from service.settings import get_settings
-
-    settings = get_settings()
-    manifest = Manifest.load(manifest_path(MODEL_NAME, settings.models_dir))
-    return place_weights(manifest.file.source, settings.model_cache)
+def default_weights(models_dir: Path, model_cache: Path) -> Path:
+    """dlib's published `.dat` in `model_cache` (placed there, sha256-checked, by
+    `facegate models pull dlib-resnet-v1`; fetched now if absent), as its manifest in `models_dir` names it."""
+    manifest = Manifest.load(manifest_path(MODEL_NAME, models_dir))
+    return place_weights(manifest.file.source, model_cache)

@@ -7,20 +7,21 @@ from typing import Annotated
 
 import typer
 
+from service.align import TEMPLATES
 from service.console import console, fail
+from service.settings import get_settings
+from training.data.align_folder import REPORT, align_folder
 
 
 def align(
     src: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Raw photos: SRC/<identity>/*.jpg")],
     dst: Annotated[Path, typer.Argument(file_okay=False, help="Aligned crops: DST/<identity>/*.jpg")],
     workers: Annotated[int, typer.Option(help="Worker processes, each with its own detector.")] = 2,
-    template: Annotated[str, typer.Option(help="Alignment template (a manifest's `alignment`): arcface_112 (112×112, training's) or dlib_150.")] = "arcface_112",
+    template: Annotated[
+        str, typer.Option(help="Alignment template (a manifest's `alignment`): arcface_112 (112×112, training's) or dlib_150.")
+    ] = "arcface_112",
 ) -> None:
     """Detect, align and crop the largest face of every photo, as the service does (resumable)."""
-    from service.align import TEMPLATES
-    from service.settings import get_settings
-    from training.data.align_folder import REPORT, align_folder
-
     if template not in TEMPLATES:
         fail(f"unknown template {template!r}; one of {', '.join(TEMPLATES)}")
     summary = align_folder(src, dst, get_settings(), workers=workers, template=template)

@@ -7,28 +7,36 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from service.console import console, fail
+from service.errors import ModelError
+from service.settings import get_settings
 
 
 def calibrate(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An exported model's manifest (.json) or its .onnx.")],
-    data: Annotated[Path | None, typer.Option(help="Aligned identity folders the model never trained on (default: its run's held-out identities).")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Aligned identity folders the model never trained on (default: its run's held-out identities).")
+    ] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the thresholds without writing them into the manifest.")] = False,
 ) -> None:
     """Cosine thresholds for FAR 1e-2 … 1e-5 from impostor pairs of unseen identities, into the manifest."""
-    from rich.table import Table
-
-    from service.errors import ModelError
     from training.calibrate import calibrate as run
 
     manifest_path = model.with_suffix(".json")
     try:
-        result, origin = run(manifest_path, data, write=not dry_run)
+        result, origin = run(manifest_path, get_settings(), data, write=not dry_run)
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)
-    table = Table("FAR", "threshold", "realized FAR", "TAR", title=f"{result.identities} identities, {result.images} images: "
-                  f"{result.impostor_pairs:,} impostor / {result.genuine_pairs:,} genuine pairs")
+    table = Table(
+        "FAR",
+        "threshold",
+        "realized FAR",
+        "TAR",
+        title=f"{result.identities} identities, {result.images} images: "
+        f"{result.impostor_pairs:,} impostor / {result.genuine_pairs:,} genuine pairs",
+    )
     for key, t in result.thresholds.items():
         r = result.realized[key]
         table.add_row(key, f"{t:.6f}", f"{r['far']:.2e}", "—" if r["tar"] is None else f"{r['tar']:.4f}")

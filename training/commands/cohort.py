@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 
 from service.console import console, fail
+from service.errors import ModelError
 from service.models.cohort import COHORT_SHARE, TOP
+from service.settings import get_settings
 
 
 def calibrate_cohort(
@@ -39,14 +41,13 @@ def calibrate_cohort(
 ) -> None:
     """Split the identities into a cohort and calibration identities, embed both as the service
     does, and fit the FAR curve of AS-norm scores from the calibration identities' impostor pairs."""
-    from service.errors import ModelError
     from training.calibrate import embed_source
     from training.cohort import build, write
     from training.data.datasets import open_source
     from training.evaluate import OnnxEmbedder
 
     try:
-        embedder = OnnxEmbedder(model.with_suffix(".json"))
+        embedder = OnnxEmbedder(model.with_suffix(".json"), get_settings())
         embeddings, labels = embed_source(embedder, open_source(data, embedder.model.manifest.input.height))
         cohort, curve, figures = build(embeddings, labels, top, share, seed)
         manifest = write(out, embedder.model.manifest, cohort, curve, top, figures, {"data": str(data), "share": share, "seed": seed},

@@ -9,10 +9,16 @@ from typing import Annotated
 import typer
 
 from service.console import fail
+from service.errors import ModelError
+from service.models.manifest import Manifest
+from service.pipeline import FacePipeline
+from service.settings import get_settings
 
 
 def eval_(
-    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A checkpoint (.pt) or an exported model's manifest (.json/.onnx).")],
+    model: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="A checkpoint (.pt) or an exported model's manifest (.json/.onnx).")
+    ],
     pairs: Annotated[Path | None, typer.Option(help="LFW-layout pairs.txt (with --images).")] = None,
     images: Annotated[Path | None, typer.Option(help="LFW-layout image folder: NAME/NAME_0001.jpg.")] = None,
     bin_: Annotated[Path | None, typer.Option("--bin", help="InsightFace verification .bin.")] = None,
@@ -21,7 +27,12 @@ def eval_(
     roc: Annotated[Path | None, typer.Option(help="ROC curve PNG.")] = None,
     cache: Annotated[Path, typer.Option(help="Cache of aligned evaluation crops.")] = Path("~/.cache/facegate/eval"),
     record: Annotated[bool, typer.Option(help="Store the results in the exported model's manifest metrics.")] = False,
-    device: Annotated[str, typer.Option(help="A checkpoint's torch device: auto (CUDA when present), cpu, cuda, cuda:N. An exported model follows FACEGATE_DEVICE.")] = "auto",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="A checkpoint's torch device: auto (CUDA when present), cpu, cuda, cuda:N. An exported model follows FACEGATE_DEVICE."
+        ),
+    ] = "auto",
     progress: Annotated[bool, typer.Option(help="Progress bar on stderr.")] = True,
 ) -> None:
     """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
@@ -31,29 +42,27 @@ def eval_(
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
         fail("give exactly one of: --pairs with --images, --bin, --csv")
     cache = cache.expanduser()
-    embedder, kind = load_embedder(model, device)
+    settings = get_settings()
+    embedder, kind = load_embedder(model, settings, device)
     if bin_ is not None:
         vset = load_bin(bin_)
     else:
-        from service.errors import ModelError
-        from service.pipeline import FacePipeline
-        from service.settings import get_settings
-
         try:
-            pipeline = FacePipeline.from_settings(get_settings(), require_embedder=False)
+            pipeline = FacePipeline.from_settings(settings, require_embedder=False)
         except ModelError as exc:
             fail(exc)
         template = embedder.alignment
-        vset = (load_lfw(pairs, images, pipeline, cache, template=template, progress=progress) if pairs
-                else load_csv(csv, pipeline, cache, template=template, progress=progress))
+        vset = (
+            load_lfw(pairs, images, pipeline, cache, template=template, progress=progress)
+            if pairs
+            else load_csv(csv, pipeline, cache, template=template, progress=progress)
+        )
     if record and kind != "onnx":
         fail("--record needs an exported model (its .json manifest)")
     thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None
     metrics = evaluate(embedder, vset, roc, thresholds, progress=progress)
     results = {"model": str(model), "kind": kind, **metrics}
     if record:
-        from service.models.manifest import Manifest
-
         manifest_path = model.with_suffix(".json")
         manifest = Manifest.load(manifest_path)
         manifest.metrics = {**manifest.metrics, **metrics}

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from service.console import console, fail
+from service.settings import get_settings
 
 
 def export(
@@ -19,14 +20,20 @@ def export(
         typer.Option(
             "--license",
             "--license-name",
-            help="Licence of the model: the terms of the photos you trained on (e.g. 'own photos, internal use'); required, since no config can know them.",
+            help=(
+                "Licence of the model: the terms of the photos you trained on (e.g. 'own photos, "
+                "internal use'); required, since no config can know them."
+            ),
         ),
     ],
     fp16: Annotated[bool, typer.Option(help="float16 weights and arithmetic (uint8 or float32 input, float32 output): for GPUs.")] = False,
     input_format: Annotated[
         str,
         typer.Option(
-            help="uint8_nhwc: the model normalizes the aligned crops in its graph (on the GPU when served there); float32_nchw: the older form, normalized by the service in numpy."
+            help=(
+                "uint8_nhwc: the model normalizes the aligned crops in its graph (on the GPU when served there); "
+                "float32_nchw: the older form, normalized by the service in numpy."
+            )
         ),
     ] = "uint8_nhwc",
     flip_tta: Annotated[bool, typer.Option(help="Embed each crop plus its mirror inside the model (twice the compute).")] = False,
@@ -42,10 +49,23 @@ def export(
     license = {"name": license_name, **({"terms": license_terms} if license_terms else {})}
     metrics = json.loads(eval_.read_text()) if eval_ else None
     try:
-        manifest = run(checkpoint, out, fp16=fp16, input_format=input_format, flip_tta=flip_tta, opset=opset, metrics=metrics, license=license, version=version)
+        manifest = run(
+            checkpoint,
+            out,
+            get_settings(),
+            fp16=fp16,
+            input_format=input_format,
+            flip_tta=flip_tta,
+            opset=opset,
+            metrics=metrics,
+            license=license,
+            version=version,
+        )
     except ExportError as exc:
         fail(exc)
-    console.print(f"[green]ok[/green] {out} (parity cosine ≥ {manifest.provenance['export']['parity_min_cosine']}) + {out.with_suffix('.json')}")
+    console.print(
+        f"[green]ok[/green] {out} (parity cosine ≥ {manifest.provenance['export']['parity_min_cosine']}) + {out.with_suffix('.json')}"
+    )
     if not manifest.thresholds:
         console.print(
             f"[yellow]warning:[/yellow] {out.with_suffix('.json')} has no thresholds yet: served as it is, /verify and /identify at "

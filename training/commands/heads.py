@@ -86,7 +86,9 @@ def plot_logits(out: Annotated[Path, typer.Option("--out", help="PNG to write.")
 @heads_app.command("plot-features")
 def plot_features(
     out: Annotated[Path, typer.Option("--out", help="PNG to write.")],
-    head: Annotated[list[str] | None, typer.Option("--head", help=f"Head to train (repeatable). Default: {', '.join(FEATURE_HEADS)}.")] = None,
+    head: Annotated[
+        list[str] | None, typer.Option("--head", help=f"Head to train (repeatable). Default: {', '.join(FEATURE_HEADS)}.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the toy run (training/toy.py).")] = 0,
 ) -> None:
     """Train the toy problem (digits → 3-D embedding) with each head; draw the embeddings on the sphere."""

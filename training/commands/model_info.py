@@ -6,8 +6,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from service.console import fail
+from service.settings import get_settings
 
 
 def model_info(
@@ -15,15 +17,14 @@ def model_info(
     dim: Annotated[int, typer.Option(help="Embedding dimension.")] = 512,
 ) -> None:
     """Parameters and GFLOPs (multiply-accumulates, as arcface_torch counts) at 112×112."""
-    from rich.table import Table
-
     from training.backbones import BACKBONES
     from training.backbones import model_info as info
 
+    settings = get_settings()
     table = Table("backbone", "params (M)", "GFLOPs (GMACs)", "FLOPs ×2 (G)")
     for name in names or BACKBONES:
         try:
-            i = info(name, dim)
+            i = info(name, settings, dim)
         except ValueError as exc:
             fail(exc)
         table.add_row(name, f"{i.params / 1e6:.2f}", f"{i.gmacs:.3f}", f"{i.flops / 1e9:.3f}")

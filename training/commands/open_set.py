@@ -7,9 +7,16 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
+from rich.table import Table
 
 from service.console import console, fail
+from service.errors import ModelError
+from service.models.cohort import Cohort
+from service.pipeline import FacePipeline
+from service.settings import get_settings
+from training.identification import det_png, protocol, report
 
 
 def eval_open_set(
@@ -36,19 +43,11 @@ def eval_open_set(
 ) -> None:
     """Enroll `enroll` photos of each person who has more, probe with the next photo and with the
     people who have fewer: DIR at FPIR 1e-1/1e-2/1e-3 and the realized FPIR at FACEGATE_DEFAULT_FPIR."""
-    import numpy as np
-    from rich.table import Table
-
-    from service.errors import ModelError
-    from service.models.cohort import Cohort
-    from service.pipeline import FacePipeline
-    from service.settings import get_settings
     from training.evaluate import OnnxEmbedder, cached_crops
-    from training.identification import det_png, protocol, report
 
     settings = get_settings()
     try:
-        embedder = OnnxEmbedder(model.with_suffix(".json"))
+        embedder = OnnxEmbedder(model.with_suffix(".json"), settings)
         pipeline = FacePipeline.from_settings(settings, require_embedder=False)
         p = protocol(images, enroll, strangers)
         normalizer = Cohort.load(cohort, embedder.model.manifest) if cohort else None
@@ -60,13 +59,33 @@ def eval_open_set(
         raw = embedder.raw(crops)
         return raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
 
-    result = {"model": str(model), "images": str(images), **report(embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer)}
-    table = Table("fpir", "threshold", "per-comparison FAR", "realized FPIR", "DIR", "oracle DIR",
-                  title=f"{result['score']} scores; {result['enrolled_subjects']} enrolled ({result['gallery_faces']} faces), {result['known_probes']} known probes, "
-                  f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}")
+    result = {
+        "model": str(model),
+        "images": str(images),
+        **report(embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer),
+    }
+    table = Table(
+        "fpir",
+        "threshold",
+        "per-comparison FAR",
+        "realized FPIR",
+        "DIR",
+        "oracle DIR",
+        title=(
+            f"{result['score']} scores; {result['enrolled_subjects']} enrolled "
+            f"({result['gallery_faces']} faces), {result['known_probes']} known probes, "
+            f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}"
+        ),
+    )
     for row in result["rows"]:
-        table.add_row(f"{row['fpir']:g}" + (" (default)" if row["default"] else ""), f"{row['threshold']:.6f}",
-                      row["far"] + (" (tail)" if row["extrapolated"] else ""), f"{row['realized_fpir']:.4f}", f"{row['dir']:.4f}", f"{row['oracle_dir']:.4f}")
+        table.add_row(
+            f"{row['fpir']:g}" + (" (default)" if row["default"] else ""),
+            f"{row['threshold']:.6f}",
+            row["far"] + (" (tail)" if row["extrapolated"] else ""),
+            f"{row['realized_fpir']:.4f}",
+            f"{row['dir']:.4f}",
+            f"{row['oracle_dir']:.4f}",
+        )
     console.print(table)
     if det is not None:
         det_png(result, det, f"{embedder.model.manifest.name} on {images.name}: open set, enrolled by {enroll}")

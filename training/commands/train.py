@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from service.console import console, fail
+from service.settings import get_settings
+from training.config import load_config
 
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.sub=value (YAML value). Repeatable.")]
 
@@ -30,9 +33,7 @@ def train(
 
 def _train(config: Path, sets: list[str], resume: Path | None) -> None:
     import torch.distributed as dist
-    from pydantic import ValidationError
 
-    from training.config import load_config
     from training.data.datasets import DataSplitError
     from training.trainer import train as run
 
@@ -41,7 +42,7 @@ def _train(config: Path, sets: list[str], resume: Path | None) -> None:
     except (ValidationError, ValueError) as exc:
         fail(exc)
     try:
-        result = run(cfg, resume=resume)
+        result = run(cfg, get_settings(), resume=resume)
     except DataSplitError as exc:
         fail(exc)
     finally:

@@ -99,7 +99,8 @@ def split_identities(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
         raise DataSplitError(
             f"data.val_fraction {val_fraction} of {len(identities)} identities holds out {n_val} for validation "
             f"({len(eligible)} have two or more images); validation pairs need at least 2 held-out identities with "
-            f"two images each: set data.val_fraction to {min(need, 0.99):.2f} or more (e.g. --set data.val_fraction={min(max(need, 0.2), 0.5):.2f}), "
+            f"two images each: set data.val_fraction to {min(need, 0.99):.2f} or more (e.g. --set "
+            f"data.val_fraction={min(max(need, 0.2), 0.5):.2f}), "
             "or to 0 to train without validation"
         )
     val_ids = np.random.default_rng(seed).choice(eligible, size=n_val, replace=False)

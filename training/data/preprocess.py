@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 
 from service.align import TEMPLATES
 from service.models.embedder import normalize
-from service.models.manifest import InputSpec
+from service.models.files import manifest_path
+from service.models.manifest import InputSpec, Manifest
 
 ALIGNMENT = "arcface_112"
 SIZE = TEMPLATES[ALIGNMENT][1]
@@ -41,14 +43,14 @@ DEFAULT = Preprocessing(ALIGNMENT, INPUT_SPEC)
 
 
 @cache
-def for_backbone(name: str) -> Preprocessing:
+def for_backbone(name: str, models_dir: Path) -> Preprocessing:
+    """The backbone's input; an imported backbone's comes from its manifest in `models_dir` (the
+    settings' `models_dir`, which the command passes down)."""
     if name not in IMPORTED_INPUT:
         return DEFAULT
-    from service.models.files import manifest_path
-    from service.models.manifest import Manifest
-    from service.settings import get_settings
-
-    manifest = Manifest.load(manifest_path(IMPORTED_INPUT[name], get_settings().models_dir))
+    manifest = Manifest.load(manifest_path(IMPORTED_INPUT[name], models_dir))
+    if manifest.alignment is None:
+        raise ValueError(f"{manifest.name} names no alignment, which {name} would be trained on")
     return Preprocessing(manifest.alignment, manifest.input.model_copy(update={"name": INPUT_SPEC.name}))
 
 

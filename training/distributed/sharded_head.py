@@ -68,7 +68,9 @@ class ShardedHead(nn.Module):
     def __init__(self, head: Head, num_classes: int, rank: int, world_size: int, sample_rate: float = 1.0, seed: int = 0) -> None:
         super().__init__()
         if type(head) not in SHARDABLE or getattr(head, "learn_scale", False):
-            raise ValueError(f"{type(head).__name__} cannot be sharded; use one of cosface, amsoftmax, arcface, combined, msoftmax, normface")
+            raise ValueError(
+                f"{type(head).__name__} cannot be sharded; use one of cosface, amsoftmax, arcface, combined, msoftmax, normface"
+            )
         self.start, self.stop = shard_range(num_classes, rank, world_size)
         if head.num_classes != self.stop - self.start:
             raise ValueError(f"head has {head.num_classes} classes, rank {rank} owns {self.stop - self.start}")

@@ -8,6 +8,9 @@ optimizers, schedule, recipe and flip decisions of `facegate train` (whose only 
 allows is the flip), at a small fraction of the compute on a CPU. Its checkpoints are
 whole-backbone checkpoints that `facegate export` / `eval` / `calibrate` take as they are, and a run
 resumes from its `last.pt`.
+
+Research code of one benchmark (scripts/dlib_heads.py, docs/dlib-finetune.md), so it lives beside it
+rather than in the `training` package: `facegate train` is the one product training loop.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from service.console import console, progress_bar
 from service.fileio import write_atomically
+from service.settings import Settings
 from training.backbones import build_backbone
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import TrainConfig
@@ -39,19 +44,21 @@ def _write_json(path: Path, data: dict) -> None:
     write_atomically(path, (json.dumps(data, indent=2) + "\n").encode(), durable=False)
 
 
-def build_cache(cfg: TrainConfig, cache_dir: Path, chunk: int = 256, progress: bool = True, from_cache: Path | None = None) -> Path:
+def build_cache(
+    cfg: TrainConfig, settings: Settings, cache_dir: Path, chunk: int = 256, progress: bool = True, from_cache: Path | None = None
+) -> Path:
     """stages[:freeze_stages] over every crop of cfg.data.train and its mirror → cache_dir/features.npy
     (N × 2 × C × H × W float32; [:, 1] = mirror) and labels.npy. Resumes where it stopped. With
     `from_cache` (a complete cache of fewer stages of the same data) only the stages in between run."""
-    from service.console import progress_bar
-
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    prep, stop = for_backbone(cfg.backbone), cfg.finetune.freeze_stages
+    prep, stop = for_backbone(cfg.backbone, settings.models_dir), cfg.finetune.freeze_stages
     source = open_source(cfg.data.train, prep.size)
-    model = build_backbone(cfg.backbone, cfg.embedding_dim, **cfg.backbone_params).eval()
+    model = build_backbone(cfg.backbone, cfg.embedding_dim, settings, **cfg.backbone_params).eval()
     if not hasattr(model, "prefix") or stop < 1:
-        raise ValueError(f"a prefix cache needs finetune.freeze_stages ≥ 1 on a backbone with `prefix` (dlib_resnet_v1), not {cfg.backbone}")
+        raise ValueError(
+            f"a prefix cache needs finetune.freeze_stages ≥ 1 on a backbone with `prefix` (dlib_resnet_v1), not {cfg.backbone}"
+        )
     key, meta_path, path = _cache_key(cfg, len(source)), cache_dir / "meta.json", cache_dir / "features.npy"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
     if meta is not None and meta["key"] != key:
@@ -94,7 +101,7 @@ def build_cache(cfg: TrainConfig, cache_dir: Path, chunk: int = 256, progress: b
 class CachedRun:
     """`Trainer` for stages[freeze_stages:] + fc + head on a prefix cache (see the module's docstring)."""
 
-    def __init__(self, cfg: TrainConfig, cache_dir: Path) -> None:
+    def __init__(self, cfg: TrainConfig, settings: Settings, cache_dir: Path) -> None:
         a = cfg.data.augment
         if a.random_resized_crop or a.color_jitter or a.blur or a.grayscale:
             raise ValueError("a prefix cache holds each crop and its mirror only: set data.augment to {flip: p}")
@@ -113,7 +120,7 @@ class CachedRun:
         self.val_folds = np.arange(cfg.data.val_pairs) * 10 // cfg.data.val_pairs
         self.num_classes = cfg.data.num_classes or int(self.labels.max()) + 1
 
-        self.backbone = build_backbone(cfg.backbone, cfg.embedding_dim, **cfg.backbone_params)
+        self.backbone = build_backbone(cfg.backbone, cfg.embedding_dim, settings, **cfg.backbone_params)
         self.recipe = Recipe(cfg, self.backbone)  # freezes stages[:start]: they are the cache
         self.criterion = HeadLoss(build_head(cfg.head.name, cfg.embedding_dim, self.num_classes, **cfg.head.params))
         self.steps_per_epoch = len(self.train_idx) // cfg.batch_size
@@ -130,9 +137,14 @@ class CachedRun:
             "head": self.criterion.head.state_dict(),
             "optimizers": [o.state_dict() for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
-            "step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch,
-            "best": self.best, "seconds": self.seconds, "rng": torch.get_rng_state(),
-            "num_classes": self.num_classes, "world_size": 1,
+            "step": self.step,
+            "epoch": self.epoch,
+            "micro_in_epoch": self.micro_in_epoch,
+            "best": self.best,
+            "seconds": self.seconds,
+            "rng": torch.get_rng_state(),
+            "num_classes": self.num_classes,
+            "world_size": 1,
             "config": self.cfg.model_dump(mode="json"),
         }
 
@@ -172,8 +184,15 @@ class CachedRun:
         """Held-out identities' pairs, 10-fold, with and without flip-TTA (as `Trainer.validate`)."""
         was = self.backbone.training
         self.backbone.eval()
-        raw = [torch.cat([self._forward(self.val_used[i : i + 512], np.full(len(self.val_used[i : i + 512]), m))
-                          for i in range(0, len(self.val_used), 512)]).numpy() for m in (0, 1)]
+        raw = [
+            torch.cat(
+                [
+                    self._forward(self.val_used[i : i + 512], np.full(len(self.val_used[i : i + 512]), m))
+                    for i in range(0, len(self.val_used), 512)
+                ]
+            ).numpy()
+            for m in (0, 1)
+        ]
         self.backbone.train(was)
         out = {}
         for key, e in (("no_flip", raw[0]), ("flip", raw[0] + raw[1])):
@@ -185,8 +204,6 @@ class CachedRun:
     def run(self, out: Path, stop_at: int | None = None, progress: bool = True) -> dict:
         """Train to the configured length or `stop_at` steps, resuming from out/last.pt; writes
         last.pt (every checkpoint_every steps), best.pt (best held-out flip accuracy) and result.json."""
-        from service.console import console
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         if (out / "last.pt").is_file():
@@ -202,7 +219,7 @@ class CachedRun:
                 losses.append(self.train_step(rows, mirror))
                 self.micro_in_epoch += 1
                 if self.step % cfg.log_every == 0 and progress:
-                    console.print(f"step {self.step}/{end} loss {np.mean(losses[-cfg.log_every:]):.4f}")
+                    console.print(f"step {self.step}/{end} loss {np.mean(losses[-cfg.log_every :]):.4f}")
                 if self.step >= end or self.step % cfg.checkpoint_every == 0 or self.step % cfg.val_every == 0:
                     break
             else:
@@ -219,6 +236,11 @@ class CachedRun:
                 if progress:
                     console.print(f"step {self.step}: held-out accuracy {metrics['flip']['accuracy']:.4f} (flip)")
             save_checkpoint(self.state(), out / "last.pt")
-        result = {"step": self.step, "total_steps": self.total_steps, "train_seconds": round(self.seconds, 1), "best_flip_accuracy": self.best}
+        result = {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "train_seconds": round(self.seconds, 1),
+            "best_flip_accuracy": self.best,
+        }
         _write_json(out / "result.json", result)
         return result
