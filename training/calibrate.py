@@ -132,10 +132,13 @@ def same_person_pairs(
 
 
 def _just_above(boundary: float) -> float:
-    """The threshold rounded up to DIGITS decimals, strictly above `boundary` (which it rejects)."""
-    scale = 10**DIGITS
-    t = math.ceil(boundary * scale) / scale
-    return t if t > boundary else (math.ceil(boundary * scale) + 1) / scale
+    """The threshold rounded up to DIGITS decimals, strictly above `boundary` (which it rejects) also
+    in float32, the precision scores are compared at (NumPy compares a float32 array with a Python
+    float in float32): a 6-decimal threshold can round onto the boundary score there."""
+    step = math.ceil(boundary * 10**DIGITS)
+    while step <= boundary * 10**DIGITS or np.float32(step / 10**DIGITS) <= np.float32(boundary):
+        step += 1
+    return step / 10**DIGITS
 
 
 def far_curve(impostor: np.ndarray) -> dict:

@@ -42,6 +42,14 @@ def test_ties_never_push_the_realized_far_over_the_target():
     assert threshold_for_far(np.linspace(0, 1, MIN_FALSE_ACCEPTS * 100 - 1), 1e-2) is None
 
 
+def test_a_threshold_rejects_its_boundary_score_in_float32():
+    """Scores are float32: 0.9 rounds onto the float32 score just below it, which it must reject."""
+    boundary = np.float32(0.8999999761581421)
+    impostor = np.concatenate([np.full(11, boundary, np.float32), np.linspace(0, 0.5, 989, dtype=np.float32)])
+    t = threshold_for_far(impostor, 1e-2)  # allows 10 of 1000: the 11 at the boundary are rejected
+    assert t == 0.900001 and (impostor >= t).sum() == 0
+
+
 def test_pair_scores_split_genuine_and_impostor():
     e = np.eye(4, dtype=np.float32)[[0, 0, 1, 2]]
     genuine, impostor = pair_scores(e, np.array([7, 7, 8, 9]))
