@@ -36,13 +36,14 @@ WORKDIR /src
 # only when pyproject.toml or the Makefile change; step 2 installs the project itself (pip always
 # reinstalls a local folder; its dependencies are satisfied by then).
 COPY pyproject.toml Makefile ./
-RUN mkdir service training \
- && touch README.md service/__init__.py training/__init__.py \
+RUN mkdir service training benchmarks \
+ && touch README.md service/__init__.py training/__init__.py benchmarks/__init__.py \
  && make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" EDITABLE= \
- && rm -rf README.md service training build ./*.egg-info
+ && rm -rf README.md service training benchmarks build ./*.egg-info
 COPY README.md ./
 COPY service ./service
 COPY training ./training
+COPY benchmarks ./benchmarks
 RUN make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" EDITABLE= \
  && /opt/venv/bin/facegate --help >/dev/null
 

@@ -7,7 +7,7 @@ the machine.
     FACEGATE_TEST_DATA=../shared/data FACEGATE_MODEL_CACHE=../shared/models \\
         PYTHONPATH=. .venv/bin/python benchmarks/compat_latency.py [--requests 200] [--url URL --key K]
 
-Without --url it starts a server of this checkout (service.loadtest.spawned) on a fresh gallery.
+Without --url it starts a server of this checkout (benchmarks.loadtest.spawned) on a fresh gallery.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from service.loadtest import spawned
+from benchmarks.loadtest import spawned
 
 ROUTES = {
     "/identify (native)": ("/identify", "image", {"top_k": "1"}),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.bench import machine_lines
+from benchmarks.bench import machine_lines
 from service.models.detector import FaceDetector
 from service.pipeline import FacePipeline
 from service.settings import Settings

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from service.bench import machine_lines
+from benchmarks.bench import machine_lines
 from service.models.embedder import FaceEmbedder, l2_normalize, preprocess
 from service.models.providers import Runtime, create_session
 from service.pipeline import FacePipeline

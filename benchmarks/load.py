@@ -3,7 +3,7 @@
 Either against a running server (`--url`), or `--spawn`: start the server itself on a free
 127.0.0.1 port once per batching mode (FACEGATE_BATCHING=true/false), enroll a small gallery for
 /identify, run the matrix, stop it. Images are LFW photos (FACEGATE_TEST_DATA) or `--images`.
-`facegate bench all` runs the same load (service/loadtest.py) as part of the whole table.
+`facegate bench all` runs the same load (benchmarks/loadtest.py) as part of the whole table.
 
     FACEGATE_TEST_DATA=../shared/data FACEGATE_MODEL_CACHE=../shared/models \\
         .venv/bin/python benchmarks/load.py --spawn --embedder models/facegate-default.json
@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from service.loadtest import matrix, spawned  # noqa: E402
+from benchmarks.loadtest import matrix, spawned  # noqa: E402
 
 
 def load_images(folder: Path | None, count: int) -> list[bytes]:

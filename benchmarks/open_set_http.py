@@ -8,7 +8,7 @@ computes the same offline; this checks that the service answers it.
 
     python benchmarks/open_set_http.py --images ../shared/data/lfw [--url http://127.0.0.1:8000] [--key K]
 
-Without --url it starts a server of this checkout (service.loadtest.spawned) on a fresh gallery.
+Without --url it starts a server of this checkout (benchmarks.loadtest.spawned) on a fresh gallery.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from service.loadtest import spawned
+from benchmarks.loadtest import spawned
 from training.identification import protocol
 
 

@@ -37,9 +37,9 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.loadtest import spawned  # noqa: E402
 from benchmarks.search import rss_mib  # noqa: E402
 from service.gallery.postgres import PostgresGallery, migrate  # noqa: E402
-from service.loadtest import spawned  # noqa: E402
 from service.models.manifest import EmbedderKey  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 

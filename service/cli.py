@@ -1,5 +1,5 @@
-"""The `facegate` command. Training registers its own subcommands through the `facegate.cli`
-entry-point group, so this module (and the serving image) never imports training or torch."""
+"""The `facegate` command. Training and the benchmarks register their own subcommands through the
+`facegate.cli` entry-point group, so this module (and the serving image) never imports training or torch."""
 
 from __future__ import annotations
 
@@ -21,10 +21,8 @@ from service.settings import get_settings
 
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Model files and manifests.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
 gallery_app = typer.Typer(help="The gallery database (FACEGATE_DATABASE_URL, else SQLite under FACEGATE_DATA_DIR).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-app.add_typer(bench_app, name="bench")
 app.add_typer(gallery_app, name="gallery")
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
@@ -252,39 +250,6 @@ def compare(
     if manifest.thresholds:
         result["match_at_far"] = {far: bool(result["similarity"] >= t) for far, t in manifest.thresholds.items()}
     typer.echo(json.dumps(result, indent=2))
-
-
-@bench_app.command("pipeline")
-def bench_pipeline(
-    images: Annotated[list[Path] | None, typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
-    seconds: Annotated[float, typer.Option(help="Time budget per stage.")] = 3.0,
-) -> None:
-    """Decode, detect, align and embed throughput on the active provider."""
-    from service.bench import run_pipeline_bench
-
-    pipeline = _pipeline(require_embedder=False)
-    run_pipeline_bench(pipeline, images or [], seconds, Console())
-
-
-@bench_app.command("all")
-def bench_all(
-    images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, e.g. LFW's (decoded, detected, aligned, and sent over HTTP).")],
-    embedder: Annotated[str | None, typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
-    seconds: Annotated[float, typer.Option(help="Time budget per stage and per batch size.")] = 3.0,
-    batch: Annotated[list[int] | None, typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
-    concurrency: Annotated[list[int] | None, typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
-    requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 200,
-) -> None:
-    """The whole table: machine, versions, providers; pipeline stages; embed batch scaling (bare
-    session against the pipeline's embed stage); HTTP load on /verify and /identify."""
-    from service.bench import run_all
-
-    settings = get_settings()
-    if embedder:
-        settings = settings.model_copy(update={"embedder": embedder})
-    levels = tuple(c for c in (concurrency or [1, 8, 32, 64]) if c > 0)
-    with fail_on_error():
-        run_all(settings, images, Console(width=max(Console().width, 120)), seconds, tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)), levels, requests)
 
 
 @gallery_app.command("reembed")

@@ -88,22 +88,3 @@ def test_console_script_has_every_command():
         assert command in result.stdout
 
 
-def test_bench_all_prints_the_whole_table(run, lfw):
-    """Machine and versions, stages, embed scaling at the asked batch sizes, and HTTP load on a
-    spawned server (a few requests: the figures are printed, never asserted)."""
-    images = [lfw("Aaron_Peirsol"), lfw("George_W_Bush", 7), lfw("Colin_Powell", 40)]
-    result = run("bench", "all", *images, "--seconds", "0.01", "--batch", "1", "--batch", "3", "--concurrency", "2", "--requests", "2")
-    assert result.exit_code == 0, result.output
-    out = result.stdout
-    assert "machine:" in out and "onnxruntime" in out and "numpy" in out and "opencv" in out
-    assert "float32 NCHW input" in out and "IO binding off" in out
-    for stage in ("decode", "detect", "align"):
-        assert f"│ {stage}" in out
-    scaling = out[out.index("embed batch scaling (") :]
-    assert [line.split("│")[1].strip() for line in scaling.splitlines() if line.startswith("│")][:2] == ["1", "3"]
-    assert "│ /verify" in out and "│ /identify" in out and out.count("200:2") == 2
-    # The peer (face_recognition, which `make test` installs) on the same photos: both find the three faces.
-    peer = out[out.index("the peer on the same") : out.index("HTTP load")]
-    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in peer.splitlines() if line.startswith("│")}
-    assert rows == {"facegate": "3", "face_recognition": "3"}, peer
-    assert "facegate / face_recognition wall time:" in peer

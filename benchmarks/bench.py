@@ -265,7 +265,7 @@ def run_all(
     except ImportError:
         console.print("[yellow]HTTP load skipped: it needs httpx (pip install -e '.[dev]')[/yellow]")
         return
-    from service.loadtest import matrix, spawned
+    from benchmarks.loadtest import matrix, spawned
 
     env = {"FACEGATE_EMBEDDER": str(settings.embedder), "FACEGATE_DEVICE": settings.device}
     table = Table(

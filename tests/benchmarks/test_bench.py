@@ -1,0 +1,48 @@
+"""`facegate bench`: the commands the benchmarks package registers on `facegate`."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from benchmarks.cli import register
+from service.settings import get_settings
+
+app = typer.Typer()
+register(app)
+
+
+@pytest.fixture
+def run(model_cache, embedder_manifest, monkeypatch):
+    monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(model_cache))
+    monkeypatch.setenv("FACEGATE_EMBEDDER", str(embedder_manifest))
+    monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
+    get_settings.cache_clear()
+    yield lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+    get_settings.cache_clear()
+
+
+def lfw(test_data, name: str, number: int = 1):
+    return test_data / "lfw" / name / f"{name}_{number:04d}.jpg"
+
+
+def test_bench_all_prints_the_whole_table(run, test_data):
+    """Machine and versions, stages, embed scaling at the asked batch sizes, and HTTP load on a
+    spawned server (a few requests: the figures are printed, never asserted)."""
+    images = [lfw(test_data, "Aaron_Peirsol"), lfw(test_data, "George_W_Bush", 7), lfw(test_data, "Colin_Powell", 40)]
+    result = run("bench", "all", *images, "--seconds", "0.01", "--batch", "1", "--batch", "3", "--concurrency", "2", "--requests", "2")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "machine:" in out and "onnxruntime" in out and "numpy" in out and "opencv" in out
+    assert "float32 NCHW input" in out and "IO binding off" in out
+    for stage in ("decode", "detect", "align"):
+        assert f"│ {stage}" in out
+    scaling = out[out.index("embed batch scaling (") :]
+    assert [line.split("│")[1].strip() for line in scaling.splitlines() if line.startswith("│")][:2] == ["1", "3"]
+    assert "│ /verify" in out and "│ /identify" in out and out.count("200:2") == 2
+    # The peer (face_recognition, which `make test` installs) on the same photos: both find the three faces.
+    peer = out[out.index("the peer on the same") : out.index("HTTP load")]
+    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in peer.splitlines() if line.startswith("│")}
+    assert rows == {"facegate": "3", "face_recognition": "3"}, peer
+    assert "facegate / face_recognition wall time:" in peer
