@@ -38,7 +38,8 @@ class Quantization(StrictModel):
     quantizer at activation ranges committed beside the manifest (calibrated on photos that do not
     ship), with the options the ranges were made for."""
 
-    ranges: str = Field(description="onnxruntime's calibration cache (JSON tensor ranges), a file beside the manifest.")
+    ranges: str = Field(description="onnxruntime's calibration cache (JSON tensor ranges), a file beside the manifest, "
+                        "not named *.json: that is a manifest's name.")
     ranges_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     method: Literal["MinMax", "Percentile"] = Field(description="The calibrator that made the ranges.")
     per_channel: bool
