@@ -67,12 +67,12 @@ def int8_bytes(weights: Path, options: Quantization, manifest_dir: Path) -> byte
     return quantize(float_graph(weights), ranges, options)
 
 
-class _Batches(CalibrationDataReader):
-    def __init__(self, inputs: np.ndarray, name: str, batch: int):
-        self._batches: Iterator[dict] = iter([{name: inputs[i : i + batch]} for i in range(0, len(inputs), batch)])
+class _OneByOne(CalibrationDataReader):
+    def __init__(self, inputs: np.ndarray, name: str):
+        self._runs: Iterator[dict] = iter([{name: inputs[i : i + 1]} for i in range(len(inputs))])
 
     def get_next(self) -> dict | None:
-        return next(self._batches, None)
+        return next(self._runs, None)
 
 
 def calibrate_ranges(weights: Path, inputs: np.ndarray, input_name: str, method: str, out: Path) -> None:
@@ -86,7 +86,7 @@ def calibrate_ranges(weights: Path, inputs: np.ndarray, input_name: str, method:
         calibrator = create_calibrator(
             source, augmented_model_path=str(Path(tmp) / "augmented.onnx"), calibrate_method=CalibrationMethod[method], extra_options=extra
         )
-        calibrator.collect_data(_Batches(inputs, input_name, batch=1))
+        calibrator.collect_data(_OneByOne(inputs, input_name))
         ranges = calibrator.compute_data()
         save_tensors_data(ranges, Path(tmp) / "ranges.json")
         payload = json.loads((Path(tmp) / "ranges.json").read_text())  # tensors come in set order: sorted, the same bytes each run

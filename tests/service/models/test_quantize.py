@@ -66,6 +66,15 @@ def test_served_by_name_and_close_to_the_float_model(int8_cache, test_data, monk
     assert cosine.min() >= 0.99, cosine
 
 
+def test_ranges_depend_on_the_sample_alone(int8_cache, manifest, tmp_path):
+    """What `facegate calibrate-int8` writes: the same crops give the same bytes, other crops others."""
+    weights = int8_cache / manifest.file.source.weights_name
+    crops = np.random.default_rng(0).normal(0, 0.3, (3, 3, 150, 150)).astype(np.float32)
+    for name, sample in (("a", crops), ("b", crops), ("c", crops[:2])):
+        quantize.calibrate_ranges(weights, sample, manifest.input.name, "MinMax", tmp_path / name)
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes() != (tmp_path / "c").read_bytes()
+
+
 def _copy(manifest_dir, manifest: Manifest, **quantization) -> Manifest:
     """The manifest and its ranges in another folder, with changed quantization fields."""
     shutil.copy(MANIFEST.parent / manifest.file.source.quantization.ranges, manifest_dir)
