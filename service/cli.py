@@ -117,12 +117,12 @@ def serve(
 
 @models_app.command("pull")
 def models_pull(
-    names: Annotated[list[str] | None, typer.Argument(help="Manifests to pull (default: every one with a URL or a source).")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="Manifests to pull (default: those with a URL or source; a quantized one only with its onnxruntime).")] = None,
     source: Annotated[str | None, typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
     file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
-    from service.models.files import manifest_path, pull, verify_file
+    from service.models.files import manifest_path, pull, verify_file, version_note
     from service.models.manifest import Manifest
 
     settings = get_settings()
@@ -138,8 +138,11 @@ def models_pull(
                 target = shipped
             elif not names and not (manifest.file.url or manifest.file.source):
                 continue
+            elif not names and (note := version_note(manifest)) and manifest.name != settings.embedder:
+                console.print(f"[yellow]skipped[/yellow] {manifest.name}: {note}")  # not served, so not a failure
+                continue
             else:
-                target = pull(manifest, settings.model_cache, url=source, local=file)
+                target = pull(manifest, settings.model_cache, url=source, local=file, manifest_dir=path.parent)
         console.print(f"[green]ok[/green] {manifest.name} → {target}")
 
 

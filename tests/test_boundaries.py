@@ -34,6 +34,7 @@ TRAINING_MAY_IMPORT = frozenset({
     "service.models.in_graph",
     "service.models.manifest",
     "service.models.files",
+    "service.models.quantize",  # calibrate-int8 calibrates the very graph `models pull` quantizes
 })
 SERVICE_NEVER_IMPORTS = frozenset({"training", "torch", "torchvision"})
 

@@ -5,7 +5,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from training.commands import align, calibrate, cohort, evaluate, export, heads, model_info, open_set, train
+    from training.commands import align, calibrate, cohort, evaluate, export, heads, model_info, open_set, quantize, train
 
     app.add_typer(heads.heads_app, name="heads")
     app.command("align")(align.align)
@@ -15,4 +15,5 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export.export)
     app.command("calibrate")(calibrate.calibrate)
     app.command("calibrate-cohort")(cohort.calibrate_cohort)
+    app.command("calibrate-int8")(quantize.calibrate_int8)
     app.command("model-info")(model_info.model_info)

@@ -299,8 +299,10 @@ OPSET = 17
 IR_VERSION = 8  # the IR version that introduced opset 17 support; fixed for byte stability
 
 
-def to_onnx(net: DlibResNet) -> onnx.ModelProto:
-    """Build an ONNX graph equivalent to dlib's forward pass (static 150x150 input)."""
+def to_onnx(net: DlibResNet, fold_affine: bool = False) -> onnx.ModelProto:
+    """Build an ONNX graph equivalent to dlib's forward pass (static 150x150 input).
+    `fold_affine`: each affine is folded into the conv before it (in numpy, so the same bytes
+    everywhere), which leaves the quantizer plain Conv → Relu chains to quantize."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -327,6 +329,12 @@ def to_onnx(net: DlibResNet) -> onnx.ModelProto:
                strides=[c.stride] * 2, pads=[c.pad] * 4)
         return y, (hw + 2 * c.pad - k) // c.stride + 1
 
+    def conv_affine(x, c: Conv, a: Affine, hw):
+        if not fold_affine:
+            y, hw = conv(x, c, hw)
+            return affine(y, a), hw
+        return conv(x, Conv(c.weight * a.scale[:, None, None, None], c.bias * a.scale + a.shift, c.stride, c.pad), hw)
+
     def affine(x, a: Affine):
         x = op("Mul", [x, const("scale", a.scale.reshape(1, -1, 1, 1))])
         return op("Add", [x, const("shift", a.shift.reshape(1, -1, 1, 1))])
@@ -343,15 +351,14 @@ def to_onnx(net: DlibResNet) -> onnx.ModelProto:
         pads = [0, 0, 0, 0, 0] + add_prev_pads(shape, target)
         return op("Pad", [x, const("pads", np.array(pads, np.int64))])
 
-    x, hw = conv("input", net.stem_conv, net.input_size)
-    x = op("Relu", [affine(x, net.stem_bn)])
+    x, hw = conv_affine("input", net.stem_conv, net.stem_bn, net.input_size)
+    x = op("Relu", [x])
     x, hw = pool(x, net.stem_pool, hw)
     ch = net.stem_conv.weight.shape[0]
     for blk in net.blocks:
-        y, hw_y = conv(x, blk.conv1, hw)
-        y = op("Relu", [affine(y, blk.bn1)])
-        y, hw_y = conv(y, blk.conv2, hw_y)
-        y = affine(y, blk.bn2)
+        y, hw_y = conv_affine(x, blk.conv1, blk.bn1, hw)
+        y = op("Relu", [y])
+        y, hw_y = conv_affine(y, blk.conv2, blk.bn2, hw_y)
         s, hw_s = (pool(x, blk.down, hw) if blk.down else (x, hw))
         y_shape, s_shape = (blk.conv2.weight.shape[0], hw_y, hw_y), (ch, hw_s, hw_s)
         target = add_prev_shape(y_shape, s_shape)

