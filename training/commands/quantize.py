@@ -39,7 +39,7 @@ def calibrate_int8(
     from service.models.manifest import Manifest
     from service.models.quantize import calibrate_ranges, int8_bytes
     from service.pipeline import FacePipeline
-    from service.settings import Settings
+    from service.settings import get_settings
     from training.evaluate import align_images
 
     try:
@@ -47,7 +47,7 @@ def calibrate_int8(
         source = manifest.file.source
         if source is None or source.quantization is None:
             raise ModelError(f"{model}: not a quantized model (no file.source.quantization)")
-        settings = Settings()
+        settings = get_settings()
         pipeline = FacePipeline.from_settings(settings)
         crops, fallbacks = align_images(sample_photos(data, samples, seed), pipeline, manifest.alignment or "")
         weights = place_weights(source, settings.model_cache)
