@@ -250,7 +250,7 @@ def _dockerignore_patterns() -> list[tuple[bool, re.Pattern]]:
 
 def test_dockerignore_keeps_the_context_to_what_the_image_installs(stages):
     patterns = _dockerignore_patterns()
-    for keep in ("pyproject.toml", "Makefile", "README.md", "service/api/app.py", "training/cli.py", "models/face_detection_yunet_2023mar.json"):
+    for keep in ("pyproject.toml", "Makefile", "README.md", "service/api/app.py", "training/cli.py", "benchmarks/cli.py", "models/face_detection_yunet_2023mar.json"):
         assert not _dockerignore_excludes(keep, patterns), f"{keep} must reach the build"
     for leave in (
         ".git/HEAD", ".venv/bin/python", "data/gallery.sqlite3", "checkpoints/last.pt", "runs/exp/events",

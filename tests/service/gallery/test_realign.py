@@ -173,9 +173,9 @@ def test_reembed_new_rows_equals_aligning_the_photo_for_the_new_model(tmp_path, 
     gallery = SqliteGallery.open(tmp_path, key_of(pipeline))
     for name, image, _ in photos:
         gallery.create_subject(name, {}, name)
-        (found,) = pipeline.find_faces(image, chips=True)
+        (found,) = pipeline.run(pipeline.steps(image, chips=True))
         assert found.chip.frame == LOOSE
-        gallery.add_faces(name, [NewFace(pipeline.embedder.embed(found.crop[None])[0], chip=found.chip)])
+        gallery.add_faces(name, [NewFace(found.embedding, chip=found.chip)])
     gallery.close()
 
     new = key_of(new_pipeline)
