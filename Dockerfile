@@ -10,7 +10,7 @@
 # the images is the onnxruntime extra, and a second file would be a second place to drift.
 #
 # Base: python:3.11-slim in both stages, also for the GPU image. onnxruntime-gpu[cuda,cudnn] brings
-# the CUDA 13 runtime libraries and cuDNN 9 as NVIDIA's pip wheels, which service/models/providers.py loads
+# the CUDA 13 runtime libraries and cuDNN 9 as NVIDIA's pip wheels, which service/core/models/providers.py loads
 # with onnxruntime.preload_dlls(); the driver (libcuda.so) is mounted from the host by the NVIDIA
 # Container Toolkit. An nvidia/cuda:*-cudnn-runtime base would add a second copy of the same
 # libraries (several GB) that onnxruntime would not use. See docs/deployment.md ("The image") for the size trade-off.

@@ -18,9 +18,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from service.cores import available_cores
-from service.pipeline import FacePipeline
-from service.settings import Settings
+from service.core.cpus import available_cores
+from service.core.pipeline import FacePipeline
+from service.core.settings import Settings
 
 
 def _rate(fn, seconds: float, items_per_call: int = 1) -> tuple[float, float]:
@@ -163,7 +163,7 @@ def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int,
     """Faces/s of the bare session (one run on an input already in the model's form) against the
     pipeline's embed stage (`FaceEmbedder.embed`: preprocessing, runs of at most the
     largest of FACEGATE_BATCH_SIZES, normalization) at each batch size: what the service adds to the model."""
-    from service.models.embedder import preprocess
+    from service.core.models.embedder import preprocess
 
     embedder = pipeline.embedder
     manifest = embedder.manifest
@@ -192,7 +192,7 @@ def peer_comparison(pipeline: FacePipeline, blobs: list[bytes], seconds: float) 
         import face_recognition
     except ImportError:
         return None
-    from service.errors import NoFace
+    from service.core.errors import NoFace
 
     def ours(blob: bytes) -> int:
         try:

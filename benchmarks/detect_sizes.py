@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bench import machine_lines
-from service.models.detector import FaceDetector
-from service.pipeline import FacePipeline
-from service.settings import Settings
+from service.core.models.detector import FaceDetector
+from service.core.pipeline import FacePipeline
+from service.core.settings import Settings
 
 
 def _detect(detector, image, size):

@@ -52,8 +52,8 @@ def embed_crops(folders: list[Path], cache: Path) -> np.ndarray:
         return np.load(cache)
     import cv2
 
-    from service.pipeline import FacePipeline
-    from service.settings import Settings
+    from service.core.pipeline import FacePipeline
+    from service.core.settings import Settings
 
     embedder = FacePipeline.from_settings(Settings()).require_embedder()
     files = sorted(f for folder in folders for f in folder.rglob("*.jpg"))
@@ -148,8 +148,8 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
     import logging
     import sqlite3
 
+    from service.core.models.manifest import EmbedderKey
     from service.gallery.sqlite import DATABASE, SqliteGallery
-    from service.models.manifest import EmbedderKey
 
     logging.disable(logging.WARNING)
     key = EmbedderKey("bench", "b" * 64, vectors.shape[1])
@@ -178,9 +178,9 @@ def milvus_lite(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, fol
     (connect and load the collection: nothing read from the store), search latency and recall."""
     import logging
 
+    from service.core.models.manifest import EmbedderKey
     from service.gallery.milvus import MilvusIndex
     from service.gallery.sqlite import SqliteGallery
-    from service.models.manifest import EmbedderKey
 
     logging.disable(logging.WARNING)
     key = EmbedderKey("bench", "c" * 64, vectors.shape[1])

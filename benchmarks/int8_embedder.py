@@ -20,12 +20,12 @@ import numpy as np
 import onnxruntime as ort
 
 from benchmarks.bench import machine_lines
-from service.models.embedder import FaceEmbedder, l2_normalize, preprocess
-from service.models.files import LoadedModel, load_model
-from service.models.providers import Runtime
-from service.pipeline import FacePipeline
-from service.settings import Settings
-from training.evaluate import align_images, load_lfw
+from service.core.models.embedder import FaceEmbedder, l2_normalize, preprocess
+from service.core.models.files import LoadedModel, load_model
+from service.core.models.providers import Runtime
+from service.core.pipeline import FacePipeline
+from service.core.settings import Settings
+from training.pair_evaluation import align_images, load_lfw
 from training.verification import at_thresholds, verification_metrics
 
 

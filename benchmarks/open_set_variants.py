@@ -1,7 +1,7 @@
 """Open-set variants on a development open set of training identities (never LFW), as issue 22
 asks: which score finds more enrolled people at the same rate of strangers matched?
 
-The identities are split once (seeded): a third become an AS-norm cohort (training/cohort.py), the
+The identities are split once (seeded): a third become an AS-norm cohort (training/cohort_builder.py), the
 rest an open set: --known people enrolled by their first photo (or their first two, for the
 template rules) probing with the next, every photo of the others probing as strangers. Each row's DIR
 is at the threshold fitted to these strangers (an oracle: it compares scores, not calibrations);
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.decision import per_comparison_far
-from service.models.cohort import as_norm, cohort_stats
-from service.models.manifest import FarCurve, threshold_at
-from training.cohort import build
+from service.core.decision import per_comparison_far
+from service.core.models.cohort import as_norm, cohort_stats
+from service.core.models.manifest import FarCurve, threshold_at
+from training.cohort_builder import build
 
 RATES = (1e-1, 1e-2, 1e-3)
 
@@ -31,9 +31,9 @@ def embeddings(images: Path, cache: Path | None) -> tuple[np.ndarray, np.ndarray
     if cache and cache.is_file():
         data = np.load(cache)
         return data["emb"], data["flip"], np.unique(data["labels"], return_inverse=True)[1]
-    from service.pipeline import FacePipeline
-    from service.settings import get_settings
-    from training.evaluate import OnnxEmbedder, align_images
+    from service.core.pipeline import FacePipeline
+    from service.core.settings import get_settings
+    from training.pair_evaluation import OnnxEmbedder, align_images
 
     paths = sorted(p for d in sorted(images.iterdir()) if d.is_dir() for p in sorted(d.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
     settings = get_settings()

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.loadtest import spawned  # noqa: E402
 from benchmarks.search import rss_mib  # noqa: E402
+from service.core.models.manifest import EmbedderKey  # noqa: E402
 from service.gallery.postgres import PostgresGallery, migrate  # noqa: E402
-from service.models.manifest import EmbedderKey  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 
 FACES_PER_SUBJECT = 10

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from service.console import console, progress_bar
-from service.fileio import write_atomically
-from service.settings import Settings
+from service.core.console import console, progress_bar
+from service.core.fileio import write_atomically
+from service.core.settings import Settings
 from training.backbones import build_backbone
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import TrainConfig

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from cached_finetune import CachedRun, build_cache  # beside this script (its sys.path[0])
 
-from service.settings import get_settings
+from service.core.settings import get_settings
 from training.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Measure `service.align.DLIB_150`: where YuNet's five points fall in dlib's own 150×150 face chip.
+"""Measure `service.core.alignment.DLIB_150`: where YuNet's five points fall in dlib's own 150×150 face chip.
 
 dlib aligns with its 5-point shape predictor (eye corners, nose base) and `get_face_chip_details(shape,
 150, 0.25)`; the service has YuNet's points (eye centres, nose tip, mouth corners). On each photo this

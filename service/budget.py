@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from service.errors import Overloaded
+from service.core.errors import Overloaded
 
 
 class PixelBudget:

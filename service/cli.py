@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.console import console, fail, fail_on_error
-from service.errors import InvalidParameters, ModelError
-from service.settings import get_settings
+from service.core.console import console, fail, fail_on_error
+from service.core.errors import InvalidParameters, ModelError
+from service.core.settings import get_settings
 
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Model files and manifests.", no_args_is_help=True)
@@ -30,7 +30,7 @@ Aligned = Annotated[bool, typer.Option(help="The images are already aligned crop
 
 
 def _pipeline(require_embedder: bool = True):
-    from service.pipeline import FacePipeline
+    from service.core.pipeline import FacePipeline
 
     with fail_on_error():
         return FacePipeline.from_settings(get_settings(), require_embedder=require_embedder)
@@ -122,8 +122,8 @@ def models_pull(
     file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
-    from service.models.files import manifest_path, pull, verify_file, version_note
-    from service.models.manifest import Manifest
+    from service.core.models.files import manifest_path, pull, verify_file, version_note
+    from service.core.models.manifest import Manifest
 
     settings = get_settings()
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
@@ -166,9 +166,9 @@ def models_import_dlib(
     dlib's published model becomes `dlib-resnet-v1` in the model cache, checked against the shipped
     manifest; a network of your own trained with dlib (same architecture) gets its own manifest in --out.
     """
-    from service.models import dlib_resnet
-    from service.models.files import manifest_path, pull
-    from service.models.manifest import Manifest
+    from service.core.models import dlib_resnet
+    from service.core.models.files import manifest_path, pull
+    from service.core.models.manifest import Manifest
 
     settings = get_settings()
     with fail_on_error():
@@ -194,8 +194,8 @@ def models_import_dlib(
 @models_app.command("list")
 def models_list() -> None:
     """Manifests in the models folder and whether their files are present and intact."""
-    from service.models.files import find_model_file, verify_file
-    from service.models.manifest import Manifest
+    from service.core.models.files import find_model_file, verify_file
+    from service.core.models.manifest import Manifest
 
     settings = get_settings()
     table = Table("name", "task", "version", "file", "status")
@@ -262,8 +262,8 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
     With SQLite, stop the server first (or restart it after): it rebuilds its search index at start-up.
     With PostgreSQL, running replicas apply each committed batch as it lands.
     """
+    from service.core.models.manifest import EmbedderKey
     from service.gallery.factory import open_gallery
-    from service.models.manifest import EmbedderKey
 
     pipeline = _pipeline()
     manifest = pipeline.embedder_model.manifest
@@ -310,9 +310,9 @@ def gallery_sync_index(
     """Fill Milvus (FACEGATE_MILVUS_URI) from the gallery: upsert the active embedder's faces in id
     order, then remove what the gallery no longer has. Moves an existing SQLite or PostgreSQL gallery
     onto Milvus; safe to rerun, and to run while the service serves."""
+    from service.core.models.model_set import load_models
     from service.gallery.factory import open_gallery
     from service.gallery.milvus import fill
-    from service.models.model_set import load_models
 
     settings = get_settings()
     if not settings.milvus_uri:

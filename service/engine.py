@@ -18,11 +18,11 @@ import numpy as np
 
 from service.batching import MicroBatcher
 from service.budget import PixelBudget
-from service.cores import available_cores
-from service.decode import Probe
+from service.core.cpus import available_cores
+from service.core.decode import Probe
+from service.core.pipeline import Detect, EmbeddedFace, FacePipeline, FacePolicy, Steps, advance
+from service.core.settings import Settings
 from service.metrics import Metrics
-from service.pipeline import Detect, EmbeddedFace, FacePipeline, FacePolicy, Steps, advance
-from service.settings import Settings
 
 log = logging.getLogger("facegate.engine")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict
 
-from service.errors import ModelUnavailable
-from service.models.model_set import ModelSet
+from service.core.errors import ModelUnavailable
+from service.core.models.model_set import ModelSet
 
 
 class Readiness:

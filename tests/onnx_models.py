@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.fileio import sha256_file
-from service.models.manifest import Manifest
+from service.core.fileio import sha256_file
+from service.core.models.manifest import Manifest
 
 
 def write_test_embedder(
@@ -22,7 +22,7 @@ def write_test_embedder(
     """size×size×3 → 8×8 average pool → fixed random projection → `dim` floats.
 
     Not a face model: it exists to test preprocessing, batching, normalization and manifests.
-    `size` and `alignment` (a template in service.align.TEMPLATES) make a model that aligns
+    `size` and `alignment` (a template in service.core.alignment.TEMPLATES) make a model that aligns
     differently from the default one.
     """
     import onnx
@@ -70,7 +70,7 @@ def write_in_graph(manifest_path: Path, folder: Path) -> Path:
     (uint8 NHWC input), saved with its manifest under `folder`."""
     import onnx
 
-    from service.models.in_graph import in_graph_spec, uint8_nhwc_input
+    from service.core.models.in_graph import in_graph_spec, uint8_nhwc_input
 
     manifest = Manifest.load(manifest_path)
     folder.mkdir(parents=True, exist_ok=True)

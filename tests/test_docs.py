@@ -75,7 +75,7 @@ def test_readme_and_index_name_the_model_make_serve_serves():
     the docs' home page must say which that is."""
     import re
 
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     served = Settings.model_fields["embedder"].default
     readme = re.findall(r"default embedder, \[([\w.-]+)\]", README.read_text())
@@ -94,9 +94,9 @@ def test_readme_relative_links_exist():
 
 def _error_tree() -> dict[str, int]:
     """code → HTTP status of every concrete FacegateError subclass, the whole service imported so
-    that subclasses defined outside service.errors are registered too."""
+    that subclasses defined outside service.core.errors are registered too."""
     import service
-    from service.errors import FacegateError
+    from service.core.errors import FacegateError
 
     for module in pkgutil.walk_packages(service.__path__, "service."):
         importlib.import_module(module.name)
@@ -145,7 +145,7 @@ def _settings_table() -> dict[str, str]:
 
 
 def test_settings_documented():
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     assert prefix == "FACEGATE_"

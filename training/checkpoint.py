@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from service.fileio import replacing
-from service.settings import Settings
+from service.core.fileio import replacing
+from service.core.settings import Settings
 from training.backbones import build_backbone
 from training.config import TrainConfig
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from service.strict import StrictModel
+from service.core.strict import StrictModel
 from training.data.augment import AugmentConfig
 
 

@@ -1,6 +1,6 @@
 """Open-set identification measured the way the service decides it: enroll some people, probe with
 other photos of them and with people who are not enrolled, and hold each probe's best subject to the
-threshold `service.decision.decide_search` gives for the FPIR and the gallery's size.
+threshold `service.core.decision.decide_search` gives for the FPIR and the gallery's size.
 
 DIR (detection and identification rate) is the share of enrolled people's probes whose best subject
 is right and reaches the threshold; the realized FPIR is the share of strangers' probes that reach
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from service.decision import decide_search
-from service.models.cohort import Cohort, as_norm
-from service.models.manifest import Manifest
+from service.core.decision import decide_search
+from service.core.models.cohort import Cohort, as_norm
+from service.core.models.manifest import Manifest
 
 FPIRS = (1e-1, 1e-2, 1e-3)
 

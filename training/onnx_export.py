@@ -5,7 +5,7 @@ real aligned crops (from the run's training data when readable) must give cosine
 the normalized embeddings (0.999 for --fp16), or the command fails and leaves no model behind.
 
 By default the model takes the aligned crops as uint8 NHWC and normalizes them in its graph
-(`service.models.in_graph`): the same embeddings as numpy preprocessing, done on the device when
+(`service.core.models.in_graph`): the same embeddings as numpy preprocessing, done on the device when
 the service runs on a GPU. `input_format="float32_nchw"` keeps the older form.
 """
 
@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.fileio import replacing, sha256_file
-from service.models.embedder import l2_normalize, preprocess
-from service.models.files import manifest_path
-from service.models.in_graph import in_graph_spec, uint8_nhwc_input
-from service.models.manifest import Manifest
-from service.settings import Settings
+from service.core.fileio import replacing, sha256_file
+from service.core.models.embedder import l2_normalize, preprocess
+from service.core.models.files import manifest_path
+from service.core.models.in_graph import in_graph_spec, uint8_nhwc_input
+from service.core.models.manifest import Manifest
+from service.core.settings import Settings
 from training.checkpoint import load_backbone
 from training.config import TrainConfig
 from training.data.datasets import open_source

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from service.settings import Settings
+from service.core.settings import Settings
 from training.backbones import build_backbone, stages
 from training.checkpoint import checkpoint_config, load_checkpoint, save_checkpoint, shard_path
 from training.config import TrainConfig
@@ -29,10 +29,10 @@ from training.data.datasets import EpochBatches, FaceDataset, Subset, open_sourc
 from training.data.preprocess import for_backbone
 from training.distributed.process_group import Dist, init_distributed
 from training.distributed.sharded_head import ShardedHead, shard_range
-from training.evaluate import TorchEmbedder, evaluate, holdout_set, load_bin
 from training.heads import build_head
 from training.heads.base import head_scale
 from training.heads.loss import HeadLoss
+from training.pair_evaluation import TorchEmbedder, evaluate, holdout_set, load_bin
 
 
 @dataclass

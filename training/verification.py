@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from service.models.manifest import far_key
+from service.core.models.manifest import far_key
 
 # The false-accept rates the project calibrates thresholds for and reports TAR at.
 FARS = (1e-2, 1e-3, 1e-4, 1e-5)

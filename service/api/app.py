@@ -19,15 +19,15 @@ from service.api.compat import deepstack
 from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, Admission, ApiKeyAuth, BodyLimit, RequestMetrics
 from service.api.routes import ROUTERS
+from service.core.models.model_set import load_models
+from service.core.pipeline import FacePipeline
+from service.core.settings import Settings
 from service.engine import Engine
 from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
-from service.models.model_set import load_models
-from service.pipeline import FacePipeline
 from service.readiness import Readiness
-from service.settings import Settings
 
 log = logging.getLogger("facegate.app")
 

@@ -11,7 +11,7 @@ import ipaddress
 import logging
 from pathlib import Path
 
-from service.settings import Settings
+from service.core.settings import Settings
 
 HASH_PREFIX = "sha256:"
 log = logging.getLogger("facegate.auth")

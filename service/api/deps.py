@@ -13,14 +13,14 @@ from fastapi.dependencies.models import Dependant
 
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
+from service.core.errors import InvalidParameters, SubjectNotFound
+from service.core.models.model_set import ModelSet
+from service.core.settings import Settings
 from service.engine import Engine
-from service.errors import InvalidParameters, SubjectNotFound
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
-from service.models.model_set import ModelSet
 from service.readiness import Readiness
-from service.settings import Settings
 
 
 @dataclass

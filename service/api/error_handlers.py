@@ -1,7 +1,7 @@
 """Every failure in one schema, `{"error": {"code", "message"}}`: the typed errors, FastAPI's
 validation errors, routing errors (404/405, 413 from the body limit) and, as a last resort,
 unexpected exceptions (500, logged: a 5xx for bad input is a bug). Codes come from
-`service.errors` only."""
+`service.core.errors` only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from service.api.requests import validation_message
-from service.errors import FacegateError, InternalError, InvalidParameters, error_for_status
+from service.core.errors import FacegateError, InternalError, InvalidParameters, error_for_status
 
 log = logging.getLogger("facegate.api")
 

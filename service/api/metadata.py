@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.errors import InvalidParameters
-from service.settings import Settings
+from service.core.errors import InvalidParameters
+from service.core.settings import Settings
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

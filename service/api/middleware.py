@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.auth import ApiKeys
 from service.api.error_handlers import error_response
-from service.errors import BodyTooLarge, Overloaded, RequestTimeout, Unauthorized
+from service.core.errors import BodyTooLarge, Overloaded, RequestTimeout, Unauthorized
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from service.errors import InvalidBase64, InvalidJson, InvalidParameters, UnsupportedMediaType
+from service.core.errors import InvalidBase64, InvalidJson, InvalidParameters, UnsupportedMediaType
 from service.readiness import Readiness
 
 MAX_FORM_FIELDS = 64  # text fields in one multipart body: every route takes a handful

@@ -8,11 +8,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from service.api import metadata
+from service.core.models.detector import Face
+from service.core.models.manifest import Manifest
+from service.core.settings import Settings
+from service.core.strict import StrictModel
 from service.gallery.interface import Candidate, FaceRecord, Subject
-from service.models.detector import Face
-from service.models.manifest import Manifest
-from service.settings import Settings
-from service.strict import StrictModel
 
 INT64_MAX = 2**63 - 1  # SQLite's and FAISS's id range: larger numbers are bad input, not a crash
 SUBJECT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"

@@ -21,8 +21,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.api.error_handlers import error_response
-from service.errors import BadRequest, FacegateError, HeadersTooLarge
-from service.settings import get_settings
+from service.core.errors import BadRequest, FacegateError, HeadersTooLarge
+from service.core.settings import get_settings
 
 
 def header_block_size(scope: dict) -> int:

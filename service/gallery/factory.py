@@ -4,11 +4,11 @@ searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FAC
 
 from __future__ import annotations
 
-from service.errors import GalleryUnavailable
+from service.core.errors import GalleryUnavailable
+from service.core.models.manifest import EmbedderKey
+from service.core.settings import Settings
 from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore
-from service.models.manifest import EmbedderKey
-from service.settings import Settings
 
 POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import faiss
 import numpy as np
 
-from service.fileio import write_atomically
+from service.core.fileio import write_atomically
 from service.gallery.interface import Candidate
 
 log = logging.getLogger("facegate.gallery.index")

@@ -5,12 +5,13 @@ sharing one database); `open_gallery` (factory.py) picks one from the settings."
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from service.align import FaceChip
+from service.core.alignment import FaceChip
+from service.core.decision import Candidate
 
 
 @dataclass(frozen=True)
@@ -42,15 +43,6 @@ class FaceRecord:
     model_name: str
     model_sha256: str
     created: float
-
-
-@dataclass(frozen=True)
-class Candidate:
-    subject_id: str
-    name: str
-    similarity: float
-    face_id: int
-    embedding: np.ndarray = field(repr=False, compare=False)  # the face's, for a cohort-normalized decision
 
 
 class GalleryStore(Protocol):

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from service.errors import GalleryUnavailable
+from service.core.errors import GalleryUnavailable
 from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore
 

@@ -26,7 +26,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import open_milvus
@@ -42,7 +43,6 @@ from service.gallery.sqlite import (
     subject_record,
 )
 from service.gallery.sync import IndexSync, database_sequence, record_change
-from service.models.manifest import EmbedderKey
 
 log = logging.getLogger("facegate.gallery")
 

@@ -21,12 +21,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-from service.align import TEMPLATES, FaceChip
-from service.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.alignment import TEMPLATES, FaceChip
+from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import open_milvus
-from service.models.manifest import EmbedderKey
 
 log = logging.getLogger("facegate.gallery")
 

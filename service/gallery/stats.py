@@ -9,7 +9,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from service.errors import FacegateError
+from service.core.errors import FacegateError
 from service.gallery.interface import GalleryStore
 
 

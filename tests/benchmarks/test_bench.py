@@ -6,8 +6,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from benchmarks.cli import register
-from service.settings import get_settings
+from benchmarks.commands import register
+from service.core.settings import get_settings
 
 app = typer.Typer()
 register(app)

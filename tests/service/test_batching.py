@@ -76,7 +76,7 @@ def test_a_failing_run_fails_its_jobs_and_the_batcher_goes_on():
 
 
 def test_batch_shapes_pad_to_the_next_size_and_split_above_the_largest():
-    from service.batch_shapes import BatchShapes
+    from service.core.batch_shapes import BatchShapes
 
     shapes = BatchShapes([8, 1, 4, 2, 4])
     assert shapes.sizes == (1, 2, 4, 8) and [shapes.bucket(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
@@ -97,7 +97,7 @@ def test_batch_shapes_pad_to_the_next_size_and_split_above_the_largest():
 
 def test_the_batcher_hands_the_model_only_bucket_sizes():
     """Concurrent jobs of odd sizes reach the model padded to a bucket, and each job gets its rows."""
-    from service.batch_shapes import BatchShapes
+    from service.core.batch_shapes import BatchShapes
 
     shapes = BatchShapes([1, 2, 4, 8])
     seen = []

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from service.budget import PixelBudget
-from service.errors import Overloaded
+from service.core.errors import Overloaded
 
 
 def test_holders_beyond_the_budget_wait_and_time_out():

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service import cli
-from service.settings import get_settings
+from service.core.settings import get_settings
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import cv2
 import numpy as np
 import pytest
 
+from service.core.pipeline import FacePipeline
 from service.engine import Engine
 from service.metrics import Metrics
-from service.pipeline import FacePipeline
 
 
 class SpySession:
@@ -106,7 +106,7 @@ def test_the_engine_and_the_sync_driver_run_one_orchestration(pipeline, settings
     """The engine drives the pipeline's steps through its micro-batchers; the CLI and training drive
     the same steps in place: the same faces, crops and embeddings, and the same error for a photo
     without a face."""
-    from service.errors import NoFace
+    from service.core.errors import NoFace
 
     engine = Engine(settings, pipeline, Metrics())
     images = [lfw_faces["Tony_Blair"][0], two_faces_jpeg]
@@ -130,8 +130,8 @@ def test_the_engine_and_the_sync_driver_run_one_orchestration(pipeline, settings
 
 
 def test_readiness_waits_for_the_warm_up(pipeline, settings):
-    from service.errors import ModelUnavailable
-    from service.models.model_set import load_models
+    from service.core.errors import ModelUnavailable
+    from service.core.models.model_set import load_models
     from service.readiness import Readiness
 
     readiness = Readiness(load_models(settings))
@@ -168,7 +168,7 @@ def test_an_uncalibrated_embedder_is_a_readiness_problem(settings, embedder_mani
     import json
     import shutil
 
-    from service.models.model_set import load_models
+    from service.core.models.model_set import load_models
     from service.readiness import Readiness
 
     bare = tmp_path / embedder_manifest.name

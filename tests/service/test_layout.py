@@ -9,7 +9,7 @@ def test_serving_modules_and_cli_load_without_torch():
         "import sys, importlib, pkgutil, service\n"
         "for m in pkgutil.walk_packages(service.__path__, 'service.'): importlib.import_module(m.name)\n"
         "from service.cli import app\n"
-        "from training.cli import register\n"
+        "from training.commands import register\n"
         "register(app)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

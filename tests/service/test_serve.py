@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service import cli
-from service.settings import get_settings
+from service.core.settings import get_settings
 
 
 def _free_port() -> int:
@@ -70,7 +70,7 @@ def test_uvicorn_limits_come_from_settings(serve):
 
 
 def test_start_without_keys_warns(tmp_path, make_client, caplog):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     settings = Settings(model_cache=tmp_path / "cache", embedder="none", data_dir=tmp_path / "gallery", device="cpu")
     with caplog.at_level(logging.WARNING, logger="facegate.app"):

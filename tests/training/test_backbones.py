@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.settings import get_settings
+from service.core.settings import get_settings
 from training.backbones import build_backbone, model_info
 
 torch.set_num_threads(2)

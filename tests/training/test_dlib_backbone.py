@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.settings import get_settings
+from service.core.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone, stages
 from training.data.preprocess import for_backbone
@@ -21,7 +21,7 @@ DLIB = {"backbone": "dlib_resnet_v1", "embedding_dim": 128, "channels_last": Fal
 @pytest.fixture(scope="module")
 def dat(dlib_model):
     """dlib's .dat beside the imported ONNX in the model cache (`facegate models pull dlib-resnet-v1`)."""
-    from service.models.manifest import Manifest
+    from service.core.models.manifest import Manifest
     from tests.conftest import REPO
 
     path = dlib_model.parent / Manifest.load(REPO / "models" / "dlib-resnet-v1.json").file.source.weights_name
@@ -104,7 +104,7 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     from scripts.cached_finetune import CachedRun, build_cache
     from training.checkpoint import load_backbone
     from training.data.datasets import open_source
-    from training.evaluate import TorchEmbedder
+    from training.pair_evaluation import TorchEmbedder
 
     cfg = _config(data, tmp_path / "run", dat, steps=6, optim={"lr": 0.01},
                   finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1},

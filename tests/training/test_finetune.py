@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.settings import get_settings
+from service.core.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import stages
 from training.trainer import Trainer

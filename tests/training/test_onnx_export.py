@@ -8,10 +8,10 @@ import onnx
 import pytest
 import torch
 
-from service.fileio import sha256_file
-from service.models.files import load_model
-from service.models.manifest import Manifest
-from service.settings import get_settings
+from service.core.fileio import sha256_file
+from service.core.models.files import load_model
+from service.core.models.manifest import Manifest
+from service.core.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.backbones import build_backbone
 from training.data.preprocess import to_input
@@ -63,7 +63,7 @@ def test_manifest(exported, checkpoint):
 
 
 def test_service_loads_it_and_embeds_like_torch(exported, checkpoint):
-    from service.models.embedder import FaceEmbedder
+    from service.core.models.embedder import FaceEmbedder
     from training.checkpoint import load_backbone
 
     out, _ = exported
@@ -96,7 +96,7 @@ def test_refuses_low_opset_and_leaves_nothing(checkpoint, tmp_path):
 
 
 def _service_embedder(manifest_path):
-    from service.models.embedder import FaceEmbedder
+    from service.core.models.embedder import FaceEmbedder
 
     loaded = load_model(str(manifest_path), manifest_path.parent, manifest_path.parent, device="cpu")
     return FaceEmbedder(loaded.manifest, loaded.session)

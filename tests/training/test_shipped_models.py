@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.fileio import sha256_file
-from service.models.manifest import Manifest
+from service.core.fileio import sha256_file
+from service.core.models.manifest import Manifest
 from tests.conftest import REPO
-from training.evaluate import read_lfw_pairs
+from training.pair_evaluation import read_lfw_pairs
 from training.verification import verification_metrics
 
 DLIB = REPO / "models" / "dlib-resnet-v1.json"
@@ -32,8 +32,8 @@ def _thresholds_ordered(manifest: Manifest) -> bool:
 def lfw(model_cache, test_data):
     """LFW's pairs and, for each photo they name, its largest face: detected once (the slow step)
     for both models, each of which then aligns it onto its own template."""
-    from service.pipeline import FacePipeline
-    from service.settings import Settings
+    from service.core.pipeline import FacePipeline
+    from service.core.settings import Settings
 
     detector = FacePipeline.from_settings(Settings(model_cache=model_cache, device="cpu"), require_embedder=False)
     pairs, issame, folds = read_lfw_pairs(test_data / "lfw" / "pairs.txt")
@@ -100,7 +100,7 @@ def test_dlib_lfw_accuracy_holds_through_the_pipeline(dlib_manifest, pipeline_wi
 @pytest.mark.data
 def test_the_service_serves_dlib_by_default(dlib_manifest, model_cache, test_data, tmp_path, make_client):
     """No FACEGATE_EMBEDDER: the app loads the converted file, and /verify decides with its calibrated thresholds."""
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     api = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
     ready = api.get("/readyz").json()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.settings import get_settings
+from service.core.settings import get_settings
 from tests.training.tiny import tiny_config, write_aligned_folders
 from training.checkpoint import load_checkpoint
 from training.config import load_config

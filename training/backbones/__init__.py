@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from service.settings import Settings
+from service.core.settings import Settings
 from training.backbones.dlib_resnet_v1 import DlibResNetV1, default_weights
 from training.backbones.iresnet import STAGES, IResNet
 from training.backbones.mobilefacenet import MobileFaceNet

@@ -1,5 +1,5 @@
 """dlib's face recognition ResNet (`dlib-resnet-v1`, the default embedder) as a torch module, built
-from the one description `service.models.dlib_resnet.read_dat` makes of the `.dat` (the same the
+from the one description `service.core.models.dlib_resnet.read_dat` makes of the `.dat` (the same the
 ONNX importer builds from), so fine-tuning starts exactly where the imported model is.
 
 dlib saved its batch norms folded into per-channel affines: here they are `Affine` layers whose
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from service.models import dlib_resnet as dat
-from service.models.files import manifest_path, place_weights
-from service.models.manifest import Manifest
+from service.core.models import dlib_resnet as dat
+from service.core.models.files import manifest_path, place_weights
+from service.core.models.manifest import Manifest
 
 MODEL_NAME = "dlib-resnet-v1"  # the imported model this backbone starts from (models/MODEL_NAME.json)
 

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from service.align import TEMPLATES
-from service.console import console, fail
-from service.settings import get_settings
+from service.core.alignment import TEMPLATES
+from service.core.console import console, fail
+from service.core.settings import get_settings
 from training.data.align_folder import REPORT, align_folder
 
 

@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.console import console, fail
-from service.errors import ModelError
-from service.settings import get_settings
+from service.core.console import console, fail
+from service.core.errors import ModelError
+from service.core.settings import get_settings
 
 
 def calibrate(
@@ -22,7 +22,7 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option(help="Print the thresholds without writing them into the manifest.")] = False,
 ) -> None:
     """Cosine thresholds for FAR 1e-2 … 1e-5 from impostor pairs of unseen identities, into the manifest."""
-    from training.calibrate import calibrate as run
+    from training.thresholds import calibrate as run
 
     manifest_path = model.with_suffix(".json")
     try:

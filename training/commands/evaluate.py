@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from service.console import fail
-from service.errors import ModelError
-from service.models.manifest import Manifest
-from service.pipeline import FacePipeline
-from service.settings import get_settings
+from service.core.console import fail
+from service.core.errors import ModelError
+from service.core.models.manifest import Manifest
+from service.core.pipeline import FacePipeline
+from service.core.settings import get_settings
 
 
 def eval_(
@@ -37,7 +37,7 @@ def eval_(
 ) -> None:
     """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
     exported model also the FAR and TAR its calibrated thresholds realize on these pairs."""
-    from training.evaluate import evaluate, load_bin, load_csv, load_embedder, load_lfw
+    from training.pair_evaluation import evaluate, load_bin, load_csv, load_embedder, load_lfw
 
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
         fail("give exactly one of: --pairs with --images, --bin, --csv")

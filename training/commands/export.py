@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from service.console import console, fail
-from service.settings import get_settings
+from service.core.console import console, fail
+from service.core.settings import get_settings
 
 
 def export(

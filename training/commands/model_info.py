@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.console import fail
-from service.settings import get_settings
+from service.core.console import fail
+from service.core.settings import get_settings
 
 
 def model_info(

@@ -11,11 +11,11 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from service.console import console, fail
-from service.errors import ModelError
-from service.models.cohort import Cohort
-from service.pipeline import FacePipeline
-from service.settings import get_settings
+from service.core.console import console, fail
+from service.core.errors import ModelError
+from service.core.models.cohort import Cohort
+from service.core.pipeline import FacePipeline
+from service.core.settings import get_settings
 from training.identification import det_png, protocol, report
 
 
@@ -43,7 +43,7 @@ def eval_open_set(
 ) -> None:
     """Enroll `enroll` photos of each person who has more, probe with the next photo and with the
     people who have fewer: DIR at FPIR 1e-1/1e-2/1e-3 and the realized FPIR at FACEGATE_DEFAULT_FPIR."""
-    from training.evaluate import OnnxEmbedder, cached_crops
+    from training.pair_evaluation import OnnxEmbedder, cached_crops
 
     settings = get_settings()
     try:

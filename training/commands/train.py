@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from service.console import console, fail
-from service.settings import get_settings
+from service.core.console import console, fail
+from service.core.settings import get_settings
 from training.config import load_config
 
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.sub=value (YAML value). Repeatable.")]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import cv2
 
-from service.errors import FacegateError
-from service.fileio import write_atomically
-from service.settings import Settings
+from service.core.errors import FacegateError
+from service.core.fileio import write_atomically
+from service.core.settings import Settings
 from training.data.folders import list_identity_folders
 from training.data.preprocess import ALIGNMENT
 
@@ -53,7 +53,7 @@ class Summary:
 
 def _init_worker(settings: Settings) -> None:
     global _pipeline
-    from service.pipeline import FacePipeline
+    from service.core.pipeline import FacePipeline
 
     cv2.setNumThreads(1)
     _pipeline = FacePipeline.from_settings(settings, require_embedder=False)

@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 from pydantic import Field
 
-from service.strict import StrictModel
+from service.core.strict import StrictModel
 
 
 class AugmentConfig(StrictModel):

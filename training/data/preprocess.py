@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.align import TEMPLATES
-from service.models.embedder import normalize
-from service.models.files import manifest_path
-from service.models.manifest import InputSpec, Manifest
+from service.core.alignment import TEMPLATES
+from service.core.models.embedder import normalize
+from service.core.models.files import manifest_path
+from service.core.models.manifest import InputSpec, Manifest
 
 ALIGNMENT = "arcface_112"
 SIZE = TEMPLATES[ALIGNMENT][1]

@@ -24,8 +24,8 @@ from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
-from service.decision import search_fars
-from service.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
+from service.core.decision import search_fars
+from service.core.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
 

@@ -27,8 +27,8 @@ from service.api.deps import Service, ServiceDep, get_service
 from service.api.requests import MAX_FORM_FIELDS
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
-from service.decision import decide_search, search_scores
-from service.errors import FacegateError, InvalidParameters, NoFace, SubjectExists, SubjectNotFound, Unauthorized
+from service.core.decision import decide_search, search_scores
+from service.core.errors import FacegateError, InvalidParameters, NoFace, SubjectExists, SubjectNotFound, Unauthorized
 from service.gallery.interface import NewFace
 
 

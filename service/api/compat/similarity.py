@@ -7,7 +7,7 @@ calibrated similarity is instead a log scale of the rate at which a stranger sco
     similarity = clamp(log10(rate) / (2 · log10(anchor)), 0, 1)
 
 where `rate` is the calibrated per-comparison FAR of the score (`Manifest.far_at` of a cosine, or
-`service.decision.search_far`, which scores a search as its FPIR decision does), turned into a
+`service.core.decision.search_far`, which scores a search as its FPIR decision does), turned into a
 false-positive identification rate over the N faces searched for a gallery search
 (1 − (1 − FAR)^N), and `anchor` is facegate's own default (FACEGATE_DEFAULT_FPIR for a search,
 FACEGATE_DEFAULT_FAR for a pair). So 0.5 is exactly facegate's default decision, 0.6 a stranger

@@ -22,7 +22,7 @@ from service.api.schemas import (
     StoredFaceOut,
     error_responses,
 )
-from service.errors import EnrollmentFailed, FacegateError, InvalidParameters, LowQualityFace
+from service.core.errors import EnrollmentFailed, FacegateError, InvalidParameters, LowQualityFace
 from service.gallery.interface import NewFace
 
 router = APIRouter(tags=["gallery"])

@@ -8,8 +8,8 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import CandidateOut, FaceOut, IdentifyOptions, IdentifyResponse, IdentifyResult, ModelOut, error_responses
-from service.decision import decide_search
-from service.errors import TooManyFaces
+from service.core.decision import decide_search
+from service.core.errors import TooManyFaces
 
 router = APIRouter(tags=["recognition"])
 

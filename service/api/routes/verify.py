@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import FaceOut, ModelOut, VerifyOptions, VerifyResponse, error_responses
-from service.decision import decide, decide_subject
-from service.errors import InvalidParameters, NoEnrolledFaces
+from service.core.decision import decide, decide_subject
+from service.core.errors import InvalidParameters, NoEnrolledFaces
 
 router = APIRouter(tags=["recognition"])
 

@@ -166,7 +166,7 @@ def corpus_api(tmp_path_factory, model_cache, embedder_manifest):
     import warnings
 
     from service.api.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")

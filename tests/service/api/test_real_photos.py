@@ -32,7 +32,7 @@ COMPREFACE_OTHERS = ["007_B.jpg", "008_B.jpg", "009_C.jpg"]
 
 @pytest.fixture
 def default_api(model_cache, tmp_path, make_client):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     return make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.decode import probe
+from service.core.decode import probe
 
 WIDTH, HEIGHT = 8000, 6000
 
@@ -66,7 +66,7 @@ def _jpeg(width: int, height: int, **save) -> bytes:
 
 def test_a_progressive_jpeg_is_decoded_and_limited_at_full_size():
     """libjpeg holds a progressive JPEG's coefficients for the whole image at any output scale."""
-    from service.errors import ImageTooLarge
+    from service.core.errors import ImageTooLarge
 
     with pytest.raises(ImageTooLarge):
         probe(_jpeg(8000, 6000, progressive=True), 10**8, 40_000_000, 16, 4000)

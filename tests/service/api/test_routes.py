@@ -341,7 +341,7 @@ def test_batching_off_gives_the_same_answers(api_settings, make_client, lfw_face
 
 
 def test_starts_without_models_and_says_why(tmp_path, make_client):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     settings = Settings(model_cache=tmp_path / "empty-cache", embedder="my-face", data_dir=tmp_path / "gallery", device="cpu")
     api = make_client(settings)
@@ -364,7 +364,7 @@ def test_starts_without_models_and_says_why(tmp_path, make_client):
 
 def test_api_key_settings_from_env(monkeypatch, api_settings):
     monkeypatch.setenv("FACEGATE_API_KEYS", "k1,k2")
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     assert Settings().api_keys == SecretStr("k1,k2") and "k1" not in repr(Settings())
 
@@ -373,7 +373,7 @@ def test_enrollment_stores_chips_only_with_store_crops(api_settings, make_client
     import json
     import sqlite3
 
-    from service.align import ARCFACE_112, LOOSE_320
+    from service.core.alignment import ARCFACE_112, LOOSE_320
     from service.gallery.sqlite import DATABASE, decode_crop
 
     for store in (False, True):
@@ -401,11 +401,11 @@ def test_identify_with_a_cohort_decides_on_as_norm_scores(api_settings, make_cli
     A cohort made for another embedder leaves the service unready rather than deciding differently."""
     import numpy as np
 
-    from service.decision import per_comparison_far
-    from service.models.cohort import Cohort
-    from service.models.manifest import Manifest
-    from training.calibrate import far_curve
-    from training.cohort import write
+    from service.core.decision import per_comparison_far
+    from service.core.models.cohort import Cohort
+    from service.core.models.manifest import Manifest
+    from training.cohort_builder import write
+    from training.thresholds import far_curve
 
     embedder = Manifest.load(embedder_manifest)
     rng = np.random.default_rng(0)

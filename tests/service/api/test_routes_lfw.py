@@ -57,7 +57,7 @@ def test_lfw_identify_mechanics_with_test_embedder(api, test_data):
 
 @pytest.mark.data
 def test_lfw_identify_other_photos_with_default_embedder(model_cache, test_data, tmp_path, make_client):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     api = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
     enrolled = people(test_data, ENROLLED)

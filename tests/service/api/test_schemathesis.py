@@ -28,7 +28,7 @@ CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "content_type_co
 def _operations() -> list[tuple[str, str]]:
     """Every (method, path) the app documents; the schema needs no model, so it is read at collection."""
     from service.api.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     paths = create_app(Settings(api_keys=SecretStr(KEY))).openapi()["paths"]
     return [(method.upper(), path) for path, ops in paths.items() for method in ops]
@@ -61,7 +61,7 @@ def test_every_route_is_fuzzed(live_schema):
 def test_every_guarded_operation_documents_401():
     """Found by this fuzzer: /metrics answered an undocumented 401 without a key."""
     from service.api.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     paths = create_app(Settings(api_keys=SecretStr(KEY))).openapi()["paths"]
     guarded = [(m, p) for p, ops in paths.items() for m, op in ops.items() if op.get("security")]

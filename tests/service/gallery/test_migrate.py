@@ -8,12 +8,12 @@ import sys
 import numpy as np
 import psycopg
 
-from service.align import template_chip
+from service.core.alignment import template_chip
+from service.core.models.manifest import EmbedderKey
 from service.gallery.interface import NewFace
 from service.gallery.migrate import sqlite_to_postgres
 from service.gallery.postgres import PostgresGallery
 from service.gallery.sqlite import SqliteGallery
-from service.models.manifest import EmbedderKey
 from tests.conftest import REPO
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)

@@ -11,13 +11,13 @@ import numpy as np
 import psycopg
 import pytest
 
-from service.errors import GalleryUnavailable
+from service.core.errors import GalleryUnavailable
+from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.milvus import fill
 from service.gallery.postgres import PostgresGallery
 from service.gallery.sqlite import SqliteGallery
-from service.models.manifest import EmbedderKey
 
 pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
 
@@ -93,7 +93,7 @@ def test_milvus_unreachable_is_a_503_that_writes_nothing_and_recovers(replicas, 
 
 
 def test_reembedding_fills_the_new_models_collection(database_url, milvus):
-    from service.align import template_chip
+    from service.core.alignment import template_chip
 
     old = PostgresGallery(database_url, OTHER, pool_size=2, index=milvus)
     old.create_subject("A", {}, "a")

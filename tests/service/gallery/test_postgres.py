@@ -13,14 +13,14 @@ import numpy as np
 import psycopg
 import pytest
 
-from service.align import template_chip
-from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
-from service.fileio import write_atomically
+from service.core.alignment import template_chip
+from service.core.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.core.fileio import write_atomically
+from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig, read_meta
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sync import LISTENER_NAME
-from service.models.manifest import EmbedderKey
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)
@@ -254,9 +254,9 @@ def test_other_models_faces_are_kept_not_searched_and_reembed_reaches_running_re
 def test_the_settings_choose_the_store(database_url, tmp_path):
     from pydantic import ValidationError
 
+    from service.core.settings import Settings
     from service.gallery.factory import open_gallery
     from service.gallery.sqlite import SqliteGallery
-    from service.settings import Settings
 
     password = tmp_path / "db_password"
     password.write_text("s3cret\n")

@@ -11,10 +11,10 @@ import cv2
 import numpy as np
 import pytest
 
-from service.align import ARCFACE_112, LOOSE, TEMPLATES, FaceChip, align_face, loose_chip, template_chip
+from service.core.alignment import ARCFACE_112, LOOSE, TEMPLATES, FaceChip, align_face, loose_chip, template_chip
+from service.core.models.manifest import EmbedderKey, Manifest
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import DATABASE, SCHEMA_VERSION, SqliteGallery, decode_crop, encode_crop
-from service.models.manifest import EmbedderKey, Manifest
 from tests.onnx_models import write_test_embedder
 
 OLD = EmbedderKey("old-model", "0" * 64, 64)
@@ -66,7 +66,7 @@ def photos(test_data, pipeline):
 @pytest.fixture
 def new_pipeline(monkeypatch, settings, tmp_path):
     """A pipeline whose embedder takes 150×150 crops aligned onto TEST_150."""
-    from service.pipeline import FacePipeline
+    from service.core.pipeline import FacePipeline
 
     monkeypatch.setitem(TEMPLATES, *TEST_150)
     manifest = write_test_embedder(tmp_path / "new", name="new-embedder", size=150, alignment=TEST_150[0])

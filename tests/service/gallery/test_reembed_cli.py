@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 
-from service.align import template_chip
+from service.core.alignment import template_chip
+from service.core.models.manifest import EmbedderKey, Manifest
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
-from service.models.manifest import EmbedderKey, Manifest
 from tests.conftest import REPO
 
 

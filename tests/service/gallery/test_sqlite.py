@@ -6,12 +6,12 @@ import sqlite3
 import numpy as np
 import pytest
 
-from service.align import template_chip
-from service.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.core.alignment import template_chip
+from service.core.errors import FaceNotFound, SubjectExists, SubjectNotFound
+from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
-from service.models.manifest import EmbedderKey
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)

@@ -9,10 +9,10 @@ import numpy as np
 import typer
 from typer.testing import CliRunner
 
-from service.models.files import load_model
-from service.models.manifest import Manifest
+from service.core.models.files import load_model
+from service.core.models.manifest import Manifest
 from tests.onnx_models import write_test_embedder
-from training.cli import register
+from training.commands import register
 
 app = typer.Typer()
 register(app)
@@ -61,7 +61,7 @@ def test_dry_run_changes_nothing_and_a_model_without_a_split_needs_data(tmp_path
 def test_calibrate_cohort_writes_a_cohort_the_service_loads(tmp_path):
     """`facegate calibrate-cohort`: a third of the identities become the cohort, the others calibrate
     its curve; the written manifest loads for its embedder (and its license is the photos')."""
-    from service.models.cohort import Cohort
+    from service.core.models.cohort import Cohort
 
     manifest_path = write_test_embedder(tmp_path / "models")
     aligned_folder(tmp_path / "people", identities=60, per_identity=2)

@@ -13,14 +13,14 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.training.tiny import TINY
-from training.cli import register
+from training.commands import register
 
 pytestmark = pytest.mark.data
 
 
 @pytest.fixture
 def cli(monkeypatch, model_cache):
-    from service.settings import get_settings
+    from service.core.settings import get_settings
 
     monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(model_cache))
     monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
@@ -79,9 +79,9 @@ def test_raw_photos_to_served_model(cli, test_data, tmp_path):
         assert onnx[key]["accuracy"] == pytest.approx(ckpt[key]["accuracy"], abs=2 / 20 + 1e-9)
         assert onnx[key]["auc"] == pytest.approx(ckpt[key]["auc"], abs=2 / 20 + 1e-9)
 
-    from service.models.manifest import Manifest
-    from service.pipeline import FacePipeline
-    from service.settings import Settings
+    from service.core.models.manifest import Manifest
+    from service.core.pipeline import FacePipeline
+    from service.core.settings import Settings
 
     manifest = Manifest.load(models / "tiny-face.json")
     # `eval --record` replaced the export's (checkpoint) figures with the exported model's own

@@ -9,7 +9,7 @@ from training.backbones import BACKBONES
 
 
 def test_model_info_command():
-    from training.cli import register
+    from training.commands import register
 
     app = typer.Typer()
     register(app)

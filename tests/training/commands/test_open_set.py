@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from training.cli import register
+from training.commands import register
 from training.identification import best_subjects, protocol
 
 pytestmark = pytest.mark.data
@@ -30,7 +30,7 @@ def test_protocol_and_ranking(tmp_path):
 
 
 def test_lfw_open_set_through_the_service_decision(test_data, model_cache, tmp_path, monkeypatch):
-    from service.settings import get_settings
+    from service.core.settings import get_settings
     from tests.conftest import REPO
 
     people = sorted(p for p in (test_data / "lfw").iterdir() if p.is_dir())

@@ -29,8 +29,8 @@ def raw(test_data, tmp_path):
 
 
 def test_align_reports_no_face_and_resumes(raw, settings, tmp_path):
-    from service.align import align_face
-    from service.pipeline import FacePipeline
+    from service.core.alignment import align_face
+    from service.core.pipeline import FacePipeline
 
     dst = tmp_path / "aligned"
     summary = align_folder(raw, dst, settings, workers=2, progress=False)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.data
 
 @pytest.fixture
 def cf(model_cache, tmp_path, make_client):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     return make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
 
@@ -82,7 +82,7 @@ def test_compreface_errors_keep_its_shape(api):
 
 
 def test_compreface_add_face_has_enrollment_quality_gate(model_cache, tmp_path, make_client, test_data):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     ((name, photos),) = people(test_data, 1)
     strict = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu", enroll_min_face_size=4000))

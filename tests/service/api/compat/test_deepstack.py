@@ -22,7 +22,7 @@ def examples(test_data):
 
 @pytest.fixture
 def ds(model_cache, tmp_path, make_client):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     return make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
 
@@ -101,7 +101,7 @@ def test_deepstack_bad_input_keeps_its_shape(ds, examples):
 
 
 def test_deepstack_api_key(model_cache, tmp_path, make_client, examples):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     ds = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu", api_keys=SecretStr("s3cret")))
     image = photo(examples, "obama.jpg")

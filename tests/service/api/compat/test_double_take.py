@@ -28,7 +28,7 @@ def examples(test_data):
 
 @pytest.fixture
 def served(model_cache, tmp_path, make_client):
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     def make(keys: str = KEY):
         return make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu", api_keys=SecretStr(keys)))

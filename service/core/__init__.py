@@ -1,0 +1,1 @@
+"""The face core: what the service and training both run (docs/architecture.md)."""

@@ -1,0 +1,98 @@
+"""Preprocessing in the graph (uint8 NHWC input) gives the embeddings of the numpy path (float32
+NCHW input) to 1e-5, for either colour order; the manifest says which form a model takes, and a
+manifest without the fields is the older form."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from service.core.errors import ModelError
+from service.core.models.embedder import FaceEmbedder, preprocess, uses_io_binding
+from service.core.models.files import load_model
+from service.core.models.manifest import InputSpec, Manifest
+from tests.onnx_models import write_in_graph, write_test_embedder
+
+
+def _load(manifest_path) -> FaceEmbedder:
+    loaded = load_model(str(manifest_path), manifest_path.parent, manifest_path.parent, device="cpu")
+    return FaceEmbedder(loaded.manifest, loaded.session, batch_sizes=[8])
+
+
+def _crops(n, size=112, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("color", ["RGB", "BGR"])
+def test_in_graph_matches_numpy_path(tmp_path, color):
+    numpy_form = write_test_embedder(tmp_path / "numpy", color=color)
+    graph_form = write_in_graph(numpy_form, tmp_path / "graph")
+    a, b = _load(numpy_form), _load(graph_form)
+    assert not a.manifest.input.in_graph and b.manifest.input.in_graph
+    assert b.manifest.input.shape == ["batch", 112, 112, 3] and b.manifest.input.color == color
+    crops = _crops(19)  # three runs of 8, the last padded
+    assert preprocess(crops, b.manifest.input).dtype == np.uint8
+    assert np.abs(a.raw(crops) - b.raw(crops)).max() <= 1e-5 * np.abs(a.raw(crops)).max()
+    assert np.abs(a.embed(crops) - b.embed(crops)).max() <= 1e-5
+
+
+def test_bgr_graph_swaps_channels(tmp_path):
+    """The colour order is not a no-op: the RGB and BGR models disagree on a coloured crop."""
+    rgb = _load(write_in_graph(write_test_embedder(tmp_path / "rgb"), tmp_path / "rgb-graph"))
+    bgr = _load(write_in_graph(write_test_embedder(tmp_path / "bgr", color="BGR"), tmp_path / "bgr-graph"))
+    crops = _crops(2)
+    assert np.abs(rgb.embed(crops) - bgr.embed(crops)).max() > 0.01
+
+
+def test_dlib_model_in_graph_matches_numpy_path(dlib_model, tmp_path):
+    """The default embedder (a 29-layer ResNet) with its preprocessing moved into the graph."""
+    from tests.conftest import REPO
+
+    folder = tmp_path / "numpy"
+    folder.mkdir()
+    (folder / "dlib-resnet-v1.json").write_bytes((REPO / "models" / "dlib-resnet-v1.json").read_bytes())
+    (folder / dlib_model.name).symlink_to(dlib_model)
+    a, b = _load(folder / "dlib-resnet-v1.json"), _load(write_in_graph(folder / "dlib-resnet-v1.json", tmp_path / "graph"))
+    crops = _crops(4, size=150)
+    assert np.abs(a.embed(crops) - b.embed(crops)).max() <= 1e-5
+
+
+def test_older_manifest_is_float32_nchw(tmp_path):
+    path = write_test_embedder(tmp_path)
+    data = json.loads(path.read_text())
+    data["input"].pop("layout"), data["input"].pop("dtype")
+    path.write_text(json.dumps(data))
+    spec = Manifest.load(path).input
+    assert (spec.dtype, spec.layout, spec.in_graph, spec.height) == ("float32", "NCHW", False, 112)
+
+
+@pytest.mark.parametrize("dtype, layout", [("float32", "NHWC"), ("uint8", "NCHW")])
+def test_other_forms_are_refused(dtype, layout):
+    with pytest.raises(ValueError, match="float32 NCHW .* or uint8 NHWC"):
+        InputSpec(name="input", shape=["batch", 3, 112, 112], color="RGB", dtype=dtype, layout=layout)
+
+
+def test_uint8_shape_is_nhwc():
+    with pytest.raises(ValueError, match="3 colour channels"):
+        InputSpec(name="input", shape=["batch", 3, 112, 112], color="RGB", dtype="uint8", layout="NHWC")
+
+
+def test_manifest_that_misstates_the_input_type_is_refused(tmp_path):
+    """A float32 model whose manifest claims uint8 NHWC: refused at load, not fed the wrong array."""
+    path = write_test_embedder(tmp_path)
+    manifest = Manifest.load(path)
+    manifest.model_copy(update={"input": manifest.input.model_copy(update={"dtype": "uint8", "layout": "NHWC", "shape": ["batch", 112, 112, 3]})}).save(path)
+    with pytest.raises(ModelError, match="input"):
+        load_model(str(path), tmp_path, tmp_path, device="cpu")
+
+
+def test_io_binding_on_gpu_providers_only(tmp_path):
+    assert uses_io_binding(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert uses_io_binding(["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert not uses_io_binding(["CPUExecutionProvider"])
+    embedder = _load(write_in_graph(write_test_embedder(tmp_path / "m"), tmp_path / "g"))
+    assert not embedder.io_binding  # a CPU session runs plainly
+    batch = preprocess(_crops(3), embedder.manifest.input)
+    np.testing.assert_array_equal(embedder.run_bound(batch), embedder.run(batch))
