@@ -39,8 +39,9 @@ serve: install-serve
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
 # The default models in place as `make serve` puts them, and the published clients the compat tests
-# drive, so that no test skips for want of one. ruff and mypy (pyproject.toml) run first.
+# drive, so that no test skips for want of one. ruff (format and lint) and mypy (pyproject.toml) run first.
 test: install-test peer clients
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/facegate models pull
@@ -76,6 +77,7 @@ clients: clients-venv clients-js
 
 # ruff and mypy alone (make test runs them too).
 lint: install-test
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 

@@ -56,7 +56,9 @@ def _gpu_names() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
@@ -138,8 +140,10 @@ def run_pipeline_bench(
             line = f"embedder: {gflops:.3f} GFLOP per face (manifest) → {gflops * rate:.1f} GFLOP/s at batch {batch}"
             if pipeline.embedder_model.session.get_providers()[0] == "CPUExecutionProvider":
                 peak = gemm_peak_gflops(seconds)
-                line += (f", {100 * gflops * rate / peak:.0f}% of this CPU's fp32 GEMM peak ({peak:.0f} GFLOP/s, "
-                         f"which bounds it at {peak / gflops:.0f} faces/s)")
+                line += (
+                    f", {100 * gflops * rate / peak:.0f}% of this CPU's fp32 GEMM peak ({peak:.0f} GFLOP/s, "
+                    f"which bounds it at {peak / gflops:.0f} faces/s)"
+                )
             console.print(line)
     elif pipeline.embedder is None:
         console.print("[yellow]no embedder loaded (FACEGATE_EMBEDDER): embed stage skipped[/yellow]")
@@ -167,11 +171,20 @@ def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int,
 
     embedder = pipeline.embedder
     manifest = embedder.manifest
-    table = Table("batch", "bare session faces/s", "pipeline embed faces/s", "pipeline / bare", "pipeline ms/call (median)", title=f"embed batch scaling ({manifest.name})")
+    table = Table(
+        "batch",
+        "bare session faces/s",
+        "pipeline embed faces/s",
+        "pipeline / bare",
+        "pipeline ms/call (median)",
+        title=f"embed batch scaling ({manifest.name})",
+    )
     for batch in batches:
         chunk = np.resize(crops, (batch, *crops.shape[1:]))
         feed = {embedder.input_name: preprocess(chunk, manifest.input)}
-        bare, piped = _paired_rates(lambda: embedder.session.run([embedder.output_name], feed), lambda: embedder.embed(chunk), seconds, batch)
+        bare, piped = _paired_rates(
+            lambda: embedder.session.run([embedder.output_name], feed), lambda: embedder.embed(chunk), seconds, batch
+        )
         table.add_row(str(batch), f"{bare:.1f}", f"{piped:.1f}", f"{100 * piped / bare:.1f}%", f"{1000 * batch / piped:.2f}")
     return table
 
@@ -241,8 +254,10 @@ def run_all(
         f"weights {model.manifest.provenance.get('export', {}).get('dtype', 'float32')}), "
         f"providers {', '.join(model.session.get_providers())}, IO binding {'on' if pipeline.embedder.io_binding else 'off'}"
     )
-    console.print(f"settings: intra_op_threads={settings.intra_op_threads}, worker_threads={settings.worker_threads}, "
-                  f"batch_sizes={settings.batch_sizes}, batching={settings.batching}")
+    console.print(
+        f"settings: intra_op_threads={settings.intra_op_threads}, worker_threads={settings.worker_threads}, "
+        f"batch_sizes={settings.batch_sizes}, batching={settings.batching}"
+    )
 
     console.rule("pipeline stages")
     sample = _sample(images, pipeline)  # decoded and detected once for both tables

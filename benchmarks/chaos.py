@@ -124,7 +124,9 @@ def connections(total: int = 2000) -> None:
         thread = threading.Thread(target=trickle)
         thread.start()
         times = healthz_times(url, 300)
-        verify = httpx.post(url + "/verify", headers={"X-API-Key": KEY}, files={"image1": ("1.jpg", one), "image2": ("2.jpg", two)}, timeout=60)
+        verify = httpx.post(
+            url + "/verify", headers={"X-API-Key": KEY}, files={"image1": ("1.jpg", one), "image2": ("2.jpg", two)}, timeout=60
+        )
         thread.join(HEADER_TIMEOUT * 3 + 5)
         stop.set()
         for s in held:
@@ -134,7 +136,9 @@ def connections(total: int = 2000) -> None:
             f"[connections] {total} held ({len(idle)} idle, {len(trickling)} trickling a header byte/s): "
             f"/healthz p50 {np.median(times) * 1000:.1f} ms, p99 {p99(times):.1f} ms (300 requests)"
         )
-        print(f"[connections] authenticated /verify while held: {verify.status_code} match={verify.json().get('match') if verify.status_code == 200 else verify.text[:120]}")
+        print(
+            f"[connections] authenticated /verify while held: {verify.status_code} match={verify.json().get('match') if verify.status_code == 200 else verify.text[:120]}"
+        )
         print(
             f"[connections] trickling connections closed by the server: {len(closes)}/{len(trickling)}, the last after {closes[-1] if closes else float('nan'):.1f} s "
             f"(FACEGATE_HEADER_TIMEOUT {HEADER_TIMEOUT:g} s; detected on the next 1 s write)"
@@ -156,7 +160,14 @@ def pixel_bombs(n: int = 64) -> None:
         base = status_kb(pid, "VmRSS") * 1024
         started = time.monotonic()
         with ThreadPoolExecutor(n) as pool:
-            answers = list(pool.map(lambda _: httpx.post(url + "/embed", headers={"X-API-Key": KEY}, files={"image": ("b.png", bomb)}, timeout=300).status_code, range(n)))
+            answers = list(
+                pool.map(
+                    lambda _: (
+                        httpx.post(url + "/embed", headers={"X-API-Key": KEY}, files={"image": ("b.png", bomb)}, timeout=300).status_code
+                    ),
+                    range(n),
+                )
+            )
         peak = status_kb(pid, "VmHWM") * 1024
         counts = {s: answers.count(s) for s in sorted(set(answers))}
         print(

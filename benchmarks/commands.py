@@ -21,7 +21,9 @@ def register(app: typer.Typer) -> None:
 
 @bench_app.command("pipeline")
 def bench_pipeline(
-    images: Annotated[list[Path] | None, typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")] = None,
+    images: Annotated[
+        list[Path] | None, typer.Argument(help="Images to use (default: synthetic faces are not meaningful; pass real photos).")
+    ] = None,
     seconds: Annotated[float, typer.Option(help="Time budget per stage.")] = 3.0,
 ) -> None:
     """Decode, detect, align and embed throughput on the active provider."""
@@ -34,11 +36,16 @@ def bench_pipeline(
 
 @bench_app.command("all")
 def bench_all(
-    images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, e.g. LFW's (decoded, detected, aligned, and sent over HTTP).")],
+    images: Annotated[
+        list[Path],
+        typer.Argument(exists=True, dir_okay=False, help="Photos with faces, e.g. LFW's (decoded, detected, aligned, and sent over HTTP)."),
+    ],
     embedder: Annotated[str | None, typer.Option(help="Embedder manifest (default FACEGATE_EMBEDDER).")] = None,
     seconds: Annotated[float, typer.Option(help="Time budget per stage and per batch size.")] = 3.0,
     batch: Annotated[list[int] | None, typer.Option(help="Embed batch sizes, repeatable (default 1 2 4 … 128).")] = None,
-    concurrency: Annotated[list[int] | None, typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")] = None,
+    concurrency: Annotated[
+        list[int] | None, typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")
+    ] = None,
     requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 200,
 ) -> None:
     """The whole table: machine, versions, providers; pipeline stages; embed batch scaling (bare
@@ -50,4 +57,12 @@ def bench_all(
         settings = settings.model_copy(update={"embedder": embedder})
     levels = tuple(c for c in (concurrency or [1, 8, 32, 64]) if c > 0)
     with fail_on_error():
-        run_all(settings, images, Console(width=max(Console().width, 120)), seconds, tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)), levels, requests)
+        run_all(
+            settings,
+            images,
+            Console(width=max(Console().width, 120)),
+            seconds,
+            tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)),
+            levels,
+            requests,
+        )

@@ -55,19 +55,30 @@ def main() -> None:
     bucketed = [detector.detect(image) for image in images]
     for line in machine_lines():
         print(line)
-    print(f"photos: {len(images)}; sizes {detector.sizes}; run at:", {s: sum(detector.size_for(i.shape[:2]) == s for i in images) for s in detector.sizes})
+    print(
+        f"photos: {len(images)}; sizes {detector.sizes}; run at:",
+        {s: sum(detector.size_for(i.shape[:2]) == s for i in images) for s in detector.sizes},
+    )
     print(f"faces found: {largest} path {sum(map(len, reference))}, bucketed {sum(map(len, bucketed))}")
     print(f"photos with a face: {largest} path {sum(map(bool, reference))}, bucketed {sum(map(bool, bucketed))}")
     shifts = np.array([s for b, r in zip(bucketed, reference, strict=True) if (s := _shift(b, r)) is not None])
     if len(shifts):
-        print(f"landmark shift of the largest face (px): mean {shifts.mean():.2f}, median {np.median(shifts):.2f}, p95 {np.percentile(shifts, 95):.2f}, max {shifts.max():.2f}")
+        print(
+            f"landmark shift of the largest face (px): mean {shifts.mean():.2f}, median {np.median(shifts):.2f}, p95 {np.percentile(shifts, 95):.2f}, max {shifts.max():.2f}"
+        )
     # YuNet's own jitter between two large sizes, the yardstick for the shift above: no size but the
     # reference itself can agree with it more closely than the next stride-aligned size does.
     nearby = largest + 64
-    wider = FaceDetector(detector.manifest, detector.session, detector.score_threshold, detector.nms_threshold, detector.min_face_size, sizes=(nearby,))
-    jitter = np.array([s for image, r in zip(images, reference, strict=True) if (s := _shift(_detect(wider, image, nearby), r)) is not None])
+    wider = FaceDetector(
+        detector.manifest, detector.session, detector.score_threshold, detector.nms_threshold, detector.min_face_size, sizes=(nearby,)
+    )
+    jitter = np.array(
+        [s for image, r in zip(images, reference, strict=True) if (s := _shift(_detect(wider, image, nearby), r)) is not None]
+    )
     if len(jitter):
-        print(f"YuNet's own jitter, {nearby} path against {largest} (px): median {np.median(jitter):.2f}, p95 {np.percentile(jitter, 95):.2f}")
+        print(
+            f"YuNet's own jitter, {nearby} path against {largest} (px): median {np.median(jitter):.2f}, p95 {np.percentile(jitter, 95):.2f}"
+        )
     half = args.seconds / 4
     times = {"640": [], "bucketed": []}
     for _ in range(2):  # alternated, so drift on a shared machine hits both

@@ -203,7 +203,9 @@ def milvus_lite(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, fol
         found.append(ids[np.argsort(-(np.asarray(vectors[ids]) @ q), kind="stable")][:1])
         took.append((time.perf_counter() - t) * 1000)
     r1 = np.mean([len(f) and f[0] == t for f, t in zip(found, truth[:, 0], strict=True)])
-    print(f"Milvus Lite (FLAT): search p50 {np.percentile(took, 50):.1f} ms, p99 {np.percentile(took, 99):.1f} ms, R@1 {r1:.3f}", flush=True)
+    print(
+        f"Milvus Lite (FLAT): search p50 {np.percentile(took, 50):.1f} ms, p99 {np.percentile(took, 99):.1f} ms, R@1 {r1:.3f}", flush=True
+    )
     gallery.close()
 
 
@@ -211,7 +213,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--indexes", nargs="+", default=["Flat", "HNSW32", "IVF1024,Flat", "IVF1024,PQ32"])
-    parser.add_argument("--params", nargs="*", default=[], help="FACEGATE_INDEX_SEARCH_PARAMS per index (same order; '' for none; a|b: each on one build).")
+    parser.add_argument(
+        "--params", nargs="*", default=[], help="FACEGATE_INDEX_SEARCH_PARAMS per index (same order; '' for none; a|b: each on one build)."
+    )
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument(
         "--real",
@@ -220,12 +224,18 @@ def main() -> None:
         default=[Path("/work/cache/train_dlib150"), Path("/work/cache/lfw_dlib150")],
         help="Folders of aligned crops (person/image.jpg); queries come from the last one.",
     )
-    parser.add_argument("--cache", type=Path, default=Path("/work/cache/issue-27"), help="Where the embeddings and the gallery file are kept.")
+    parser.add_argument(
+        "--cache", type=Path, default=Path("/work/cache/issue-27"), help="Where the embeddings and the gallery file are kept."
+    )
     parser.add_argument("--store", help="Also time a SQLite store's start and restart with this index (factory string).")
-    parser.add_argument("--milvus-lite", action="store_true", help="Also fill Milvus Lite with the gallery: start-up and search through it.")
+    parser.add_argument(
+        "--milvus-lite", action="store_true", help="Also fill Milvus Lite with the gallery: start-up and search through it."
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    cache = args.cache / f"real_{hashlib.sha256(' '.join(str(f.resolve()) for f in args.real).encode()).hexdigest()[:12]}.npy"  # per set of folders
+    cache = (
+        args.cache / f"real_{hashlib.sha256(' '.join(str(f.resolve()) for f in args.real).encode()).hexdigest()[:12]}.npy"
+    )  # per set of folders
     real = embed_crops(args.real, cache)
     names = cache.with_suffix(".txt").read_text().splitlines()
     enrolled, queries, enrolled_who, query_who = split_queries(names, real, args.queries, rng, args.real[-1].name)
@@ -233,13 +243,17 @@ def main() -> None:
     vectors = gallery_file(enrolled, args.size, args.cache / f"gallery_{args.size}.npy")
     started = time.perf_counter()
     truth = exact_top(vectors, queries, 10)
-    print(f"{platform.processor() or platform.machine()}, {faiss.__version__=}, 1 OpenMP thread; {args.size:,} faces × {dim} "
-          f"({len(enrolled):,} real, the rest Gaussian distractors); {len(queries)} mated LFW queries; exact top-10 in {time.perf_counter() - started:.0f} s")
+    print(
+        f"{platform.processor() or platform.machine()}, {faiss.__version__=}, 1 OpenMP thread; {args.size:,} faces × {dim} "
+        f"({len(enrolled):,} real, the rest Gaussian distractors); {len(queries)} mated LFW queries; exact top-10 in {time.perf_counter() - started:.0f} s"
+    )
     # Queries whose exact top-1 is an image of the same person: there, recall decides whether the
     # match is found; elsewhere the top-1 is an impostor (often a distractor) below any threshold.
     genuine = np.array([t < len(enrolled) and enrolled_who[t] == who for t, who in zip(truth[:, 0], query_who, strict=True)])
     print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
-    print(f"{'index':<16} {'params':<12} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} {'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6}")
+    print(
+        f"{'index':<16} {'params':<12} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} {'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6}"
+    )
     params = args.params + [""] * (len(args.indexes) - len(args.params))
     for spec, param in zip(args.indexes, params, strict=True):
         gc.collect()
@@ -260,7 +274,9 @@ def main() -> None:
         for search in param.split("|"):  # several search settings on one build
             if search:
                 faiss.ParameterSpace().set_index_parameters(index._index, search)
-            found = np.stack([np.pad(r[:10], (0, max(0, 10 - len(r[:10]))), constant_values=-1) for r in (rescored(index, vectors, q) for q in queries)])
+            found = np.stack(
+                [np.pad(r[:10], (0, max(0, 10 - len(r[:10]))), constant_values=-1) for r in (rescored(index, vectors, q) for q in queries)]
+            )
             r1 = float(np.mean(found[:, 0] == truth[:, 0]))
             r10 = float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth, strict=True)]))
             mate = float(np.mean(found[genuine, 0] == truth[genuine, 0]))

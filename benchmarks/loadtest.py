@@ -51,7 +51,19 @@ def spawned(env: dict[str, str], ready_timeout: float = 120.0):
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix="facegate-load-")
     env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, **env}
-    command = [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "service.api.app:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     process = subprocess.Popen(command, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

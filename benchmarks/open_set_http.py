@@ -60,24 +60,33 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
 
         with ThreadPoolExecutor(workers) as pool:
             enrolled = list(pool.map(enroll, p.gallery))
-            print(f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {sum(enrolled)} enrolled "
-                  f"({len(enrolled) - sum(enrolled)} photos with no face found), {len(p.known)} known probes, {len(p.strangers)} strangers")
+            print(
+                f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {sum(enrolled)} enrolled "
+                f"({len(enrolled) - sum(enrolled)} photos with no face found), {len(p.known)} known probes, {len(p.strangers)} strangers"
+            )
             print("decision        threshold  far           realized FPIR  DIR")
             for fpir in [None, *fpirs]:
                 known = list(pool.map(lambda path: identify(path, fpir), p.known))
                 others = list(pool.map(lambda path: identify(path, fpir), p.strangers))
-                found = sum(r is not None and r["match"] is not None and r["match"]["subject_id"] == path.parent.name for r, path in zip(known, p.known, strict=True))
+                found = sum(
+                    r is not None and r["match"] is not None and r["match"]["subject_id"] == path.parent.name
+                    for r, path in zip(known, p.known, strict=True)
+                )
                 matched = sum(r is not None and r["match"] is not None for r in others)
                 shown = next(r for r in others if r is not None)
                 label = f"fpir={shown['fpir']:g}" + (" (default)" if fpir is None else "")
-                print(f"{label:<15} {shown['threshold']:.6f}  {shown['far']:<12}  {matched / len(others):.4f} ({matched})   "
-                      f"{found / len(known):.4f} ({found})")
+                print(
+                    f"{label:<15} {shown['threshold']:.6f}  {shown['far']:<12}  {matched / len(others):.4f} ({matched})   "
+                    f"{found / len(known):.4f} ({found})"
+                )
             known = list(pool.map(compreface, p.known))
             others = list(pool.map(compreface, p.strangers))
             found = sum(subject == path.parent.name for subject, path in zip(known, p.known, strict=True))
             matched = sum(subject is not None for subject in others)
-            print(f"{'CompreFace recognize, similarity >= 0.5 (Viseron default)':<42}  {matched / len(others):.4f} ({matched})   "
-                  f"{found / len(known):.4f} ({found})")
+            print(
+                f"{'CompreFace recognize, similarity >= 0.5 (Viseron default)':<42}  {matched / len(others):.4f} ({matched})   "
+                f"{found / len(known):.4f} ({found})"
+            )
 
 
 def main() -> None:

@@ -35,7 +35,9 @@ def embeddings(images: Path, cache: Path | None) -> tuple[np.ndarray, np.ndarray
     from service.core.settings import get_settings
     from training.pair_evaluation import OnnxEmbedder, align_images
 
-    paths = sorted(p for d in sorted(images.iterdir()) if d.is_dir() for p in sorted(d.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    paths = sorted(
+        p for d in sorted(images.iterdir()) if d.is_dir() for p in sorted(d.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg", ".png")
+    )
     settings = get_settings()
     embedder = OnnxEmbedder(Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json", settings)
     crops, _ = align_images(paths, FacePipeline.from_settings(settings, require_embedder=False), embedder.alignment)
@@ -67,8 +69,10 @@ def main() -> None:
     known = [i for i in rest if len(photos[i]) >= 3][: args.known]
     strangers = np.concatenate([photos[i] for i in rest if i not in set(known)])
     first, second, probe = (np.array([photos[i][k] for i in known]) for k in (0, 1, 2))
-    print(f"{platform.node()} ({platform.processor() or platform.machine()}); {len(known)} enrolled, {len(strangers)} stranger probes "
-          f"({len(rest) - len(known)} people), cohort {len(cohort)} faces of {len(chosen)} other people")
+    print(
+        f"{platform.node()} ({platform.processor() or platform.machine()}); {len(known)} enrolled, {len(strangers)} stranger probes "
+        f"({len(rest) - len(known)} people), cohort {len(cohort)} faces of {len(chosen)} other people"
+    )
     print(f"{'variant':42s} " + "  ".join(f"DIR@{r:g}" for r in RATES))
 
     def row(name, score, note=""):
@@ -103,8 +107,10 @@ def main() -> None:
         strangers_norm = row(f"AS-norm, cohort top {top}", lambda x, t=top: normalized(x, t))
         if top == 200:
             threshold = threshold_at(FarCurve(**curve).curve, per_comparison_far(1e-2, len(known)))
-            print(f"{'':42s} its calibrated fpir=1e-2 threshold {threshold:.3f}: realized FPIR {(strangers_norm >= threshold).mean():.4f} "
-                  f"({figures['impostor_pairs']:,} impostor pairs of {figures['calibration_identities']} people)")
+            print(
+                f"{'':42s} its calibrated fpir=1e-2 threshold {threshold:.3f}: realized FPIR {(strangers_norm >= threshold).mean():.4f} "
+                f"({figures['impostor_pairs']:,} impostor pairs of {figures['calibration_identities']} people)"
+            )
     row("AS-norm top 200 + flip TTA", lambda x: normalized(x, 200, table=both))
     print("two photos enrolled:")
     row("  max of the two cosines (today)", lambda x: best(np.maximum(emb[x] @ emb[first].T, emb[x] @ emb[second].T)))

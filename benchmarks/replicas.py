@@ -119,7 +119,9 @@ def cold_start(admin_url: str, sizes: list[int], dims: list[int]) -> None:
             assert gallery.index.size == size, gallery.index.size
             gallery.close()
             del gallery
-            print(f"{size:>9} {dim:>4} {copied:>7.1f} {table:>10.0f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} {size * (dim * 4 + 8) / 2**20:>10.0f}")
+            print(
+                f"{size:>9} {dim:>4} {copied:>7.1f} {table:>10.0f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} {size * (dim * 4 + 8) / 2**20:>10.0f}"
+            )
 
 
 def replica(url: str, embedder: Path):
@@ -149,7 +151,9 @@ def propagation(a: str, b: str, count: int) -> None:
                     sys.exit(f"{subject} never reached B")
             delays.append((time.perf_counter() - acknowledged) * 1000)
     p50, p99 = np.percentile(delays, [50, 99])
-    print(f"\n2. propagation, enroll on A → found by /identify on B: {count} enrollments, p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(delays):.1f} ms")
+    print(
+        f"\n2. propagation, enroll on A → found by /identify on B: {count} enrollments, p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(delays):.1f} ms"
+    )
 
 
 async def throughput(urls: list[str], requests: int, concurrency: int, images: list[str]) -> float:
@@ -158,7 +162,9 @@ async def throughput(urls: list[str], requests: int, concurrency: int, images: l
 
     async def worker() -> None:
         for n in counter:
-            response = await clients[n % len(clients)].post("/identify", json={"image": images[n % len(images)], "aligned": True, "top_k": 5})
+            response = await clients[n % len(clients)].post(
+                "/identify", json={"image": images[n % len(images)], "aligned": True, "top_k": 5}
+            )
             response.raise_for_status()
 
     started = time.perf_counter()
@@ -193,7 +199,9 @@ def http_parts(admin_url: str, args) -> None:
 def main() -> None:
     global ARGS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", help="An existing server's admin URL (databases bench_* are created there); default: a throw-away server.")
+    parser.add_argument(
+        "--database-url", help="An existing server's admin URL (databases bench_* are created there); default: a throw-away server."
+    )
     parser.add_argument("--cold-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     parser.add_argument("--dims", type=int, nargs="+", default=[128])
     parser.add_argument("--enrollments", type=int, default=200, help="Propagation samples (and the throughput gallery).")

@@ -62,7 +62,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--queries", type=int, default=200, help="Queries per size (fewer are run at 1M: at most 100).")
     parser.add_argument("--k", type=int, default=400, help="Neighbours asked per search (/identify asks 4×top_k, at least 16).")
-    parser.add_argument("--threads", type=int, default=1, help="FAISS OpenMP threads (the service's FACEGATE_SEARCH_THREADS; 0 = FAISS default).")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="FAISS OpenMP threads (the service's FACEGATE_SEARCH_THREADS; 0 = FAISS default)."
+    )
     args = parser.parse_args()
     if args.threads:
         set_search_threads(args.threads)
@@ -71,7 +73,9 @@ def main() -> None:
     for size in args.sizes:
         queries = args.queries if size < 1_000_000 else min(args.queries, 100)
         r = bench(size, args.dim, queries, args.k)
-        print(f"{r['size']:>10} {r['build_s']:>8.2f} {r['index_mib']:>10.1f} {r['rss_mib']:>9.1f} {r['p50']:>8.2f} {r['p95']:>8.2f} {r['p99']:>8.2f}")
+        print(
+            f"{r['size']:>10} {r['build_s']:>8.2f} {r['index_mib']:>10.1f} {r['rss_mib']:>9.1f} {r['p50']:>8.2f} {r['p95']:>8.2f} {r['p99']:>8.2f}"
+        )
         gc.collect()
 
 

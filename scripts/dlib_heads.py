@@ -56,7 +56,9 @@ def run(work: Path, stages: int, only: list[str], overrides: list[str]) -> None:
     baseline = work / "runs" / "import" / "best.json"
     if not baseline.is_file():  # the imported model, untouched, on the same held-out pairs
         baseline.parent.mkdir(parents=True, exist_ok=True)
-        baseline.write_text(json.dumps({"step": 0, **CachedRun(config(stages, overrides), settings, cache_dir).validate()}, indent=2) + "\n")
+        baseline.write_text(
+            json.dumps({"step": 0, **CachedRun(config(stages, overrides), settings, cache_dir).validate()}, indent=2) + "\n"
+        )
     for label, (head, params) in HEADS.items():
         if only and label not in only:
             continue
@@ -87,8 +89,10 @@ def plot(work: Path, png: Path) -> None:
     rows = [r for r in _rows(work) if r[0] != "import"]
     base = json.loads((work / "runs" / "import" / "best.json").read_text())["flip"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, key, title in ((axes[0], lambda m: m["accuracy"], "held-out 10-fold accuracy (%)"),
-                           (axes[1], lambda m: m["tar_at_far"]["1e-3"], "held-out TAR @ FAR 1e-3 (%)")):
+    for ax, key, title in (
+        (axes[0], lambda m: m["accuracy"], "held-out 10-fold accuracy (%)"),
+        (axes[1], lambda m: m["tar_at_far"]["1e-3"], "held-out TAR @ FAR 1e-3 (%)"),
+    ):
         values = [100 * key(m["flip"]) for _, m, _ in rows]
         ax.barh([label for label, _, _ in rows], values, color="tab:blue")
         ax.axvline(100 * key(base), color="black", ls="--", label="dlib-resnet-v1 (import)")
@@ -104,8 +108,10 @@ def table(work: Path) -> str:
     rows = _rows(work)
     lines = ["| head | held-out acc. (flip) | TAR@FAR 1e-3 | best at step | steps | train s |", "|---|---|---|---|---|---|"]
     for label, m, r in rows:
-        lines.append(f"| {label} | {100 * m['flip']['accuracy']:.2f} ± {100 * m['flip']['accuracy_std']:.2f} | "
-                     f"{100 * m['flip']['tar_at_far']['1e-3']:.1f} | {m['step']} | {r.get('step', 0)} | {r.get('train_seconds', 0):.0f} |")
+        lines.append(
+            f"| {label} | {100 * m['flip']['accuracy']:.2f} ± {100 * m['flip']['accuracy_std']:.2f} | "
+            f"{100 * m['flip']['tar_at_far']['1e-3']:.1f} | {m['step']} | {r.get('step', 0)} | {r.get('train_seconds', 0):.0f} |"
+        )
     return "\n".join(lines)
 
 

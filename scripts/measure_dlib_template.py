@@ -66,11 +66,18 @@ def main() -> None:
     gross = np.linalg.norm(points - np.median(points, axis=0), axis=2).max(axis=1) > GROSS_PX
     clean = points[~gross]
     template = np.median(clean, axis=0)
-    print(json.dumps({
-        "photos": len(points), "no_face": no_face, "gross_disagreements": int(gross.sum()),
-        "template": np.round(template, 4).tolist(),
-        "median_absolute_deviation": np.round(np.median(np.abs(clean - template), axis=0), 2).tolist(),
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "photos": len(points),
+                "no_face": no_face,
+                "gross_disagreements": int(gross.sum()),
+                "template": np.round(template, 4).tolist(),
+                "median_absolute_deviation": np.round(np.median(np.abs(clean - template), axis=0), 2).tolist(),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

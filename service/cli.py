@@ -26,7 +26,12 @@ app.add_typer(models_app, name="models")
 app.add_typer(gallery_app, name="gallery")
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
-Aligned = Annotated[bool, typer.Option(help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection.")]
+Aligned = Annotated[
+    bool,
+    typer.Option(
+        help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection."
+    ),
+]
 
 
 def _pipeline(require_embedder: bool = True):
@@ -117,9 +122,15 @@ def serve(
 
 @models_app.command("pull")
 def models_pull(
-    names: Annotated[list[str] | None, typer.Argument(help="Manifests to pull (default: those with a URL or source; a quantized one only with its onnxruntime).")] = None,
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Manifests to pull (default: those with a URL or source; a quantized one only with its onnxruntime)."),
+    ] = None,
     source: Annotated[str | None, typer.Option("--from", help="Download from this URL instead of the manifest's.")] = None,
-    file: Annotated[Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest).")] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest)."),
+    ] = None,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.core.models.files import manifest_path, pull, verify_file, version_note
@@ -235,7 +246,9 @@ def embed(
         np.save(out, matrix)
         console.print(f"{len(results)} embeddings of dim {matrix.shape[1]} → {out}")
     else:
-        typer.echo(json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results, strict=True)]))
+        typer.echo(
+            json.dumps([{"image": str(p), "embedding": r.embedding.round(6).tolist()} for p, r in zip(images, results, strict=True)])
+        )
 
 
 @app.command()
@@ -295,7 +308,9 @@ def gallery_migrate(
     source = SqliteGallery.open(sqlite_dir, None, searchable=False)
     target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
     try:
-        subjects, faces = sqlite_to_postgres(source, target, batch, lambda n, last: console.print(f"{n} faces copied, up to face id {last}"))
+        subjects, faces = sqlite_to_postgres(
+            source, target, batch, lambda n, last: console.print(f"{n} faces copied, up to face id {last}")
+        )
     finally:
         target.close()
         source.close()
@@ -322,7 +337,9 @@ def gallery_sync_index(
         models.require("embedder")
         gallery = open_gallery(settings, models.embedder_key, searchable=False)
         try:
-            upserted, removed = fill(gallery, gallery.index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}"))
+            upserted, removed = fill(
+                gallery, gallery.index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
+            )
         finally:
             gallery.close()
     console.print(f"[green]ok[/green] {upserted} faces upserted into {gallery.index.collection}, {removed} deleted faces removed")

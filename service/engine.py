@@ -45,7 +45,8 @@ class Engine:
         if settings.batching:
             self.embed_batcher = MicroBatcher(self._embed, embedder.shapes.largest, settings.batch_wait_ms, metrics, "embedder")
             self.detect_batchers = {
-                size: MicroBatcher(self._detect, detector.shapes.largest, settings.batch_wait_ms, metrics, "detector") for size in detector.sizes
+                size: MicroBatcher(self._detect, detector.shapes.largest, settings.batch_wait_ms, metrics, "detector")
+                for size in detector.sizes
             }
 
     def describe(self) -> dict:

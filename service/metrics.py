@@ -16,26 +16,45 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("facegate_requests", "HTTP requests by route template, method and status.", ["route", "method", "status"], registry=r)
-        self.latency = Histogram("facegate_request_seconds", "HTTP request latency.", ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "facegate_requests", "HTTP requests by route template, method and status.", ["route", "method", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "facegate_request_seconds", "HTTP request latency.", ["route", "method"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.batch_size = Histogram("facegate_embed_batch_size", "Faces per embedder run.", buckets=BATCH_BUCKETS, registry=r)
-        self.queue_wait = Histogram("facegate_embed_queue_wait_seconds", "Time faces waited for their embedder run.", buckets=WAIT_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "facegate_embed_queue_wait_seconds", "Time faces waited for their embedder run.", buckets=WAIT_BUCKETS, registry=r
+        )
         self.faces_embedded = Counter("facegate_faces_embedded", "Faces embedded.", registry=r)
         self.detect_batch_size = Histogram("facegate_detect_batch_size", "Images per detector run.", buckets=BATCH_BUCKETS, registry=r)
-        self.detect_queue_wait = Histogram("facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=r)
+        self.detect_queue_wait = Histogram(
+            "facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=r
+        )
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
-        self.gallery_up = Gauge("facegate_gallery_up", "1 when the gallery's database answered this scrape in time, else 0 (the gauges keep their last values).", registry=r)
+        self.gallery_up = Gauge(
+            "facegate_gallery_up",
+            "1 when the gallery's database answered this scrape in time, else 0 (the gauges keep their last values).",
+            registry=r,
+        )
         self.replicated = False  # PostgreSQL: the replication gauges are set
-        self.gallery_index_size = Gauge("facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["backend"], registry=r)
+        self.gallery_index_size = Gauge(
+            "facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["backend"], registry=r
+        )
         self.gallery_search = Histogram(
-            "facegate_gallery_search_seconds", "Gallery search latency per face (index search + exact re-scoring).", buckets=SEARCH_BUCKETS, registry=r
+            "facegate_gallery_search_seconds",
+            "Gallery search latency per face (index search + exact re-scoring).",
+            buckets=SEARCH_BUCKETS,
+            registry=r,
         )
         self.gallery_applied = Gauge(
             "facegate_gallery_applied_sequence", "Last gallery change this replica's index applied (PostgreSQL only).", registry=r
         )
         self.gallery_lag = Gauge(
-            "facegate_gallery_sync_lag", "Gallery changes committed that this replica's index has not applied yet (PostgreSQL only).", registry=r
+            "facegate_gallery_sync_lag",
+            "Gallery changes committed that this replica's index has not applied yet (PostgreSQL only).",
+            registry=r,
         )
 
     def embedder_ran(self, faces: int) -> None:
@@ -62,7 +81,9 @@ class Metrics:
         self.gallery_faces.labels("true").set(counts.get("searchable_faces", math.nan))
         self.gallery_faces.labels("false").set(counts.get("incompatible_faces", math.nan))
         if snapshot.index is not None:
-            self.gallery_index_size.labels(snapshot.index["backend"]).set(snapshot.index.get("size", math.nan) if snapshot.fresh else math.nan)
+            self.gallery_index_size.labels(snapshot.index["backend"]).set(
+                snapshot.index.get("size", math.nan) if snapshot.fresh else math.nan
+            )
         if snapshot.replication is not None or self.replicated:
             self.replicated = True
             self.gallery_applied.set(replication.get("applied_sequence", math.nan))

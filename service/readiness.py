@@ -21,7 +21,11 @@ class Readiness:
     @property
     def loaded(self) -> bool:
         # a cohort the operator named but that cannot be used would silently change every decision
-        return self.models.detector is not None and self.models.embedder is not None and not any(p.model == "cohort" for p in self.models.problems)
+        return (
+            self.models.detector is not None
+            and self.models.embedder is not None
+            and not any(p.model == "cohort" for p in self.models.problems)
+        )
 
     @property
     def ready(self) -> bool:
@@ -47,12 +51,14 @@ class Readiness:
         embedder = self.models.embedder
         if embedder is None or embedder.manifest.thresholds:
             return []
-        return [{
-            "model": "embedder",
-            "name": embedder.manifest.name,
-            "error": "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold",
-            "fix": f"facegate calibrate {embedder.manifest.name}.json --data ALIGNED_FOLDERS (identities it never trained on)",
-        }]
+        return [
+            {
+                "model": "embedder",
+                "name": embedder.manifest.name,
+                "error": "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold",
+                "fix": f"facegate calibrate {embedder.manifest.name}.json --data ALIGNED_FOLDERS (identities it never trained on)",
+            }
+        ]
 
     def report(self) -> dict:
         models = {}

@@ -39,7 +39,9 @@ def test_data() -> Path:
     value = os.environ.get("FACEGATE_TEST_DATA")
     path = Path(value).resolve() if value else None
     if path is None or not (path / "lfw" / "pairs.txt").is_file():
-        pytest.skip("needs real photos: set FACEGATE_TEST_DATA to a folder holding LFW (lfw/pairs.txt, lfw/<person>/*.jpg); docs/testing.md")
+        pytest.skip(
+            "needs real photos: set FACEGATE_TEST_DATA to a folder holding LFW (lfw/pairs.txt, lfw/<person>/*.jpg); docs/testing.md"
+        )
     return path
 
 

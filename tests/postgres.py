@@ -62,7 +62,9 @@ class PostgresServer:
         """Start the initialised server again (after `stop`), on the same port and data."""
         # fsync stays on: the server's durability is what a write's acknowledgement rests on.
         options = f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.root} -c max_connections=200"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "-t", "60", "start")
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "-t", "60", "start"
+        )
         return self
 
     def stop(self) -> None:

@@ -103,7 +103,7 @@ def test_no_import_cycles():
         state[name] = 1
         for target in sorted(edges[name]):
             if state.get(target) == 1:
-                cycles.append(" -> ".join(path[path.index(target):] + [name, target]))
+                cycles.append(" -> ".join(path[path.index(target) :] + [name, target]))
             elif target not in state:
                 visit(target, path + [name])
         state[name] = 2

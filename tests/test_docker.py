@@ -254,9 +254,18 @@ def test_dockerignore_keeps_the_context_to_what_the_image_installs(stages):
     for keep in (*kept, "models/face_detection_yunet_2023mar.json"):
         assert not _dockerignore_excludes(keep, patterns), f"{keep} must reach the build"
     for leave in (
-        ".git/HEAD", ".venv/bin/python", "data/gallery.sqlite3", "checkpoints/last.pt", "runs/exp/events",
-        "training/heads/w.pt", "service/__pycache__/app.cpython-311.pyc", "facegate.egg-info/PKG-INFO",
-        "docker/secrets/api_keys", "tests/test_docker.py", ".pytest_cache/v", "compose.yaml",
+        ".git/HEAD",
+        ".venv/bin/python",
+        "data/gallery.sqlite3",
+        "checkpoints/last.pt",
+        "runs/exp/events",
+        "training/heads/w.pt",
+        "service/__pycache__/app.cpython-311.pyc",
+        "facegate.egg-info/PKG-INFO",
+        "docker/secrets/api_keys",
+        "tests/test_docker.py",
+        ".pytest_cache/v",
+        "compose.yaml",
     ):
         assert _dockerignore_excludes(leave, patterns), f"{leave} must stay out of the build context"
     for stage in stages:
@@ -271,7 +280,13 @@ def test_dockerignore_keeps_the_context_to_what_the_image_installs(stages):
 def test_serving_code_runs_without_training_dependencies():
     """The image installs only the cpu/gpu extra: `facegate serve` and the app must not import
     torch or another train-extra module (training registers its CLI through an entry point)."""
-    blocked = ["torch", "torchvision", "tensorboard", "matplotlib", "sklearn"]  # onnx is a serving dependency (dlib import, YuNet re-batching)
+    blocked = [
+        "torch",
+        "torchvision",
+        "tensorboard",
+        "matplotlib",
+        "sklearn",
+    ]  # onnx is a serving dependency (dlib import, YuNet re-batching)
     code = f"""
 import sys
 class Block:
@@ -368,7 +383,9 @@ def test_compose_scale_profile(combination):
     assert "pg_isready" in postgres["healthcheck"]["test"]
     pg_env = _environment(postgres)
     (password,) = [s["source"] for s in postgres["secrets"] if pg_env["POSTGRES_PASSWORD_FILE"] == f"/run/secrets/{s['source']}"]
-    assert "POSTGRES_PASSWORD" not in pg_env and Path(config["secrets"][password]["file"]).resolve().is_relative_to(REPO / "docker" / "secrets")
+    assert "POSTGRES_PASSWORD" not in pg_env and Path(config["secrets"][password]["file"]).resolve().is_relative_to(
+        REPO / "docker" / "secrets"
+    )
 
     replicas = sorted(name for name in services if name.startswith("facegate-"))
     assert len(replicas) >= 2

@@ -52,8 +52,22 @@ def test_mkdocs_build_strict(tmp_path):
         pytest.skip("mkdocs / mkdocs-material are not installed (they are in the dev extra: pip install -e '.[dev]')")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
-        cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "site" / "index.html").is_file()
@@ -161,4 +175,6 @@ def test_settings_documented():
             shown = str(default)
         else:
             continue  # paths, secrets and None are described in words
-        assert f"`{shown}`" in documented[variable], f"{variable}: the code's default is {shown!r}, docs/settings.md says {documented[variable]}"
+        assert f"`{shown}`" in documented[variable], (
+            f"{variable}: the code's default is {shown!r}, docs/settings.md says {documented[variable]}"
+        )

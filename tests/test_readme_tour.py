@@ -68,7 +68,9 @@ def test_readme_tour_runs_as_written(tmp_path, model_cache, lfw_faces, two_faces
         for line, sample in tour():
             command = line.replace("localhost:8000", f"127.0.0.1:{server.port}").replace("curl ", "curl -o \"$BODY\" -w '%{http_code}' ", 1)
             body = tmp_path / "body"
-            run = subprocess.run(["bash", "-c", command], cwd=work, env={**os.environ, "BODY": str(body)}, capture_output=True, text=True, timeout=TIMEOUT)
+            run = subprocess.run(
+                ["bash", "-c", command], cwd=work, env={**os.environ, "BODY": str(body)}, capture_output=True, text=True, timeout=TIMEOUT
+            )
             assert run.returncode == 0, f"{line}\n{run.stderr}"
             status, answer = int(run.stdout), body.read_text()
             expected = parse_sample(sample) if sample else None

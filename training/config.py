@@ -66,8 +66,7 @@ class FinetuneConfig(StrictModel):
         0.0,
         ge=0,
         description=(
-            "L2-SP: α/2·‖w − w₀‖² towards the backbone's initial weights, in place of its "
-            "plain weight decay; 0 = plain weight decay."
+            "L2-SP: α/2·‖w − w₀‖² towards the backbone's initial weights, in place of its plain weight decay; 0 = plain weight decay."
         ),
     )
     head_only_steps: int = Field(0, ge=0, description="Warm-up: the first N steps train the head only (backbone frozen, in eval mode).")

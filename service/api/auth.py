@@ -41,7 +41,9 @@ def _read_entries(settings: Settings) -> list[str]:
         try:
             lines = Path(path).read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise KeyConfigError(f"FACEGATE_API_KEYS_FILE {path} cannot be read: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+            raise KeyConfigError(
+                f"FACEGATE_API_KEYS_FILE {path} cannot be read: {exc.strerror if isinstance(exc, OSError) else exc}"
+            ) from None
         found = [(n, line.split("#", 1)[0].strip()) for n, line in enumerate(lines, 1)]
         found = [(n, entry) for n, entry in found if entry]
         for n, entry in found:

@@ -162,7 +162,9 @@ async def _parse(request: Request, options: type[Options], images: tuple[str, ..
                     elif name in images:
                         found[name] = await value.read()
                     else:
-                        raise InvalidParameters(f"unexpected file field {name!r}; image fields are {', '.join(images + ((multi,) if multi else ()))}")
+                        raise InvalidParameters(
+                            f"unexpected file field {name!r}; image fields are {', '.join(images + ((multi,) if multi else ()))}"
+                        )
                 elif name in images or name == multi:
                     raise InvalidParameters(f"{name} must be a file part in a multipart body (base64 strings belong in a JSON body)")
                 else:
@@ -199,7 +201,9 @@ def _json_fields(raw: bytes, images: tuple[str, ...], multi: str | None) -> tupl
     return fields, found, many
 
 
-def request_body(options: type[BaseModel], images: dict[str, str], required: list[str], multi: tuple[str, str] | None = None, example: dict | None = None) -> dict:
+def request_body(
+    options: type[BaseModel], images: dict[str, str], required: list[str], multi: tuple[str, str] | None = None, example: dict | None = None
+) -> dict:
     """`openapi_extra` documenting a route's body in both encodings."""
 
     def schema(image_type: dict) -> dict:

@@ -19,17 +19,25 @@ SUBJECT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
 # A name holds no NUL: PostgreSQL refuses it in text where SQLite stored it (ids: SubjectIdPath).
 NAME_PATTERN = r"^[^\x00]+$"
 
-FarField = Field(None, description="False-accept rate whose manifest threshold decides (e.g. 1e-3 or \"1e-3\"); default FACEGATE_DEFAULT_FAR.", examples=["1e-3"])
+FarField = Field(
+    None,
+    description='False-accept rate whose manifest threshold decides (e.g. 1e-3 or "1e-3"); default FACEGATE_DEFAULT_FAR.',
+    examples=["1e-3"],
+)
 ThresholdField = Field(None, ge=-1.0, le=1.0, description="Explicit cosine threshold instead of a FAR (the response's far is then null).")
 AlignedField = Field(
     False,
     description="The images are already aligned crops of the active embedder's template size (150×150 for dlib_150, 112×112 for arcface_112): detection is skipped.",
 )
-PolicyField = Field("largest", description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one.")
+PolicyField = Field(
+    "largest", description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one."
+)
 
 
 class VerifyOptions(StrictModel):
-    subject_id: str | None = Field(None, pattern=SUBJECT_ID_PATTERN, description="Compare image1 with this subject's enrolled faces (instead of image2).")
+    subject_id: str | None = Field(
+        None, pattern=SUBJECT_ID_PATTERN, description="Compare image1 with this subject's enrolled faces (instead of image2)."
+    )
     far: float | str | None = FarField
     threshold: float | None = ThresholdField
     face_policy: Literal["largest", "reject_multiple"] = PolicyField
@@ -39,12 +47,19 @@ class VerifyOptions(StrictModel):
 class IdentifyOptions(StrictModel):
     top_k: int = Field(5, ge=1, le=100, description="Candidates to return, one per subject.")
     fpir: float | None = Field(
-        None, ge=1e-9, lt=1, description="False-positive identification rate: the chance that a person who is not enrolled is returned "
+        None,
+        ge=1e-9,
+        lt=1,
+        description="False-positive identification rate: the chance that a person who is not enrolled is returned "
         "as a match, whatever the gallery's size (default FACEGATE_DEFAULT_FPIR, 1e-2). Give at most one of fpir, far, threshold.",
         examples=[1e-3],
     )
-    far: float | str | None = Field(None, description="Per-comparison false-accept rate instead of an FPIR (each enrolled face is one comparison, "
-                                    "so strangers pass about gallery-size times as often).", examples=["1e-3"])
+    far: float | str | None = Field(
+        None,
+        description="Per-comparison false-accept rate instead of an FPIR (each enrolled face is one comparison, "
+        "so strangers pass about gallery-size times as often).",
+        examples=["1e-3"],
+    )
     threshold: float | None = ThresholdField
     faces: Literal["largest", "all"] = Field("largest", description="`all` identifies every face of the image (see `results`).")
     face_policy: Literal["largest", "reject_multiple"] = PolicyField
@@ -112,7 +127,9 @@ class VerifyResponse(BaseModel):
     similarity: float = Field(description="Cosine similarity; against a subject, the max over its enrolled faces.", examples=[0.71])
     threshold: float = Field(examples=[0.42])
     far: str | None = Field(description="The FAR the threshold stands for; null for an explicit threshold.", examples=["1e-3"])
-    faces: list[FaceOut | None] = Field(description="The face used from each image (null for an aligned upload); one entry when verifying against a subject.")
+    faces: list[FaceOut | None] = Field(
+        description="The face used from each image (null for an aligned upload); one entry when verifying against a subject."
+    )
     subject_id: str | None = None
     model: ModelOut
 
@@ -136,14 +153,21 @@ class IdentifyResult(BaseModel):
 class IdentifyResponse(IdentifyResult):
     threshold: float = Field(description="The score the best candidate must reach to be the match.")
     score: Literal["cosine", "as-norm"] = Field(
-        "cosine", description="What `threshold` applies to: the best candidate's cosine, or with a cohort (FACEGATE_COHORT) and an FPIR decision its AS-norm score."
+        "cosine",
+        description="What `threshold` applies to: the best candidate's cosine, or with a cohort (FACEGATE_COHORT) and an FPIR decision its AS-norm score.",
     )
-    far: str | None = Field(description="The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold.")
+    far: str | None = Field(
+        description="The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold."
+    )
     fpir: float | None = Field(description="The false-positive identification rate promised; null when far or threshold was given.")
     gallery_faces: int | None = Field(description="The number of searchable faces the FPIR was turned into a threshold for.")
-    extrapolated: bool = Field(False, description="True when that FAR lies below the model's calibrated points: its threshold comes from the fitted tail.")
+    extrapolated: bool = Field(
+        False, description="True when that FAR lies below the model's calibrated points: its threshold comes from the fitted tail."
+    )
     model: ModelOut
-    results: list[IdentifyResult] | None = Field(None, description="With faces=all: one result per face, largest first (the top-level fields repeat the first).")
+    results: list[IdentifyResult] | None = Field(
+        None, description="With faces=all: one result per face, largest first (the top-level fields repeat the first)."
+    )
 
 
 class EmbeddedFaceOut(BaseModel):
@@ -158,7 +182,9 @@ class EmbedResponse(BaseModel):
 
 
 class SubjectIn(StrictModel):
-    id: str | None = Field(None, pattern=SUBJECT_ID_PATTERN, description="Client-chosen id; a random one when omitted.", examples=["emp-1042"])
+    id: str | None = Field(
+        None, pattern=SUBJECT_ID_PATTERN, description="Client-chosen id; a random one when omitted.", examples=["emp-1042"]
+    )
     name: str = Field(min_length=1, max_length=256, pattern=NAME_PATTERN, examples=["Ada Lovelace"])
     metadata: dict[str, Any] = Field(default_factory=dict, examples=[{"department": "R&D"}])
 
@@ -177,7 +203,8 @@ class SubjectOut(BaseModel):
     name: str
     metadata: dict[str, Any]
     metadata_withheld: str | None = Field(
-        None, description="Why the stored metadata is not served (over the metadata limits: stored before them); `metadata` is then {} until a PATCH replaces it."
+        None,
+        description="Why the stored metadata is not served (over the metadata limits: stored before them); `metadata` is then {} until a PATCH replaces it.",
     )
     face_count: int
     created: datetime
@@ -204,7 +231,9 @@ class SubjectPage(BaseModel):
     total: int
     limit: int
     offset: int
-    next_offset: int | None = Field(description="Where the next page starts, null after the last. A page can hold fewer than `limit` subjects (FACEGATE_MAX_PAGE_BYTES).")
+    next_offset: int | None = Field(
+        description="Where the next page starts, null after the last. A page can hold fewer than `limit` subjects (FACEGATE_MAX_PAGE_BYTES)."
+    )
 
 
 class StoredFaceOut(BaseModel):

@@ -123,7 +123,9 @@ def at_rate(manifest: Manifest, rate: float, faces: int, cohort: Cohort | None =
         threshold = curve.threshold_at(per)
     except KeyError as exc:
         raise UnknownFar(f"the model has no calibrated FAR curve: {exc.args[0]}; pass far or threshold") from None
-    return Decision(round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=curve.beyond_calibration(per), cohort=cohort)
+    return Decision(
+        round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=curve.beyond_calibration(per), cohort=cohort
+    )
 
 
 def search_scores(cohort: Cohort | None, probe: np.ndarray, candidates: list[Candidate]) -> np.ndarray:

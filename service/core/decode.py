@@ -65,7 +65,9 @@ def probe(data: bytes, max_bytes: int, max_pixels: int, min_side: int, reduce_to
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
         if data[4:8] == b"ftyp":  # an ISO media file (HEIC/HEIF, …) Pillow cannot read: a format, not garbage
             brand = data[8:12].decode("ascii", "replace").strip()
-            raise UnsupportedMediaType(f"ISO media images (brand {brand!r}: HEIC/HEIF and the like) are not supported; send JPEG, PNG, WebP, BMP, GIF, TIFF or AVIF") from None
+            raise UnsupportedMediaType(
+                f"ISO media images (brand {brand!r}: HEIC/HEIF and the like) are not supported; send JPEG, PNG, WebP, BMP, GIF, TIFF or AVIF"
+            ) from None
         raise InvalidImage("the data is not a readable image (JPEG, PNG, WebP, BMP, GIF or TIFF)") from None
     if fmt not in FORMATS:
         raise UnsupportedMediaType(f"{fmt} images are not supported; send JPEG, PNG, WebP, BMP, GIF or TIFF")
@@ -80,7 +82,9 @@ def probe(data: bytes, max_bytes: int, max_pixels: int, min_side: int, reduce_to
     return found
 
 
-def decode_image(data: bytes, max_bytes: int = 10_000_000, max_pixels: int = 40_000_000, min_side: int = 16, reduce_to_side: int = 0) -> np.ndarray:
+def decode_image(
+    data: bytes, max_bytes: int = 10_000_000, max_pixels: int = 40_000_000, min_side: int = 16, reduce_to_side: int = 0
+) -> np.ndarray:
     """Decode to 3-channel BGR uint8 with EXIF orientation applied, at the probe's reduction.
 
     OpenCV's IMREAD_COLOR (and IMREAD_REDUCED_COLOR_n) turns grayscale, alpha, 16-bit and CMYK

@@ -137,7 +137,9 @@ class FacePipeline:
             raise InvalidCrop(f"an aligned face must be {size}x{size} pixels, got {image_bgr.shape[1]}x{image_bgr.shape[0]}")
         return image_bgr[..., ::-1][None]
 
-    def steps(self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False, sent: Probe | None = None) -> Steps:
+    def steps(
+        self, image_bgr: np.ndarray, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False, sent: Probe | None = None
+    ) -> Steps:
         """The one orchestration: letterbox → detect → select and align → embed, yielding each model
         run to the driver (`run` here, the engine's micro-batchers in the service). The faces come
         largest first, each with its aligned RGB crop and embedding.
@@ -161,7 +163,11 @@ class FacePipeline:
         """The sync driver: each model run in place, in this thread."""
         done, request = advance(steps)
         while not done:
-            result = self.detector.infer(request.canvas[None])[0] if isinstance(request, Detect) else self.require_embedder().embed(request.crops)
+            result = (
+                self.detector.infer(request.canvas[None])[0]
+                if isinstance(request, Detect)
+                else self.require_embedder().embed(request.crops)
+            )
             done, request = advance(steps, result)
         return request
 
@@ -179,7 +185,9 @@ class FacePipeline:
         if policy != "all":
             faces = faces[:1]
         elif len(faces) > self.settings.max_faces:
-            raise TooManyFaces(f"{len(faces)} faces were found; at most {self.settings.max_faces} per image are embedded (FACEGATE_MAX_FACES)")
+            raise TooManyFaces(
+                f"{len(faces)} faces were found; at most {self.settings.max_faces} per image are embedded (FACEGATE_MAX_FACES)"
+            )
         decoded = [f.scaled(1 / r) for f in faces] if r != 1 else faces
         return [
             FoundFace(face, crop, loose_chip(image_bgr, seen.landmarks) if chips else None)

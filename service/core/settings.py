@@ -29,26 +29,34 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_device_id: int = Field(0, ge=0, description="GPU the CUDA (and TensorRT) provider runs on.")
     cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = Field(
-        "HEURISTIC", description="cuDNN convolution algorithm search per input shape: HEURISTIC is cheap, EXHAUSTIVE benchmarks every algorithm (slow first run of each shape)."
+        "HEURISTIC",
+        description="cuDNN convolution algorithm search per input shape: HEURISTIC is cheap, EXHAUSTIVE benchmarks every algorithm (slow first run of each shape).",
     )
     gpu_mem_limit: int = Field(0, ge=0, description="Bytes the CUDA provider's memory arena may hold; 0 = no limit.")
     arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = Field(
-        "kNextPowerOfTwo", description="How the CUDA memory arena grows: kSameAsRequested wastes less memory, kNextPowerOfTwo allocates less often."
+        "kNextPowerOfTwo",
+        description="How the CUDA memory arena grows: kSameAsRequested wastes less memory, kNextPowerOfTwo allocates less often.",
     )
-    tensorrt: bool = Field(False, description="Put the TensorRT provider before CUDA when onnxruntime offers it (engines cached under model_cache/tensorrt).")
+    tensorrt: bool = Field(
+        False, description="Put the TensorRT provider before CUDA when onnxruntime offers it (engines cached under model_cache/tensorrt)."
+    )
     intra_op_threads: int = Field(
         0,
         ge=0,
         description="onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity).",
     )
-    intra_op_spinning: bool = Field(False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it).")
+    intra_op_spinning: bool = Field(
+        False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it)."
+    )
     batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 32],
         min_length=1,
         description="The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; each is warmed up at start-up.",
     )
     detect_batch_sizes: list[int] = Field(
-        [1, 2, 4, 8], min_length=1, description="The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size)."
+        [1, 2, 4, 8],
+        min_length=1,
+        description="The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size).",
     )
     detect_sizes: list[int] = Field(
         [320, 480, 640],
@@ -62,12 +70,18 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(40_000_000, ge=1)
     min_image_side: int = Field(16, ge=1)
     max_decoded_megapixels: float = Field(
-        200.0, gt=0, description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
+        200.0,
+        gt=0,
+        description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md.",
     )
     jpeg_reduce_to_side: int = Field(
-        4000, ge=0, description="A JPEG is decoded at 1/2, 1/4 or 1/8 scale, the most that keeps its long side at least this many px (0: always full size)."
+        4000,
+        ge=0,
+        description="A JPEG is decoded at 1/2, 1/4 or 1/8 scale, the most that keeps its long side at least this many px (0: always full size).",
     )
-    decode_wait: float = Field(60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded.")
+    decode_wait: float = Field(
+        60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded."
+    )
 
     # detection
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0)
@@ -77,11 +91,15 @@ class Settings(BaseSettings):
     # decisions
     default_far: str = Field("1e-3", description="FAR whose manifest threshold decides when a request names neither far nor threshold.")
     default_fpir: float = Field(
-        1e-2, gt=0, lt=1, description="False-positive identification rate /identify decides at when a request names no fpir, far or threshold."
+        1e-2,
+        gt=0,
+        lt=1,
+        description="False-positive identification rate /identify decides at when a request names no fpir, far or threshold.",
     )
 
     cohort: Path | None = Field(
-        None, description="A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md)."
+        None,
+        description="A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md).",
     )
 
     # gallery
@@ -91,11 +109,14 @@ class Settings(BaseSettings):
         description="postgresql://user:password@host:5432/db: the gallery lives in PostgreSQL, shared by every replica; empty = SQLite under data_dir.",
     )
     database_password_file: Path | None = Field(
-        None, description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored."
+        None,
+        description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored.",
     )
     database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
     database_pool_timeout: float = Field(
-        1.0, gt=0, description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage."
+        1.0,
+        gt=0,
+        description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage.",
     )
     index: str = Field(
         "Flat",
@@ -113,7 +134,8 @@ class Settings(BaseSettings):
     milvus_token: SecretStr = Field(SecretStr(""), description="Milvus credentials, user:password or an API key.")
     milvus_index: str = Field("AUTOINDEX", description="Milvus index type of a new collection (AUTOINDEX, HNSW, IVF_FLAT, FLAT...).")
     milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
-        "Strong", description="Milvus consistency level of searches: Strong makes a 2xx enrollment searchable on every replica at once (docs/scaling.md)."
+        "Strong",
+        description="Milvus consistency level of searches: Strong makes a 2xx enrollment searchable on every replica at once (docs/scaling.md).",
     )
     milvus_timeout: float = Field(5.0, gt=0, description="Seconds a Milvus call may take before the request gets 503 gallery_unavailable.")
     store_crops: bool = Field(
@@ -128,12 +150,22 @@ class Settings(BaseSettings):
     max_bulk_images: int = Field(20, ge=1, description="Most images one bulk enrollment request may carry.")
     max_metadata_depth: int = Field(16, ge=1, description="Deepest nesting of a subject's metadata (the object itself is level 1).")
     max_metadata_bytes: int = Field(16_384, ge=2, description="Largest subject metadata, serialized as JSON.")
-    max_page_bytes: int = Field(4_000_000, ge=1, description="A GET /subjects page stops before this many bytes (next_offset says where to go on).")
+    max_page_bytes: int = Field(
+        4_000_000, ge=1, description="A GET /subjects page stops before this many bytes (next_offset says where to go on)."
+    )
 
     # throughput
-    worker_threads: int = Field(0, ge=0, description="Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use.")
-    search_threads: int = Field(1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host.")
-    batching: bool = Field(True, description="Collect the images (detector) and faces (embedder) of concurrent requests into one model run.")
+    worker_threads: int = Field(
+        0,
+        ge=0,
+        description="Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use.",
+    )
+    search_threads: int = Field(
+        1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host."
+    )
+    batching: bool = Field(
+        True, description="Collect the images (detector) and faces (embedder) of concurrent requests into one model run."
+    )
     warm_up_before_listening: bool = Field(
         False,
         description="Warm up before the port opens, so that a process that accepts a connection is ready (replicas behind a "
@@ -145,7 +177,9 @@ class Settings(BaseSettings):
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")
     api_keys_file: Path | None = Field(None, description="File of API keys or sha256:<hex> hashes, one a line ('#' comments).")
     max_request_bytes: int = Field(25_000_000, ge=1, description="Request bodies above this size get 413 before they are read.")
-    max_faces: int = Field(32, ge=1, description="Most faces one image may hold where every face is embedded (/embed, /identify faces=all).")
+    max_faces: int = Field(
+        32, ge=1, description="Most faces one image may hold where every face is embedded (/embed, /identify faces=all)."
+    )
     max_identify_candidates: int = Field(1000, ge=1, description="Most candidates one /identify may return: faces × top_k.")
     allow_anonymous: bool = Field(False, description="Let `facegate serve` bind a non-loopback address with no API keys configured.")
 
@@ -156,7 +190,9 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); then it is closed.",
     )
-    body_timeout: float = Field(60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed.")
+    body_timeout: float = Field(
+        60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed."
+    )
     backlog: int = Field(2048, ge=1, description="Connections the kernel queues before `facegate serve` accepts them (listen backlog).")
     max_inflight_requests: int = Field(
         64,
@@ -164,7 +200,9 @@ class Settings(BaseSettings):
         description="Requests served at once, /healthz, /readyz and /metrics aside (they are never refused); "
         "beyond it 503 overloaded with Retry-After. Open connections are not counted.",
     )
-    h11_max_incomplete_event_size: int = Field(16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit).")
+    h11_max_incomplete_event_size: int = Field(
+        16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit)."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -132,7 +132,15 @@ class FaissIndex:
 
     shared = False  # this process's own copy
 
-    def __init__(self, dim: int, spec: str = "Flat", search_params: str = "", built: faiss.Index | None = None, removed: Iterable[int] = (), dead: int = 0):
+    def __init__(
+        self,
+        dim: int,
+        spec: str = "Flat",
+        search_params: str = "",
+        built: faiss.Index | None = None,
+        removed: Iterable[int] = (),
+        dead: int = 0,
+    ):
         """A new index, or (`built`) one read from a file with its removed ids."""
         self.dim, self.spec, self.search_params = dim, spec, search_params
         self.kind = index_kind(spec)
@@ -203,7 +211,13 @@ class FaissIndex:
         return int(self._index.ntotal) - self._dead
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.kind, "factory": self.spec, "search_params": self.search_params, "size": self.size, "trained": self.is_trained}
+        return {
+            "backend": self.kind,
+            "factory": self.spec,
+            "search_params": self.search_params,
+            "size": self.size,
+            "trained": self.is_trained,
+        }
 
     def save(self, path: Path, meta: dict[str, Any]) -> None:
         """Write the index next to `path` and then `path` itself (JSON: `meta` + the index file's
@@ -299,7 +313,12 @@ def open_index(
             log.warning("gallery index %s unreadable (%s): rebuilding", path, exc)
     spec = config.spec if count >= needed else "Flat"
     if spec != config.spec:
-        log.info("gallery index %s needs %d faces to train, the gallery has %d: searching exactly until a restart finds enough", config.spec, needed, count)
+        log.info(
+            "gallery index %s needs %d faces to train, the gallery has %d: searching exactly until a restart finds enough",
+            config.spec,
+            needed,
+            count,
+        )
     index = FaissIndex(dim, spec, config.search_params if spec == config.spec else "")
     started = time.monotonic()
     if not index.is_trained:
@@ -340,7 +359,9 @@ def best_subjects(
         size = index.size
         _, ids = index.search(query[None], min(k, size))
         found = faces(list(dict.fromkeys(int(i) for i in ids[0] if i >= 0)))
-        scored = sorted(((float(np.dot(v, query)), face_id, owner, name) for face_id, (owner, name, v) in found.items()), key=lambda t: (-t[0], t[1]))
+        scored = sorted(
+            ((float(np.dot(v, query)), face_id, owner, name) for face_id, (owner, name, v) in found.items()), key=lambda t: (-t[0], t[1])
+        )
         best: dict[str, Candidate] = {}
         for score, face_id, owner, name in scored:
             if owner not in best:

@@ -16,7 +16,9 @@ FACE_COLUMNS = f"id, {FACE_INSERT_COLUMNS}"
 SUBJECT_COLUMNS = "id, name, metadata, created, updated"
 
 
-def sqlite_to_postgres(source: SqliteGallery, target: PostgresGallery, batch: int = 1000, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+def sqlite_to_postgres(
+    source: SqliteGallery, target: PostgresGallery, batch: int = 1000, progress: Callable[[int, int], None] | None = None
+) -> tuple[int, int]:
     """Copy every subject, then every face in id order; (subjects, faces) copied by this run."""
     subjects = faces = 0
     last = ""

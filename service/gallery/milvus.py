@@ -47,7 +47,16 @@ class MilvusIndex:
 
     shared = True
 
-    def __init__(self, uri: str, token: str, dim: int, model_sha256: str, index_type: str = "AUTOINDEX", consistency: str = "Strong", timeout: float = 5.0):
+    def __init__(
+        self,
+        uri: str,
+        token: str,
+        dim: int,
+        model_sha256: str,
+        index_type: str = "AUTOINDEX",
+        consistency: str = "Strong",
+        timeout: float = 5.0,
+    ):
         self.uri, self.token, self.dim = uri, token, dim
         self.collection = f"facegate_{model_sha256[:16]}"
         self.index_type, self.consistency, self.timeout = index_type, consistency, timeout
@@ -65,8 +74,16 @@ class MilvusIndex:
             schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=self.dim)
             params = client.prepare_index_params()
             params.add_index("embedding", index_type=self.index_type, metric_type="IP")
-            client.create_collection(self.collection, schema=schema, index_params=params, consistency_level=self.consistency, timeout=self.timeout)
-            log.info("milvus %s: collection %s created (%s, IP, %s consistency)", redacted(self.uri), self.collection, self.index_type, self.consistency)
+            client.create_collection(
+                self.collection, schema=schema, index_params=params, consistency_level=self.consistency, timeout=self.timeout
+            )
+            log.info(
+                "milvus %s: collection %s created (%s, IP, %s consistency)",
+                redacted(self.uri),
+                self.collection,
+                self.index_type,
+                self.consistency,
+            )
         client.load_collection(self.collection, timeout=self.timeout)
         return client
 
@@ -91,7 +108,10 @@ class MilvusIndex:
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.asarray(vectors, np.float32).reshape(-1, self.dim)
         for start in range(0, len(ids), UPSERT_BATCH):
-            rows = [{"id": int(i), "embedding": v.tolist()} for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH], strict=True)]
+            rows = [
+                {"id": int(i), "embedding": v.tolist()}
+                for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH], strict=True)
+            ]
             self._call(lambda client: client.upsert(self.collection, rows, timeout=self.timeout))
 
     def remove(self, ids: np.ndarray) -> int:
@@ -125,12 +145,18 @@ class MilvusIndex:
     @property
     def size(self) -> int:
         """Rows in the collection now (count(*) at the configured consistency, deletes applied)."""
-        rows = self._call(lambda client: client.query(self.collection, filter="", output_fields=["count(*)"], consistency_level=self.consistency, timeout=self.timeout))
+        rows = self._call(
+            lambda client: client.query(
+                self.collection, filter="", output_fields=["count(*)"], consistency_level=self.consistency, timeout=self.timeout
+            )
+        )
         return int(rows[0]["count(*)"])
 
     def ids(self, batch: int = 10_000) -> Iterator[list[int]]:
         """Every id in the collection, a batch at a time."""
-        iterator = self._call(lambda client: client.query_iterator(self.collection, batch_size=batch, filter="", output_fields=["id"], timeout=self.timeout))
+        iterator = self._call(
+            lambda client: client.query_iterator(self.collection, batch_size=batch, filter="", output_fields=["id"], timeout=self.timeout)
+        )
         try:
             while rows := self._call(lambda client: iterator.next()):
                 yield [r["id"] for r in rows]
@@ -156,12 +182,25 @@ class MilvusIndex:
 
 
 def open_milvus(config: IndexConfig, dim: int, model_sha256: str) -> MilvusIndex:
-    index = MilvusIndex(config.milvus_uri, config.milvus_token, dim, model_sha256, config.milvus_index, config.milvus_consistency, config.milvus_timeout)
-    log.info("gallery index: Milvus at %s, collection %s (%s consistency)", redacted(config.milvus_uri), index.collection, config.milvus_consistency)
+    index = MilvusIndex(
+        config.milvus_uri, config.milvus_token, dim, model_sha256, config.milvus_index, config.milvus_consistency, config.milvus_timeout
+    )
+    log.info(
+        "gallery index: Milvus at %s, collection %s (%s consistency)",
+        redacted(config.milvus_uri),
+        index.collection,
+        config.milvus_consistency,
+    )
     return index
 
 
-def fill(store: GalleryStore, index: MilvusIndex, after_id: int = 0, batch: int = UPSERT_BATCH, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+def fill(
+    store: GalleryStore,
+    index: MilvusIndex,
+    after_id: int = 0,
+    batch: int = UPSERT_BATCH,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[int, int]:
     """Bring Milvus in line with the store (`facegate gallery sync-index`): upsert every face of the
     active embedder with id > after_id, in id order, then remove ids the store no longer has
     (deletes Milvus missed while unreachable). Upserts make it safe to rerun; an interrupted run

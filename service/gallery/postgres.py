@@ -91,7 +91,13 @@ def change_digest(conn: psycopg.Connection, seq: int) -> str:
 
 class PostgresGallery(GalleryStore):
     def __init__(
-        self, url: str, embedder: EmbedderKey | None, searchable: bool = True, pool_size: int = 8, index: IndexConfig | None = None, pool_timeout: float = 1.0
+        self,
+        url: str,
+        embedder: EmbedderKey | None,
+        searchable: bool = True,
+        pool_size: int = 8,
+        index: IndexConfig | None = None,
+        pool_timeout: float = 1.0,
     ):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
@@ -171,7 +177,9 @@ class PostgresGallery(GalleryStore):
             finally:
                 self._direct.release()
         except pg_errors.DiskFull as exc:  # SQLSTATE 53100: the transaction was rolled back
-            raise StorageFull(f"the gallery database's disk is full: nothing was written; free space on the server and retry ({exc})") from exc
+            raise StorageFull(
+                f"the gallery database's disk is full: nothing was written; free space on the server and retry ({exc})"
+            ) from exc
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 
@@ -199,7 +207,9 @@ class PostgresGallery(GalleryStore):
 
                 def sample(n: int) -> np.ndarray:
                     stride = max(count // max(n, 1), 1)
-                    rows = conn.execute("SELECT embedding FROM faces WHERE model_sha256 = %s AND id %% %s = 0 LIMIT %s", (sha, stride, n)).fetchall()
+                    rows = conn.execute(
+                        "SELECT embedding FROM faces WHERE model_sha256 = %s AND id %% %s = 0 LIMIT %s", (sha, stride, n)
+                    ).fetchall()
                     return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
                 def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -213,7 +223,13 @@ class PostgresGallery(GalleryStore):
                 started = time.monotonic()
                 self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, count, current, sample, batches)
         applied = loaded["sequence"] if loaded else seq
-        log.info("gallery database: %d faces searchable at change %d (%s in %.1f s)", self.index.size, applied, "loaded" if loaded else "built", time.monotonic() - started)
+        log.info(
+            "gallery database: %d faces searchable at change %d (%s in %.1f s)",
+            self.index.size,
+            applied,
+            "loaded" if loaded else "built",
+            time.monotonic() - started,
+        )
         return applied
 
     # subjects
@@ -254,7 +270,12 @@ class PostgresGallery(GalleryStore):
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
             conn.execute(
                 "UPDATE subjects SET name = %s, metadata = %s, updated = %s WHERE id = %s",
-                (name if name is not None else current[0], json.dumps(metadata) if metadata is not None else current[1], time.time(), subject_id),
+                (
+                    name if name is not None else current[0],
+                    json.dumps(metadata) if metadata is not None else current[1],
+                    time.time(),
+                    subject_id,
+                ),
             )
         return self.get_subject(subject_id)
 
@@ -348,9 +369,12 @@ class PostgresGallery(GalleryStore):
         """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT id, embedding FROM faces WHERE model_sha256 = %s AND id > %s ORDER BY id LIMIT %s", (self.embedder.sha256, after_id, limit)
+                "SELECT id, embedding FROM faces WHERE model_sha256 = %s AND id > %s ORDER BY id LIMIT %s",
+                (self.embedder.sha256, after_id, limit),
             ).fetchall()
-        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), self.embedder.dim)
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(
+            len(rows), self.embedder.dim
+        )
 
     def counts(self) -> dict[str, int]:
         with self._conn() as conn:

@@ -103,7 +103,9 @@ def embedding_blob(embedding: np.ndarray) -> bytes:
 
 
 # Row layouts both stores (SQLite here, PostgreSQL in postgres.py) share; only their SQL dialects differ.
-SUBJECT_SELECT = "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s "
+SUBJECT_SELECT = (
+    "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s "
+)
 FACE_SELECT = "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces "
 FACE_INSERT_COLUMNS = "subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created"
 
@@ -173,7 +175,9 @@ class SqliteGallery(GalleryStore):
                 if self._db.in_transaction:  # also after a failed COMMIT (disk full): leave no open transaction
                     self._db.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                    raise StorageFull(f"the gallery's disk is full ({self.path.parent}): nothing was written; free space and retry") from exc
+                    raise StorageFull(
+                        f"the gallery's disk is full ({self.path.parent}): nothing was written; free space and retry"
+                    ) from exc
                 raise
 
     def _migrate(self) -> None:
@@ -201,7 +205,9 @@ class SqliteGallery(GalleryStore):
     def _fingerprint(self) -> list[int]:
         """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
         add or delete since a persisted index was saved changes it."""
-        row = self._db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,)
+        )
         return list(row.fetchone())
 
     def _load_index(self) -> None:
@@ -220,15 +226,22 @@ class SqliteGallery(GalleryStore):
 
             def sample(n: int) -> np.ndarray:
                 stride = max(fingerprint[0] // max(n, 1), 1)
-                rows = self._db.execute("SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (sha, stride, n)).fetchall()
+                rows = self._db.execute(
+                    "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (sha, stride, n)
+                ).fetchall()
                 return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
             def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
                 cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (sha,))
                 while rows := cursor.fetchmany(10_000):
-                    yield np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+                    yield (
+                        np.array([r[0] for r in rows], np.int64),
+                        np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1),
+                    )
 
-            self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, fingerprint[0], lambda m: m.get("faces") == fingerprint, sample, batches)
+            self.index, loaded = open_index(
+                self.index_config, self.embedder.dim, sha, fingerprint[0], lambda m: m.get("faces") == fingerprint, sample, batches
+            )
             if loaded is None:
                 save_index(self.index_config, self.index, sha, {"faces": fingerprint})
         log.info("gallery %s: %d faces searchable (%s)", self.path, self.index.size, self.index.spec)
@@ -279,7 +292,12 @@ class SqliteGallery(GalleryStore):
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
             db.execute(
                 "UPDATE subjects SET name = ?, metadata = ?, updated = ? WHERE id = ?",
-                (name if name is not None else current[0], json.dumps(metadata) if metadata is not None else current[1], time.time(), subject_id),
+                (
+                    name if name is not None else current[0],
+                    json.dumps(metadata) if metadata is not None else current[1],
+                    time.time(),
+                    subject_id,
+                ),
             )
         return self.get_subject(subject_id)
 
@@ -371,9 +389,12 @@ class SqliteGallery(GalleryStore):
         """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, embedding FROM faces WHERE model_sha256 = ? AND id > ? ORDER BY id LIMIT ?", (self.embedder.sha256, after_id, limit)
+                "SELECT id, embedding FROM faces WHERE model_sha256 = ? AND id > ? ORDER BY id LIMIT ?",
+                (self.embedder.sha256, after_id, limit),
             ).fetchall()
-        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), self.embedder.dim)
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(
+            len(rows), self.embedder.dim
+        )
 
     def read(self, sql: str, params: tuple) -> list[tuple]:
         """Rows of a read-only query, under the store's lock (`facegate gallery migrate` reads through it)."""

@@ -101,7 +101,9 @@ class IndexSync:
         done = 0
         with self._lock:
             while True:
-                rows = conn.execute("SELECT seq, op, face_ids FROM changes WHERE seq > %s ORDER BY seq LIMIT %s", (self.applied, BATCH)).fetchall()
+                rows = conn.execute(
+                    "SELECT seq, op, face_ids FROM changes WHERE seq > %s ORDER BY seq LIMIT %s", (self.applied, BATCH)
+                ).fetchall()
                 for seq, op, face_ids in rows:
                     if op == "add":
                         self._add_from_database(conn, face_ids)
@@ -120,7 +122,9 @@ class IndexSync:
 
     def _add_from_database(self, conn: psycopg.Connection, face_ids: list[int]) -> None:
         """The faces as they are now (a face deleted since is skipped: its own change removes nothing)."""
-        rows = conn.execute("SELECT id, embedding FROM faces WHERE id = ANY(%s) AND model_sha256 = %s", (face_ids, self.model_sha256)).fetchall()
+        rows = conn.execute(
+            "SELECT id, embedding FROM faces WHERE id = ANY(%s) AND model_sha256 = %s", (face_ids, self.model_sha256)
+        ).fetchall()
         if rows:
             vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
             self.index.add(np.array([r[0] for r in rows], np.int64), vectors)

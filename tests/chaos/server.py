@@ -21,7 +21,9 @@ INHERITED_OFF = ("FACEGATE_API_KEYS", "FACEGATE_API_KEYS_FILE", "FACEGATE_DATABA
 
 
 @contextmanager
-def facegate_serve(env: dict[str, str], log: Path, ready: str = "/healthz", start_timeout: float = 90.0) -> Iterator[tuple[str, int, subprocess.Popen]]:
+def facegate_serve(
+    env: dict[str, str], log: Path, ready: str = "/healthz", start_timeout: float = 90.0
+) -> Iterator[tuple[str, int, subprocess.Popen]]:
     """Yields (url, port, process) once `ready` answers 200 (a 401 counts where keys are on)."""
     port = free_port()
     full_env = {**{k: v for k, v in os.environ.items() if k not in INHERITED_OFF}, "FACEGATE_DEVICE": "cpu", **env}

@@ -58,7 +58,11 @@ def test_a_burst_of_pixel_bombs_stays_within_the_memory_bound(tmp_path, model_ca
             answers = list(pool.map(send, range(BOMBS)))
         peak = _status_kb(process.pid, "VmHWM") * 1024
         statuses = [r.status_code for r in answers]
-        assert all(s < 500 or (s == 503 and r.json()["error"]["code"] == "overloaded") for s, r in zip(statuses, answers, strict=True)), statuses
+        assert all(s < 500 or (s == 503 and r.json()["error"]["code"] == "overloaded") for s, r in zip(statuses, answers, strict=True)), (
+            statuses
+        )
         assert any(s < 500 for s in statuses), statuses
-        print(f"pixel bombs: {BOMBS} × {SIDE}x{SIDE}, base RSS {base / 1e6:.0f} MB, peak {peak / 1e6:.0f} MB, statuses {sorted(set(statuses))}")
+        print(
+            f"pixel bombs: {BOMBS} × {SIDE}x{SIDE}, base RSS {base / 1e6:.0f} MB, peak {peak / 1e6:.0f} MB, statuses {sorted(set(statuses))}"
+        )
         assert peak - base < RSS_GROWTH_BOUND, f"peak RSS grew by {(peak - base) / 1e6:.0f} MB"

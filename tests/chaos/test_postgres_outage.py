@@ -38,7 +38,11 @@ def database():
 
 @pytest.fixture
 def service(database, tmp_path):
-    env = {"FACEGATE_DATABASE_URL": database.url(), "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"), "FACEGATE_EMBEDDER": "none"}  # no models: the gallery is under test
+    env = {
+        "FACEGATE_DATABASE_URL": database.url(),
+        "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"),
+        "FACEGATE_EMBEDDER": "none",
+    }  # no models: the gallery is under test
     with facegate_serve(env, tmp_path / "server.log") as (url, _, _):
         yield url
 

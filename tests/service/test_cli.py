@@ -86,5 +86,3 @@ def test_console_script_has_every_command():
     assert result.returncode == 0
     for command in ("serve", "models", "detect", "embed", "compare", "bench", "heads", "align", "train", "eval", "export", "model-info"):
         assert command in result.stdout
-
-

@@ -111,4 +111,6 @@ def test_open_set_evaluation_scores_as_the_service_decides(built, tmp_path):
         face = gallery[label // 10]
         assert score == pytest.approx(loaded.normalize(probe, face[None], [float(probe @ face)])[0], abs=1e-5)
         decision = decide_search(embedder, 0.1, None, None, 20, 0.01, loaded)
-        assert (decision.best_match(probe, [Candidate("s", "s", float(probe @ face), 0, face)]) is not None) == (score >= decision.threshold)
+        assert (decision.best_match(probe, [Candidate("s", "s", float(probe @ face), 0, face)]) is not None) == (
+            score >= decision.threshold
+        )

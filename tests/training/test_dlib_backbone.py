@@ -67,7 +67,11 @@ def test_same_descriptors_as_the_imported_onnx_on_real_faces(model, dlib_model, 
 
 def test_stages_prefix_and_refusals(model, dat):
     assert [len(s[0]) for s in stages(model)] == [4, 3, 4, 3, 3, 1]  # stem (conv, affine, relu, pool), then dlib's levels
-    x = torch.from_numpy(for_backbone("dlib_resnet_v1", get_settings().models_dir).to_input(np.random.default_rng(0).integers(0, 256, (2, 150, 150, 3), np.uint8)))
+    x = torch.from_numpy(
+        for_backbone("dlib_resnet_v1", get_settings().models_dir).to_input(
+            np.random.default_rng(0).integers(0, 256, (2, 150, 150, 3), np.uint8)
+        )
+    )
     with torch.no_grad():
         whole = model(x)
         for k in range(len(model.stages)):
@@ -106,9 +110,17 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     from training.data.datasets import open_source
     from training.pair_evaluation import TorchEmbedder
 
-    cfg = _config(data, tmp_path / "run", dat, steps=6, optim={"lr": 0.01},
-                  finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1},
-                  data={"val_fraction": 0.5, "val_pairs": 8}, checkpoint_every=3, val_every=3)
+    cfg = _config(
+        data,
+        tmp_path / "run",
+        dat,
+        steps=6,
+        optim={"lr": 0.01},
+        finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1},
+        data={"val_fraction": 0.5, "val_pairs": 8},
+        checkpoint_every=3,
+        val_every=3,
+    )
     build_cache(cfg, get_settings(), tmp_path / "cache", chunk=5, progress=False)
     straight = CachedRun(cfg, get_settings(), tmp_path / "cache").run(tmp_path / "a", progress=False)
     first = CachedRun(cfg, get_settings(), tmp_path / "cache").run(tmp_path / "b", stop_at=3, progress=False)

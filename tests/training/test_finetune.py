@@ -93,8 +93,13 @@ def test_head_only_warmup_leaves_the_backbone_alone(data, tmp_path):
 
 
 def test_recipe_together_lowers_the_loss(data, tmp_path):
-    cfg = tiny_config(data, tmp_path, steps=12, optim={"lr": 0.05},
-                      finetune={"freeze_stages": 1, "backbone_lr_scale": 0.5, "bn_eval": True, "l2_sp": 1e-3, "head_only_steps": 2})
+    cfg = tiny_config(
+        data,
+        tmp_path,
+        steps=12,
+        optim={"lr": 0.05},
+        finetune={"freeze_stages": 1, "backbone_lr_scale": 0.5, "bn_eval": True, "l2_sp": 1e-3, "head_only_steps": 2},
+    )
     losses = Trainer(cfg, get_settings()).run(progress=False).losses
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:4]) / 4, losses
 

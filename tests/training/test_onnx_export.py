@@ -142,7 +142,9 @@ def test_flip_tta_export_embeds_crop_plus_mirror(checkpoint, tmp_path):
 
     from training.checkpoint import load_backbone
 
-    manifest = export(checkpoint, tmp_path / "tta.onnx", get_settings(), flip_tta=True, input_format="float32_nchw")  # fed float inputs below
+    manifest = export(
+        checkpoint, tmp_path / "tta.onnx", get_settings(), flip_tta=True, input_format="float32_nchw"
+    )  # fed float inputs below
     assert manifest.provenance["export"]["flip_tta"] and manifest.provenance["export"]["parity_min_cosine"] >= 0.9999
     backbone = load_backbone(checkpoint, get_settings())[0]
     x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 112, 112)).astype(np.float32)

@@ -45,7 +45,9 @@ def test_resume_gives_the_same_next_step(data, tmp_path):
 
 
 def test_gradient_accumulation_and_validation(data, tmp_path):
-    cfg = tiny_config(data, tmp_path, steps=2, batch_size=4, optim={"accumulate": 2}, data={"val_fraction": 0.5, "val_pairs": 20, "workers": 0})
+    cfg = tiny_config(
+        data, tmp_path, steps=2, batch_size=4, optim={"accumulate": 2}, data={"val_fraction": 0.5, "val_pairs": 20, "workers": 0}
+    )
     trainer = Trainer(cfg, get_settings())
     assert trainer.val_set is not None
     trained = set(trainer.dataset.source.labels.tolist())

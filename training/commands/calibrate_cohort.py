@@ -50,10 +50,20 @@ def calibrate_cohort(
         embedder = OnnxEmbedder(model.with_suffix(".json"), get_settings())
         embeddings, labels = embed_source(embedder, open_source(data, embedder.model.manifest.input.height))
         cohort, curve, figures = build(embeddings, labels, top, share, seed)
-        manifest = write(out, embedder.model.manifest, cohort, curve, top, figures, {"data": str(data), "share": share, "seed": seed},
-                         {"name": license_name, **({"terms": license_terms} if license_terms else {})})
+        manifest = write(
+            out,
+            embedder.model.manifest,
+            cohort,
+            curve,
+            top,
+            figures,
+            {"data": str(data), "share": share, "seed": seed},
+            {"name": license_name, **({"terms": license_terms} if license_terms else {})},
+        )
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)
-    console.print(f"[green]ok[/green] cohort of {figures['cohort_faces']} faces ({figures['cohort_identities']} identities), top {top}; "
-                  f"calibrated on {figures['impostor_pairs']:,} impostor pairs of {figures['calibration_identities']} other identities "
-                  f"down to FAR {manifest.far_curve.points[-1][0]:g} → {out.with_suffix('.json')}")
+    console.print(
+        f"[green]ok[/green] cohort of {figures['cohort_faces']} faces ({figures['cohort_identities']} identities), top {top}; "
+        f"calibrated on {figures['impostor_pairs']:,} impostor pairs of {figures['calibration_identities']} other identities "
+        f"down to FAR {manifest.far_curve.points[-1][0]:g} → {out.with_suffix('.json')}"
+    )

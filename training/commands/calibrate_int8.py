@@ -22,7 +22,9 @@ def sample_photos(folder: Path, n: int, seed: int) -> list[Path]:
 
 def calibrate_int8(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The int8 model's manifest (its file.source.quantization).")],
-    data: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Training photos, a folder per identity (never the evaluation set).")],
+    data: Annotated[
+        Path, typer.Option(exists=True, file_okay=False, help="Training photos, a folder per identity (never the evaluation set).")
+    ],
     samples: Annotated[int, typer.Option(min=1, help="Identities sampled, one photo each.")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
     method: Annotated[Literal["MinMax", "Percentile"], typer.Option(help="onnxruntime's calibrator (Percentile: 99.999).")] = "MinMax",
@@ -62,8 +64,13 @@ def calibrate_int8(
     manifest.file.sha256, manifest.file.bytes = hashlib.sha256(data_bytes).hexdigest(), len(data_bytes)
     manifest.metrics = {
         **manifest.metrics,
-        "quantization": {"source": f"one photo each of {samples} identities of {data.name} (seed {seed})", "fallback_alignments": fallbacks},
+        "quantization": {
+            "source": f"one photo each of {samples} identities of {data.name} (seed {seed})",
+            "fallback_alignments": fallbacks,
+        },
     }
     manifest.save(model)
-    console.print(f"ranges → {ranges}; {manifest.name}: {len(data_bytes):,} bytes, sha256 {manifest.file.sha256} (onnxruntime {ort.__version__})")
+    console.print(
+        f"ranges → {ranges}; {manifest.name}: {len(data_bytes):,} bytes, sha256 {manifest.file.sha256} (onnxruntime {ort.__version__})"
+    )
     console.print(f"run `facegate models pull {manifest.name}`, then `facegate calibrate {model} --data ALIGNED` for its thresholds")

@@ -109,13 +109,18 @@ def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, pro
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("align"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with manifest_fh, report_fh, Progress(*columns, disable=not progress) as bar, ProcessPoolExecutor(
-        max_workers=max(1, workers),
-        # spawn, not fork: a fork of a process whose thread pools (torch, onnxruntime) are running can deadlock
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(settings,),
-    ) as pool:
+    with (
+        manifest_fh,
+        report_fh,
+        Progress(*columns, disable=not progress) as bar,
+        ProcessPoolExecutor(
+            max_workers=max(1, workers),
+            # spawn, not fork: a fork of a process whose thread pools (torch, onnxruntime) are running can deadlock
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(settings,),
+        ) as pool,
+    ):
         task = bar.add_task("align", total=len(todo))
         futures = [pool.submit(_align_one, src, dst, identity, path, template) for identity, path in todo]
         for future in futures:

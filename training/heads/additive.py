@@ -126,9 +126,7 @@ class SubCenterArcFace(ArcFace):
     best of the class's k sub-centres. Noisy samples gather at non-dominant sub-centres instead of
     pulling the dominant one away from the clean ones."""
 
-    def __init__(
-        self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.5, k: int = 3, edge: str = "threshold"
-    ) -> None:
+    def __init__(self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.5, k: int = 3, edge: str = "threshold") -> None:
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"k must be an integer ≥ 1, got {k}")
         super().__init__(embedding_dim, num_classes, s=s, m=m, edge=edge, rows=num_classes * int(k))

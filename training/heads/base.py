@@ -115,7 +115,6 @@ class Head(nn.Module):
         return f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}"
 
 
-
 def head_scale(head: Head) -> float | None:
     """The head's logit scale s, where it has one (fixed, learned or adaptive)."""
     s = getattr(head, "s", None)

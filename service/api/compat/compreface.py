@@ -40,7 +40,9 @@ class CompreFaceRoute(APIRoute):
             try:
                 return await handler(request)
             except NoFace as exc:
-                return JSONResponse({"message": f"No face is found in the given image ({exc.message})", "code": NO_FACE_CODE}, status_code=400)
+                return JSONResponse(
+                    {"message": f"No face is found in the given image ({exc.message})", "code": NO_FACE_CODE}, status_code=400
+                )
             except FacegateError as exc:
                 return JSONResponse({"message": exc.message, "code": exc.code}, status_code=exc.status)
 
@@ -157,7 +159,10 @@ async def detect(request: Request, service: ServiceDep) -> dict:
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     faces = await _found(service, body.images["file"], request)
     versions = {"detector": "facegate", **({"calculator": service.models.embedder.manifest.name} if _calculator(request) else {})}
-    return {"result": [_with_embedding({"box": _box(f.face), "execution_time": _ms(start)}, f, request) for f in faces], "plugins_versions": versions}
+    return {
+        "result": [_with_embedding({"box": _box(f.face), "execution_time": _ms(start)}, f, request) for f in faces],
+        "plugins_versions": versions,
+    }
 
 
 @router.post("/verification/verify", summary="CompreFace: compare the faces of two images")
@@ -168,7 +173,10 @@ async def verify(request: Request, service: ServiceDep) -> dict:
     (source, *_) = await _found(service, body.images["source_image"], request)
     targets = await _found(service, body.images["target_image"], request)
     anchor = float(service.settings.default_far)
-    matches = [{"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)} for t in targets]
+    matches = [
+        {"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)}
+        for t in targets
+    ]
     matches.sort(key=lambda m: m["similarity"], reverse=True)
     return {"result": [{"source_image_face": {"box": _box(source.face)}, "face_matches": matches, "execution_time": _ms(start)}]}
 
@@ -262,7 +270,12 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
     anchor = float(service.settings.default_far)
     result = [
         _with_embedding(
-            {"box": _box(f.face), "subject": subject, "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor), "execution_time": _ms(start)},
+            {
+                "box": _box(f.face),
+                "subject": subject,
+                "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor),
+                "execution_time": _ms(start),
+            },
             f,
             request,
         )
@@ -319,7 +332,9 @@ def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray
         raise InvalidParameters(f"{name}: {len(vectors)} embeddings; one request takes at most {most} (FACEGATE_MAX_IDENTIFY_CANDIDATES)")
     for i, vector in enumerate(vectors):
         if len(vector) != dim:
-            raise InvalidParameters(f"{name}[{i}]: {len(vector)} numbers; the embedder {service.models.embedder.manifest.name!r} makes {dim}")
+            raise InvalidParameters(
+                f"{name}[{i}]: {len(vector)} numbers; the embedder {service.models.embedder.manifest.name!r} makes {dim}"
+            )
     rows = np.asarray(vectors, np.float64)
     if not np.isfinite(rows).all():
         raise InvalidParameters(f"{name}: every number must be finite")
@@ -339,7 +354,9 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
     count = _query_int(request, "prediction_count", 1, low=1)
     rows = _unit(service, body.embeddings, "embeddings")
     if len(rows) * count > service.settings.max_identify_candidates:
-        raise InvalidParameters(f"{len(rows)} embeddings × prediction_count {count} exceeds FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})")
+        raise InvalidParameters(
+            f"{len(rows)} embeddings × prediction_count {count} exceeds FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})"
+        )
     manifest = service.models.embedder.manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
     result = []
@@ -362,6 +379,9 @@ async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
     targets = _unit(service, body.targets, "targets")
     manifest = service.models.embedder.manifest
     anchor = float(service.settings.default_far)
-    result = [{"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)} for t, received in zip(targets, body.targets, strict=True)]
+    result = [
+        {"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)}
+        for t, received in zip(targets, body.targets, strict=True)
+    ]
     result.sort(key=lambda r: r["similarity"], reverse=True)
     return {"result": result}

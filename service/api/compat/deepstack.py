@@ -153,7 +153,9 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
         score = float(search_scores(decision.cohort, face.embedding, best)[0]) if best else -math.inf  # what the decision holds
         confidence = calibrated_similarity((decision.cohort or manifest).far_at(score), fpir, searched) if best else 0.0
         known = score >= decision.threshold and (floor is None or confidence >= floor)
-        predictions.append({"confidence": confidence if known else 0, "userid": best[0].subject_id if known else "unknown", **_box(face.face)})
+        predictions.append(
+            {"confidence": confidence if known else 0, "userid": best[0].subject_id if known else "unknown", **_box(face.face)}
+        )
     return _ok(request, predictions=predictions)
 
 
@@ -168,7 +170,9 @@ async def register(request: Request, service: ServiceDep) -> dict:
     if not images:
         raise InvalidParameters("No valid image file found")
     if len(images) > service.settings.max_bulk_images:
-        raise InvalidParameters(f"{len(images)} images; one request registers at most {service.settings.max_bulk_images} (FACEGATE_MAX_BULK_IMAGES)")
+        raise InvalidParameters(
+            f"{len(images)} images; one request registers at most {service.settings.max_bulk_images} (FACEGATE_MAX_BULK_IMAGES)"
+        )
     service.readiness.require()
     outcomes = await asyncio.gather(*(prepare_face(service, data, EnrollOptions()) for data in images), return_exceptions=True)
     for outcome in outcomes:

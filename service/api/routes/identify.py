@@ -28,7 +28,9 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     options = body.options
     manifest = service.models.embedder.manifest
     searched = (service.gallery.index_info() or {}).get("size", 0)
-    decision = decide_search(manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir, service.models.cohort)
+    decision = decide_search(
+        manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir, service.models.cohort
+    )
     policy = "all" if options.faces == "all" else options.face_policy
     found = await service.engine.faces(body.images["image"], options.aligned, policy)
     if len(found) * options.top_k > service.settings.max_identify_candidates:

@@ -23,7 +23,11 @@ def _json_body(model: type) -> dict:
 
 
 @router.post(
-    "/subjects", status_code=201, response_model=SubjectOut, responses=error_responses(400, 401, 409, 413, 415, 422), openapi_extra=_json_body(SubjectIn)
+    "/subjects",
+    status_code=201,
+    response_model=SubjectOut,
+    responses=error_responses(400, 401, 409, 413, 415, 422),
+    openapi_extra=_json_body(SubjectIn),
 )
 async def create_subject(request: Request, service: ServiceDep) -> SubjectOut:
     """Create a subject (a person); faces are enrolled with POST /subjects/{id}/faces."""
@@ -59,7 +63,12 @@ def get_subject(subject_id: SubjectIdPath, service: ServiceDep) -> SubjectOut:
     return SubjectOut.of(service.gallery.get_subject(subject_id), service.settings)
 
 
-@router.patch("/subjects/{subject_id}", response_model=SubjectOut, responses=error_responses(400, 401, 404, 413, 415, 422), openapi_extra=_json_body(SubjectPatch))
+@router.patch(
+    "/subjects/{subject_id}",
+    response_model=SubjectOut,
+    responses=error_responses(400, 401, 404, 413, 415, 422),
+    openapi_extra=_json_body(SubjectPatch),
+)
 async def update_subject(subject_id: SubjectIdPath, request: Request, service: ServiceDep) -> SubjectOut:
     """Rename a subject and/or replace its metadata."""
     body = await read_json_model(request, SubjectPatch)

@@ -51,7 +51,9 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
     else:
         # Both images run at once; when both fail, image1's error is the answer whichever failed first,
         # so one request always gets one error code.
-        results = await asyncio.gather(*(engine.faces(images[name], options.aligned, policy) for name in ("image1", "image2")), return_exceptions=True)
+        results = await asyncio.gather(
+            *(engine.faces(images[name], options.aligned, policy) for name in ("image1", "image2")), return_exceptions=True
+        )
         for result in results:
             if isinstance(result, BaseException):
                 raise result

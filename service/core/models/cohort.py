@@ -66,8 +66,10 @@ class Cohort:
         except ValueError as exc:
             raise ModelError(f"invalid cohort manifest {path}: {exc}") from None
         if (manifest.embedder, manifest.embedder_sha256) != (embedder.name, embedder.file.sha256):
-            raise ModelError(f"cohort {path} was embedded with {manifest.embedder} ({manifest.embedder_sha256[:12]}), "
-                             f"the service runs {embedder.name} ({embedder.file.sha256[:12]}): rebuild it with `facegate calibrate-cohort`")
+            raise ModelError(
+                f"cohort {path} was embedded with {manifest.embedder} ({manifest.embedder_sha256[:12]}), "
+                f"the service runs {embedder.name} ({embedder.file.sha256[:12]}): rebuild it with `facegate calibrate-cohort`"
+            )
         file = path.parent / manifest.file.name
         if not file.is_file():
             raise ModelError(f"cohort file not found: {file}")
@@ -75,8 +77,10 @@ class Cohort:
             raise ModelError(f"{file}: sha256 does not match cohort manifest {path}")
         faces = np.load(file, allow_pickle=False)
         if faces.dtype != np.float32 or faces.shape != (manifest.file.faces, embedder.embedding_dim) or manifest.top > len(faces):
-            raise ModelError(f"{file}: {faces.dtype} {faces.shape}, the manifest promises float32 ({manifest.file.faces}, {embedder.embedding_dim}) "
-                             f"and top {manifest.top} ≤ faces")
+            raise ModelError(
+                f"{file}: {faces.dtype} {faces.shape}, the manifest promises float32 ({manifest.file.faces}, {embedder.embedding_dim}) "
+                f"and top {manifest.top} ≤ faces"
+            )
         return cls(manifest, faces)
 
     def stats(self, embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -111,4 +115,3 @@ def cohort_stats(embeddings: np.ndarray, cohort: np.ndarray, top: int) -> tuple[
     scores = np.asarray(embeddings, np.float32) @ cohort.T
     best = np.partition(scores, scores.shape[1] - top, axis=1)[:, -top:]
     return best.mean(axis=1), np.maximum(best.std(axis=1), 1e-6)
-

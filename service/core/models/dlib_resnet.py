@@ -12,6 +12,7 @@ turns that description into an ONNX graph whose output matches dlib's
 Network input: 150x150 RGB, NCHW float32, already normalised as dlib does:
 (pixel - mean_rgb[c]) / 256.  Output: the raw 128-D descriptor (not normalised).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,21 +34,22 @@ if TYPE_CHECKING:
 @dataclass
 class Conv:
     weight: np.ndarray  # (out, in, kh, kw) float32, cross-correlation like ONNX/torch
-    bias: np.ndarray    # (out,) float32
+    bias: np.ndarray  # (out,) float32
     stride: int
-    pad: int            # symmetric zero padding (dlib: k//2 if stride==1 else 0)
+    pad: int  # symmetric zero padding (dlib: k//2 if stride==1 else 0)
 
 
 @dataclass
 class Affine:
     """dlib affine_ (batch norm folded at save time): y = scale[c] * x + shift[c]."""
+
     scale: np.ndarray  # (C,) float32
     shift: np.ndarray  # (C,) float32
 
 
 @dataclass
 class Pool:
-    kind: str     # "max" or "avg"
+    kind: str  # "max" or "avg"
     kernel: int
     stride: int
     pad: int
@@ -61,6 +63,7 @@ class Block:
     dlib's add_prev zero-pads the smaller operand to the larger one's shape
     (channels at the end, rows/cols at the bottom/right) before adding.
     """
+
     conv1: Conv
     bn1: Affine
     conv2: Conv
@@ -82,12 +85,12 @@ def add_prev_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 @dataclass
 class DlibResNet:
     mean_rgb: tuple[float, float, float]  # subtract, then divide by 256
-    input_size: int                       # 150
+    input_size: int  # 150
     stem_conv: Conv
     stem_bn: Affine
-    stem_pool: Pool                       # after relu
+    stem_pool: Pool  # after relu
     blocks: list[Block] = field(default_factory=list)
-    fc_weight: np.ndarray = None          # (128, 256): y = mean_hw(x) @ fc_weight.T, no bias
+    fc_weight: np.ndarray = None  # (128, 256): y = mean_hw(x) @ fc_weight.T, no bias
 
     def stages(self) -> list[list[Block]]:
         """The blocks grouped by resolution: a new stage starts at each downsampling block (dlib's
@@ -113,7 +116,7 @@ class _Stream:
         """Control byte (low nibble = byte count, 0x80 = negative), then LE bytes."""
         ctrl = self.b[self.i]
         n = ctrl & 0x0F
-        v = int.from_bytes(self.b[self.i + 1:self.i + 1 + n], "little")
+        v = int.from_bytes(self.b[self.i + 1 : self.i + 1 + n], "little")
         self.i += 1 + n
         return -v if ctrl & 0x80 else v
 
@@ -127,7 +130,7 @@ class _Stream:
         return float(np.ldexp(float(m), e))
 
     def bool(self) -> bool:
-        c = self.b[self.i:self.i + 1]
+        c = self.b[self.i : self.i + 1]
         self.i += 1
         if c not in (b"0", b"1"):
             raise ValueError(f"bad bool at {self.i - 1}")
@@ -135,7 +138,7 @@ class _Stream:
 
     def str(self) -> str:
         n = self.int()
-        s = self.b[self.i:self.i + n].decode("ascii")
+        s = self.b[self.i : self.i + n].decode("ascii")
         self.i += n
         return s
 
@@ -181,8 +184,7 @@ def _read_layer(s: _Stream) -> dict:
         if sy != sx or py != px or nr != nc:
             raise ValueError("non-square conv not supported")
         nw = int(np.prod(fshape))  # params = filters (nf,k,nr,nc) then biases (nf)
-        return {"kind": "con", "conv": Conv(params[:nw].reshape(fshape).copy(),
-                                            params[nw:nw + nf].copy(), sy, py)}
+        return {"kind": "con", "conv": Conv(params[:nw].reshape(fshape).copy(), params[nw : nw + nf].copy(), sy, py)}
     if name == "affine_":
         # The file already holds dlib's inference-time affine_ (batch norm folded by
         # dlib at save time): params = gamma (scale) then beta (shift), one per channel.
@@ -191,7 +193,7 @@ def _read_layer(s: _Stream) -> dict:
         if s.int() != 0:  # layer_mode: CONV_MODE
             raise ValueError("expected a per-channel (CONV_MODE) affine layer")
         k = int(np.prod(g_shape))
-        return {"kind": "bn", "affine": Affine(params[:k].copy(), params[k:2 * k].copy())}
+        return {"kind": "bn", "affine": Affine(params[:k].copy(), params[k : 2 * k].copy())}
     if name == "relu_":
         return {"kind": "relu"}
     if name in ("max_pool_2", "avg_pool_2"):
@@ -209,7 +211,7 @@ def _read_layer(s: _Stream) -> dict:
             raise ValueError("expected fc_no_bias")
         for _ in range(4):
             s.float()
-        w = params[:n_in * n_out].reshape(n_in, n_out)  # dlib: out = in @ W
+        w = params[: n_in * n_out].reshape(n_in, n_out)  # dlib: out = in @ W
         return {"kind": "fc", "weight": np.ascontiguousarray(w.T)}
     raise ValueError(f"unsupported layer record {name!r} at byte {s.i}")
 
@@ -267,9 +269,9 @@ def read_dat(path: Path) -> DlibResNet:
     kinds = [it["kind"] for it in items]
 
     def take(i, *expected):
-        if tuple(kinds[i:i + len(expected)]) != expected:
-            raise ValueError(f"unexpected layers at {i}: {kinds[i:i + len(expected)]}")
-        return items[i:i + len(expected)]
+        if tuple(kinds[i : i + len(expected)]) != expected:
+            raise ValueError(f"unexpected layers at {i}: {kinds[i : i + len(expected)]}")
+        return items[i : i + len(expected)]
 
     conv, bn, _, pool = take(0, "con", "bn", "relu", "max_pool")
     net = DlibResNet(mean_rgb, size, conv["conv"], bn["affine"], pool["pool"])
@@ -325,8 +327,7 @@ def to_onnx(net: DlibResNet, fold_affine: bool = False) -> onnx.ModelProto:
 
     def conv(x, c: Conv, hw):
         k = c.weight.shape[-1]
-        y = op("Conv", [x, const("w", c.weight), const("b", c.bias)], kernel_shape=[k, k],
-               strides=[c.stride] * 2, pads=[c.pad] * 4)
+        y = op("Conv", [x, const("w", c.weight), const("b", c.bias)], kernel_shape=[k, k], strides=[c.stride] * 2, pads=[c.pad] * 4)
         return y, (hw + 2 * c.pad - k) // c.stride + 1
 
     def conv_affine(x, c: Conv, a: Affine, hw):
@@ -340,8 +341,7 @@ def to_onnx(net: DlibResNet, fold_affine: bool = False) -> onnx.ModelProto:
         return op("Add", [x, const("shift", a.shift.reshape(1, -1, 1, 1))])
 
     def pool(x, p: Pool, hw):
-        y = op("MaxPool" if p.kind == "max" else "AveragePool", [x], kernel_shape=[p.kernel] * 2,
-               strides=[p.stride] * 2, pads=[p.pad] * 4)
+        y = op("MaxPool" if p.kind == "max" else "AveragePool", [x], kernel_shape=[p.kernel] * 2, strides=[p.stride] * 2, pads=[p.pad] * 4)
         return y, (hw + 2 * p.pad - p.kernel) // p.stride + 1
 
     def pad_to(x, shape, target):
@@ -359,7 +359,7 @@ def to_onnx(net: DlibResNet, fold_affine: bool = False) -> onnx.ModelProto:
         y, hw_y = conv_affine(x, blk.conv1, blk.bn1, hw)
         y = op("Relu", [y])
         y, hw_y = conv_affine(y, blk.conv2, blk.bn2, hw_y)
-        s, hw_s = (pool(x, blk.down, hw) if blk.down else (x, hw))
+        s, hw_s = pool(x, blk.down, hw) if blk.down else (x, hw)
         y_shape, s_shape = (blk.conv2.weight.shape[0], hw_y, hw_y), (ch, hw_s, hw_s)
         target = add_prev_shape(y_shape, s_shape)
         x = op("Relu", [op("Add", [pad_to(y, y_shape, target), pad_to(s, s_shape, target)])])
@@ -370,12 +370,13 @@ def to_onnx(net: DlibResNet, fold_affine: bool = False) -> onnx.ModelProto:
     nodes[-1].name = "embedding"
 
     graph = helper.make_graph(
-        nodes, "dlib_face_recognition_resnet_model_v1",
+        nodes,
+        "dlib_face_recognition_resnet_model_v1",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, net.input_size, net.input_size])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", net.fc_weight.shape[0]])],
-        inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="facegate.dlib_resnet")
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="facegate.dlib_resnet")
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
@@ -396,7 +397,13 @@ def build_manifest(dat: Path, net: DlibResNet, onnx_file: Path) -> dict:
         "version": "1.0",
         "task": "embedder",
         "file": {"name": onnx_file.name, "sha256": sha256_file(onnx_file), "bytes": onnx_file.stat().st_size},
-        "input": {"name": "input", "shape": ["batch", 3, size, size], "color": "RGB", "mean": [float(m) for m in net.mean_rgb], "std": [256.0] * 3},
+        "input": {
+            "name": "input",
+            "shape": ["batch", 3, size, size],
+            "color": "RGB",
+            "mean": [float(m) for m in net.mean_rgb],
+            "std": [256.0] * 3,
+        },
         "outputs": [{"name": "embedding", "shape": ["batch", int(net.fc_weight.shape[0])]}],
         "embedding_dim": int(net.fc_weight.shape[0]),
         "alignment": "dlib_150",

@@ -48,8 +48,7 @@ def find_model_file(manifest: Manifest, manifest_file: Path, cache: Path) -> Pat
             return path
     hint = "run `facegate models pull`" if manifest.file.url or manifest.file.source else "put the file beside its manifest"
     raise ModelError(
-        f"model file {manifest.file.name} for {manifest.name} is missing "
-        f"(looked in {Path(manifest_file).parent} and {cache}); {hint}"
+        f"model file {manifest.file.name} for {manifest.name} is missing (looked in {Path(manifest_file).parent} and {cache}); {hint}"
     )
 
 

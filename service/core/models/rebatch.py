@@ -40,7 +40,9 @@ def free_batch(model_bytes: bytes) -> bytes | None:
         if node.op_type == "Reshape" and node.input[1] in constants:
             target = numpy_helper.to_array(constants[node.input[1]])
             if target.ndim == 1 and len(target) and target[0] == 1:
-                constants[node.input[1]].CopyFrom(numpy_helper.from_array(np.concatenate([[0], target[1:]]).astype(target.dtype), constants[node.input[1]].name))
+                constants[node.input[1]].CopyFrom(
+                    numpy_helper.from_array(np.concatenate([[0], target[1:]]).astype(target.dtype), constants[node.input[1]].name)
+                )
     del graph.value_info[:]  # stale batch-1 shapes; onnxruntime infers them again
     return model.SerializeToString()
 

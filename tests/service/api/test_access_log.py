@@ -33,6 +33,8 @@ def test_redact(target, logged):
 def test_the_access_logger_writes_the_masked_target(caplog):
     install()
     with caplog.at_level(logging.INFO, logger="uvicorn.access"):
-        logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", "/subjects;token=t0k?s3cret", "1.1", 401)
+        logging.getLogger("uvicorn.access").info(
+            '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", "/subjects;token=t0k?s3cret", "1.1", 401
+        )
     assert "s3cret" not in caplog.text and "t0k" not in caplog.text
     assert "/subjects;token=***?***" in caplog.text

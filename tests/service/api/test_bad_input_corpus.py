@@ -106,7 +106,12 @@ CORPUS = [
     ("bulk-enroll-all-bad", req("POST", "/subjects/known/faces", files=[("images", TEXT), ("images", FACELESS)]), 422, "enrollment_failed"),
     # base64 in JSON bodies
     ("base64-garbage", req("POST", "/embed", json={"image": "!!not base64!!"}), 422, "invalid_base64"),
-    ("base64-data-url-garbage", req("POST", "/verify", json={"image1": "data:image/png;base64,@@@", "image2": b64(CROP)}), 422, "invalid_base64"),
+    (
+        "base64-data-url-garbage",
+        req("POST", "/verify", json={"image1": "data:image/png;base64,@@@", "image2": b64(CROP)}),
+        422,
+        "invalid_base64",
+    ),
     ("base64-of-text", req("POST", "/embed", json={"image": b64(TEXT)}), 400, "invalid_image"),
     ("image-as-number", req("POST", "/embed", json={"image": 12}), 422, "invalid_parameters"),
     # parameters
@@ -114,7 +119,12 @@ CORPUS = [
     ("unknown-multipart-field", verify(colour="blue"), 422, "invalid_parameters"),
     ("unknown-json-field", req("POST", "/embed", json={"image": b64(CROP), "aligned": True, "extra": 1}), 422, "invalid_parameters"),
     ("repeated-multipart-field", verify(threshold=["0.1", "0.9"]), 422, "invalid_parameters"),
-    ("repeated-image-part", req("POST", "/verify", files=[("image1", CROP), ("image1", CROP), ("image2", CROP)]), 422, "invalid_parameters"),
+    (
+        "repeated-image-part",
+        req("POST", "/verify", files=[("image1", CROP), ("image1", CROP), ("image2", CROP)]),
+        422,
+        "invalid_parameters",
+    ),
     ("repeated-json-member", raw("POST", "/subjects", '{"name": "a", "name": "b"}'), 422, "invalid_parameters"),
     ("top-k-zero", identify(top_k="0"), 422, "invalid_parameters"),
     ("top-k-101", identify(top_k="101"), 422, "invalid_parameters"),
@@ -129,11 +139,21 @@ CORPUS = [
     ("offset-negative", req("GET", "/subjects", params={"offset": -1}), 422, "invalid_parameters"),
     ("face-id-not-int", req("DELETE", "/faces/abc"), 422, "invalid_parameters"),
     # subjects and ids
-    ("verify-unknown-subject", req("POST", "/verify", files={"image1": CROP}, data={"aligned": "true", "subject_id": "nobody"}), 404, "subject_not_found"),
+    (
+        "verify-unknown-subject",
+        req("POST", "/verify", files={"image1": CROP}, data={"aligned": "true", "subject_id": "nobody"}),
+        404,
+        "subject_not_found",
+    ),
     ("get-unknown-subject", req("GET", "/subjects/nobody"), 404, "subject_not_found"),
     ("patch-unknown-subject", req("PATCH", "/subjects/nobody", json={"name": "x"}), 404, "subject_not_found"),
     ("delete-unknown-subject", req("DELETE", "/subjects/nobody"), 404, "subject_not_found"),
-    ("enroll-unknown-subject", req("POST", "/subjects/nobody/faces", files={"image": CROP}, data={"aligned": "true"}), 404, "subject_not_found"),
+    (
+        "enroll-unknown-subject",
+        req("POST", "/subjects/nobody/faces", files={"image": CROP}, data={"aligned": "true"}),
+        404,
+        "subject_not_found",
+    ),
     ("delete-unknown-face", req("DELETE", "/faces/999999"), 404, "face_not_found"),
     ("id-with-encoded-slashes", req("GET", "/subjects/..%2F..%2Fetc%2Fpasswd"), 404, "not_found"),  # %2F decodes to /: no route
     ("id-quotes-and-spaces", req("GET", "/subjects/a%20b'%22;--"), 404, "subject_not_found"),

@@ -118,7 +118,14 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 @pytest.mark.parametrize(
     "method,path",
-    [("POST", "/verify"), ("POST", "/identify"), ("POST", "/embed"), ("POST", "/subjects/a/faces"), ("POST", "/subjects"), ("PATCH", "/subjects/a")],
+    [
+        ("POST", "/verify"),
+        ("POST", "/identify"),
+        ("POST", "/embed"),
+        ("POST", "/subjects/a/faces"),
+        ("POST", "/subjects"),
+        ("PATCH", "/subjects/a"),
+    ],
 )
 def test_deep_or_malformed_json_is_invalid_json(api, method, path):
     new_subject(api, "a")
@@ -135,7 +142,11 @@ def test_repeated_fields_are_refused(api, lfw_faces):
     files = [("image1", image), ("image2", image)]
     error(api.post("/verify", files=files, data={"threshold": ["0.1", "0.9"]}), 422, "invalid_parameters")
     error(api.post("/verify", files=[*files, ("image1", image)]), 422, "invalid_parameters")
-    error(raw_json(api, "POST", "/verify", f'{{"image1": "{b64(image)}", "image2": "{b64(image)}", "threshold": 0.1, "threshold": 0.9}}'), 422, "invalid_parameters")
+    error(
+        raw_json(api, "POST", "/verify", f'{{"image1": "{b64(image)}", "image2": "{b64(image)}", "threshold": 0.1, "threshold": 0.9}}'),
+        422,
+        "invalid_parameters",
+    )
     error(raw_json(api, "POST", "/subjects", '{"name": "a", "name": "b"}'), 422, "invalid_parameters")
     assert api.post("/verify", files=files, data={"threshold": "0.1"}).status_code == 200
 

@@ -34,7 +34,10 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("method,path,body,status,code", [(*case, 404, "subject_not_found") for case in PATHS] + [(*case, 422, "invalid_parameters") for case in BAD])
+@pytest.mark.parametrize(
+    "method,path,body,status,code",
+    [(*case, 404, "subject_not_found") for case in PATHS] + [(*case, 422, "invalid_parameters") for case in BAD],
+)
 def test_a_nul_byte_is_refused_alike_on_both_stores(client, method, path, body, status, code):
     response = client.request(method.upper(), path, json=body) if body is not None else client.request(method.upper(), path)
     assert response.status_code == status, response.text

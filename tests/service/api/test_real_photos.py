@@ -51,7 +51,9 @@ def test_identification_at_the_default_threshold(default_api, test_data):
         result = default_api.post("/identify", files={"image": (examples / stranger).read_bytes()}).json()
         assert result["match"] is None, (stranger, result["candidates"][:1])
     # two enrolled people in one photo: each face finds its own subject
-    both = default_api.post("/identify", files={"image": (examples / "knn_examples/test/obama_and_biden.jpg").read_bytes()}, data={"faces": "all"}).json()
+    both = default_api.post(
+        "/identify", files={"image": (examples / "knn_examples/test/obama_and_biden.jpg").read_bytes()}, data={"faces": "all"}
+    ).json()
     assert sorted(r["match"]["subject_id"] for r in both["results"] if r["match"]) == ["biden", "obama"]
 
 

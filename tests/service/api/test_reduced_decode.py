@@ -44,7 +44,9 @@ def _exif_rotated(image: np.ndarray) -> bytes:
 def _largest_face(api, data: bytes) -> dict:
     response = api.post("/embed", files={"image": ("large.jpg", data, "image/jpeg")})
     assert response.status_code == 200, response.text
-    return max(response.json()["faces"], key=lambda f: (f["face"]["box"][2] - f["face"]["box"][0]) * (f["face"]["box"][3] - f["face"]["box"][1]))
+    return max(
+        response.json()["faces"], key=lambda f: (f["face"]["box"][2] - f["face"]["box"][0]) * (f["face"]["box"][3] - f["face"]["box"][1])
+    )
 
 
 def test_the_reduction_keeps_the_long_side_at_the_floor():
@@ -79,7 +81,11 @@ def test_a_progressive_jpeg_is_decoded_and_limited_at_full_size():
 def test_a_large_jpeg_is_decoded_reduced_and_its_face_found_where_it_is(api_settings, make_client, canvas, orientation):
     data = _encode(canvas) if orientation == "upright" else _exif_rotated(canvas)
     reduced_api = make_client(api_settings)
-    full_api = make_client(api_settings.model_copy(update={"jpeg_reduce_to_side": 0, "max_image_pixels": 50_000_000, "data_dir": api_settings.data_dir.parent / "full"}))
+    full_api = make_client(
+        api_settings.model_copy(
+            update={"jpeg_reduce_to_side": 0, "max_image_pixels": 50_000_000, "data_dir": api_settings.data_dir.parent / "full"}
+        )
+    )
     reduced, full = _largest_face(reduced_api, data), _largest_face(full_api, data)
     box, full_box = np.array(reduced["face"]["box"]), np.array(full["face"]["box"])
     assert box[2] - box[0] > 1000  # a face of the 8000×6000 image, not of its 4000×3000 decode
@@ -88,5 +94,7 @@ def test_a_large_jpeg_is_decoded_reduced_and_its_face_found_where_it_is(api_sett
     cosine = float(np.dot(reduced["embedding"], full["embedding"]))  # both L2-normalized
     assert cosine > 0.9, cosine
     # without the reduction, the same file is over FACEGATE_MAX_IMAGE_PIXELS
-    unreduced = make_client(api_settings.model_copy(update={"jpeg_reduce_to_side": 0, "data_dir": api_settings.data_dir.parent / "unreduced"}))
+    unreduced = make_client(
+        api_settings.model_copy(update={"jpeg_reduce_to_side": 0, "data_dir": api_settings.data_dir.parent / "unreduced"})
+    )
     assert unreduced.post("/embed", files={"image": ("large.jpg", data, "image/jpeg")}).json()["error"]["code"] == "image_too_large"

@@ -67,7 +67,9 @@ def test_verify_same_image_matches_and_far_choices(api, lfw_faces):
     assert explicit["far"] is None and explicit["threshold"] == 1.0
     message = error(api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-5"}), 422, "unknown_far")
     assert "1e-3" in message and "1e-2" in message
-    error(api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-3", "threshold": "0.5"}), 422, "invalid_parameters")
+    error(
+        api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-3", "threshold": "0.5"}), 422, "invalid_parameters"
+    )
 
 
 def test_verify_against_a_subject_uses_the_best_enrolled_face(api, lfw_faces):
@@ -79,7 +81,11 @@ def test_verify_against_a_subject_uses_the_best_enrolled_face(api, lfw_faces):
     error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "nobody"}), 404, "subject_not_found")
     new_subject(api, "empty")
     error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "empty"}), 422, "no_enrolled_faces")
-    error(api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][0]}, data={"subject_id": "bush"}), 422, "invalid_parameters")
+    error(
+        api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][0]}, data={"subject_id": "bush"}),
+        422,
+        "invalid_parameters",
+    )
     error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}), 422, "invalid_parameters")
 
 
@@ -91,7 +97,11 @@ def test_face_policy_and_multiple_faces(api, two_faces_jpeg, lfw_faces):
         422,
         "multiple_faces",
     )
-    error(api.post("/verify", files={"image1": two_faces_jpeg, "image2": two_faces_jpeg}, data={"face_policy": "sometimes"}), 422, "invalid_parameters")
+    error(
+        api.post("/verify", files={"image1": two_faces_jpeg, "image2": two_faces_jpeg}, data={"face_policy": "sometimes"}),
+        422,
+        "invalid_parameters",
+    )
 
 
 def test_identify_ranks_subjects_and_says_unknown(api, lfw_faces):
@@ -238,7 +248,9 @@ def test_bulk_enrollment_reports_each_image(api, lfw_faces):
     failed = api.post("/subjects/bush/faces", json={"images": [b64(_png(200))]})
     error(failed, 422, "enrollment_failed")
     assert failed.json()["error"]["details"][0]["code"] == "no_face"
-    error(api.post("/subjects/bush/faces", files=[("images", lfw_faces[BUSH][0]), ("image", lfw_faces[BUSH][0])]), 422, "invalid_parameters")
+    error(
+        api.post("/subjects/bush/faces", files=[("images", lfw_faces[BUSH][0]), ("image", lfw_faces[BUSH][0])]), 422, "invalid_parameters"
+    )
     error(api.post("/subjects/bush/faces", json={"images": [b64(_png(20))] * 21}), 422, "invalid_parameters")
     assert api.get("/subjects/bush").json()["face_count"] == 2
 
@@ -314,7 +326,14 @@ def test_readyz_metrics_and_docs(api, lfw_faces):
     assert body["warmup"] == "done" and body["serving"]["embed_batch_sizes"] == [1, 2, 4, 8, 16, 32]
     assert "CPUExecutionProvider" in body["models"]["embedder"]["provider_options"]
     index = {"backend": "faiss-flat", "factory": "Flat", "search_params": "", "size": 0, "trained": True}
-    assert body["gallery"] == {"subjects": 0, "faces": 0, "searchable_faces": 0, "incompatible_faces": 0, "incompatible_models": {}, "index": index}
+    assert body["gallery"] == {
+        "subjects": 0,
+        "faces": 0,
+        "searchable_faces": 0,
+        "incompatible_faces": 0,
+        "incompatible_models": {},
+        "index": index,
+    }
     api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][1]})
     api.get("/subjects/ghost")
     text = api.get("/metrics").text
@@ -329,7 +348,18 @@ def test_readyz_metrics_and_docs(api, lfw_faces):
     assert body["application/json"]["schema"]["properties"]["image1"]["contentEncoding"] == "base64"
     assert "far" in body["application/json"]["schema"]["properties"]
     assert "422" in schema["paths"]["/verify"]["post"]["responses"]
-    for path in ("/verify", "/identify", "/embed", "/subjects", "/subjects/{subject_id}", "/subjects/{subject_id}/faces", "/faces/{face_id}", "/healthz", "/readyz", "/metrics"):
+    for path in (
+        "/verify",
+        "/identify",
+        "/embed",
+        "/subjects",
+        "/subjects/{subject_id}",
+        "/subjects/{subject_id}/faces",
+        "/faces/{face_id}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert path in schema["paths"]
 
 
@@ -337,7 +367,9 @@ def test_batching_off_gives_the_same_answers(api_settings, make_client, lfw_face
     on = make_client(api_settings)
     off = make_client(api_settings.model_copy(update={"batching": False, "data_dir": api_settings.data_dir / "off"}))
     files = {"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BLAIR][0]}
-    assert on.post("/verify", files=files).json()["similarity"] == pytest.approx(off.post("/verify", files=files).json()["similarity"], abs=1e-6)
+    assert on.post("/verify", files=files).json()["similarity"] == pytest.approx(
+        off.post("/verify", files=files).json()["similarity"], abs=1e-6
+    )
 
 
 def test_starts_without_models_and_says_why(tmp_path, make_client):
@@ -392,7 +424,9 @@ def test_enrollment_stores_chips_only_with_store_crops(api_settings, make_client
         assert frame == "loose_320" and decode_crop(detected).shape == (320, 320, 3)
         assert np.abs(np.array(json.loads(landmarks)) - LOOSE_320).max() < 18  # near the loose frame's points
         assert upload_frame == "arcface_112" and np.allclose(json.loads(upload_landmarks), ARCFACE_112)
-        assert np.array_equal(decode_crop(uploaded)[..., ::-1], cv2.imdecode(np.frombuffer(aligned_crop_png(1), np.uint8), cv2.IMREAD_COLOR))
+        assert np.array_equal(
+            decode_crop(uploaded)[..., ::-1], cv2.imdecode(np.frombuffer(aligned_crop_png(1), np.uint8), cv2.IMREAD_COLOR)
+        )
 
 
 def test_identify_with_a_cohort_decides_on_as_norm_scores(api_settings, make_client, embedder_manifest, lfw_faces, tmp_path):

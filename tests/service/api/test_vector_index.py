@@ -14,13 +14,18 @@ PEOPLE = LFW_PEOPLE[:3]
 def test_identify_on_hnsw_answers_as_the_flat_index_does(api_settings, make_client, lfw_faces):
     answers = {}
     for spec in ("Flat", "HNSW16"):
-        settings = api_settings.model_copy(update={"index": spec, "index_search_params": "efSearch=32" if spec != "Flat" else "", "data_dir": api_settings.data_dir / spec})
+        settings = api_settings.model_copy(
+            update={"index": spec, "index_search_params": "efSearch=32" if spec != "Flat" else "", "data_dir": api_settings.data_dir / spec}
+        )
         api = make_client(settings)
         for name in PEOPLE:
             assert api.post("/subjects", json={"id": name, "name": name}).status_code == 201
             assert api.post(f"/subjects/{name}/faces", files={"image": lfw_faces[name][0]}).status_code == 201
         found = [api.post("/identify", files={"image": lfw_faces[name][1]}).json() for name in PEOPLE]
-        answers[spec] = [[(c["subject_id"], round(c["similarity"], 5)) for c in f["candidates"]] + [f["match"] and f["match"]["subject_id"]] for f in found]
+        answers[spec] = [
+            [(c["subject_id"], round(c["similarity"], 5)) for c in f["candidates"]] + [f["match"] and f["match"]["subject_id"]]
+            for f in found
+        ]
         index = api.get("/readyz").json()["gallery"]["index"]
         assert index["backend"] == ("faiss-flat" if spec == "Flat" else "faiss-hnsw") and index["size"] == 3 and index["factory"] == spec
         metrics = api.get("/metrics").text
@@ -42,7 +47,10 @@ def test_milvus_backend_in_readyz_metrics_and_503_when_unreachable(api_settings,
     assert 'facegate_gallery_index_size{backend="milvus"} 1.0' in api.get("/metrics").text
     milvus = api.app.state.service.gallery.index
     uri, milvus.uri, milvus._client = milvus.uri, "http://127.0.0.1:1", None  # Milvus goes away
-    for response in (api.post("/identify", files={"image": lfw_faces[name][1]}), api.post(f"/subjects/{name}/faces", files={"image": lfw_faces[name][1]})):
+    for response in (
+        api.post("/identify", files={"image": lfw_faces[name][1]}),
+        api.post(f"/subjects/{name}/faces", files={"image": lfw_faces[name][1]}),
+    ):
         assert response.status_code == 503 and response.json()["error"]["code"] == "gallery_unavailable"
     milvus.uri = uri  # back: answered again, and the refused enrollment left nothing behind
     assert api.post("/identify", files={"image": lfw_faces[name][1]}).status_code == 200

@@ -104,7 +104,7 @@ def test_cmyk_jpeg_decodes_to_the_same_colours():
 
 
 def test_sixteen_bit_png_becomes_eight_bit():
-    image16 = (_photo().astype(np.uint16) * 257)
+    image16 = _photo().astype(np.uint16) * 257
     out = decode_image(_encode(image16, ".png"))
     assert out.dtype == np.uint8
     assert np.abs(out.astype(int) - (image16 >> 8).astype(int)).max() <= 1

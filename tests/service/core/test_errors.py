@@ -40,7 +40,11 @@ def _answer(response) -> tuple[int, str]:
 def test_http_answers_use_codes_from_the_tree_only(api_settings, make_client):
     """Routing, the body limit, the key check and parsing: each code is a class's code, and the
     two kinds of 415 (content type, image format) give one code."""
-    keyed = make_client(api_settings.model_copy(update={"api_keys": SecretStr("secret"), "max_request_bytes": 50_000, "data_dir": api_settings.data_dir / "k"}))
+    keyed = make_client(
+        api_settings.model_copy(
+            update={"api_keys": SecretStr("secret"), "max_request_bytes": 50_000, "data_dir": api_settings.data_dir / "k"}
+        )
+    )
     headers = {"X-API-Key": "secret"}
     ppm = io.BytesIO()
     Image.new("RGB", (64, 64)).save(ppm, format="PPM")

@@ -108,7 +108,9 @@ def test_open_index_loads_a_current_file_and_rebuilds_a_stale_one(tmp_path):
     built, loaded = open_index(config, 16, "a" * 64, 60, lambda m: True, sample, rows)
     assert loaded is None and built.size == 60
     save_index(config, built, "a" * 64, {"faces": 60})
-    again, loaded = open_index(config, 16, "a" * 64, 60, lambda m: m["faces"] == 60, sample, lambda: pytest.fail("a current file is loaded, not rebuilt"))
+    again, loaded = open_index(
+        config, 16, "a" * 64, 60, lambda m: m["faces"] == 60, sample, lambda: pytest.fail("a current file is loaded, not rebuilt")
+    )
     assert loaded is not None and again.size == 60
     _, fresh = open_index(config, 16, "a" * 64, 61, lambda m: m["faces"] == 61, sample, rows)
     assert fresh is None  # stale: rebuilt

@@ -44,7 +44,9 @@ def test_sqlite_to_postgres_copies_everything_and_resumes(tmp_path, database_url
     seen = []
     try:
         try:
-            sqlite_to_postgres(source, target, batch=4, progress=lambda n, last: seen.append(last) or (n >= 8 and (_ for _ in ()).throw(KeyboardInterrupt)))
+            sqlite_to_postgres(
+                source, target, batch=4, progress=lambda n, last: seen.append(last) or (n >= 8 and (_ for _ in ()).throw(KeyboardInterrupt))
+            )
         except KeyboardInterrupt:
             pass  # interrupted after two batches of faces
         assert sqlite_to_postgres(source, target, batch=4) == (0, 16 - 8)  # subjects were there; the rest of the faces

@@ -57,7 +57,13 @@ def test_an_enrollment_is_searchable_on_every_replica_at_once(replicas):
     found = b.search(unit(0), 1)  # no wait: Strong consistency
     assert found[0].subject_id == "a" and found[0].face_id == face.id and found[0].similarity == pytest.approx(1.0, abs=1e-5)
     assert b.index.describe() | {"uri": None} == {
-        "backend": "milvus", "uri": None, "collection": f"facegate_{'a' * 16}", "index_type": "FLAT", "metric": "IP", "consistency": "Strong", "size": 1
+        "backend": "milvus",
+        "uri": None,
+        "collection": f"facegate_{'a' * 16}",
+        "index_type": "FLAT",
+        "metric": "IP",
+        "consistency": "Strong",
+        "size": 1,
     }
     assert b.counts()["searchable_faces"] == 1
 

@@ -125,7 +125,10 @@ def _old_gallery(tmp_path, photos) -> list[tuple[int, bytes, bytes]]:
             (name, embedding, OLD.name, OLD.sha256, "[1, 2, 3, 4]", json.dumps(landmarks.tolist()), 0.9, crop, 5.0),
         )
         rows.append((cursor.lastrowid, embedding, crop))
-    db.execute("INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, ?, ?)", (PEOPLE[0], rows[0][1], OLD.name, OLD.sha256, 6.0))
+    db.execute(
+        "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, ?, ?)",
+        (PEOPLE[0], rows[0][1], OLD.name, OLD.sha256, 6.0),
+    )
     db.commit()
     db.close()
     return rows

@@ -22,10 +22,21 @@ def test_reembed_command(tmp_path, embedder_manifest, model_cache, pipeline):
     gallery.add_faces("a", [NewFace(vector, chip=template_chip(crop, "arcface_112")), NewFace(vector)])
     gallery.close()
 
-    env = {**os.environ, "FACEGATE_DATA_DIR": str(tmp_path), "FACEGATE_EMBEDDER": str(embedder_manifest), "FACEGATE_MODEL_CACHE": str(model_cache), "FACEGATE_DEVICE": "cpu"}
+    env = {
+        **os.environ,
+        "FACEGATE_DATA_DIR": str(tmp_path),
+        "FACEGATE_EMBEDDER": str(embedder_manifest),
+        "FACEGATE_MODEL_CACHE": str(model_cache),
+        "FACEGATE_DEVICE": "cpu",
+    }
     # app() rather than main(): this tests the service's command without loading training's.
     result = subprocess.run(
-        [sys.executable, "-c", "from service.cli import app; app()", "gallery", "reembed"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", "from service.cli import app; app()", "gallery", "reembed"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "1 faces re-embedded" in result.stderr and "1 faces have no stored crop" in result.stderr

@@ -56,7 +56,10 @@ def test_raw_photos_to_served_model(cli, test_data, tmp_path):
     cli("align", raw, tmp_path / "aligned", "--workers", "1")
     assert len(list((tmp_path / "aligned").rglob("*.jpg"))) == 16
 
-    config = {**TINY, "data": {**TINY["data"], "train": str(tmp_path / "aligned"), "license": {"name": "CFP", "terms": "research use only"}}}
+    config = {
+        **TINY,
+        "data": {**TINY["data"], "train": str(tmp_path / "aligned"), "license": {"name": "CFP", "terms": "research use only"}},
+    }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
     run = tmp_path / "run"
     cli("train", tmp_path / "tiny.yaml", "--set", f"output={run}", "--set", "steps=3")
@@ -67,11 +70,24 @@ def test_raw_photos_to_served_model(cli, test_data, tmp_path):
 
     pairs = _lfw_slice(test_data, tmp_path)
     cache = tmp_path / "cache"
-    ckpt = json.loads(cli("eval", run / "last.pt", "--pairs", pairs, "--images", test_data / "lfw", "--cache", cache, "--out", tmp_path / "eval.json"))
+    ckpt = json.loads(
+        cli("eval", run / "last.pt", "--pairs", pairs, "--images", test_data / "lfw", "--cache", cache, "--out", tmp_path / "eval.json")
+    )
     assert 20 < ckpt["images"] <= 40 and ckpt["flip"]["pairs"] == 20 and len(list(cache.iterdir())) == 1
 
     models = tmp_path / "models"
-    cli("export", run / "last.pt", "--out", models / "tiny-face.onnx", "--eval", tmp_path / "eval.json", "--license", "test photos", "--license-terms", "research use only")
+    cli(
+        "export",
+        run / "last.pt",
+        "--out",
+        models / "tiny-face.onnx",
+        "--eval",
+        tmp_path / "eval.json",
+        "--license",
+        "test photos",
+        "--license-terms",
+        "research use only",
+    )
     onnx = json.loads(cli("eval", models / "tiny-face.json", "--pairs", pairs, "--images", test_data / "lfw", "--cache", cache, "--record"))
     # the same figures up to float noise: a 4-step model's scores on 20 pairs are packed so tightly
     # that noise may swap two pairs' order (test_eval compares the embeddings themselves)

@@ -47,8 +47,22 @@ def test_lfw_open_set_through_the_service_decision(test_data, model_cache, tmp_p
     app = typer.Typer()
     register(app)
     out, det = tmp_path / "open.json", tmp_path / "det.png"
-    result = CliRunner().invoke(app, ["eval-open-set", str(REPO / "models" / "dlib-resnet-v1.json"), "--images", str(folder),
-                                      "--out", str(out), "--det", str(det), "--cache", str(tmp_path / "cache"), "--no-progress"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval-open-set",
+            str(REPO / "models" / "dlib-resnet-v1.json"),
+            "--images",
+            str(folder),
+            "--out",
+            str(out),
+            "--det",
+            str(det),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--no-progress",
+        ],
+    )
     get_settings.cache_clear()
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())

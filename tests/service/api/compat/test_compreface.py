@@ -64,7 +64,9 @@ def test_compreface_round_trip(cf, test_data):
 
     assert cf.delete(f"/api/v1/recognition/faces/{ids[person]}").json() == {"image_id": ids[person], "subject": person}
     assert cf.delete(f"/api/v1/recognition/faces/{ids[person]}").status_code == 404
-    assert cf.post("/api/v1/recognition/faces/delete", json=[ids[enrolled[2][0]], "999999"]).json() == [{"image_id": ids[enrolled[2][0]], "subject": enrolled[2][0]}]
+    assert cf.post("/api/v1/recognition/faces/delete", json=[ids[enrolled[2][0]], "999999"]).json() == [
+        {"image_id": ids[enrolled[2][0]], "subject": enrolled[2][0]}
+    ]
     assert cf.delete("/api/v1/recognition/faces", params={"subject": name}).json() == {"deleted": 2}
     assert cf.delete(f"/api/v1/recognition/subjects/{enrolled[3][0]}").json() == {"subject": enrolled[3][0]}
     assert cf.post("/api/v1/recognition/subjects", json={"subject": "newcomer"}).json() == {"subject": "newcomer"}
@@ -127,7 +129,9 @@ def test_compreface_embedding_routes(cf, test_data):
     name, photos = enrolled[1]
     probe, other = embedding(photos[1]), embedding(stranger[0])
     scaled = [3.0 * x for x in probe]  # normalized on receipt
-    answer = cf.post("/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe, scaled, other]})
+    answer = cf.post(
+        "/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe, scaled, other]}
+    )
     assert answer.status_code == 200, answer.text
     (found, again, unknown) = answer.json()["result"]
     assert found["embedding"] == probe and len(found["similarities"]) == 2
@@ -144,7 +148,10 @@ def test_compreface_embedding_routes(cf, test_data):
     assert np.allclose(plugged["result"][0]["embedding"], probe, atol=1e-5) and plugged["plugins_versions"]["calculator"]
     detected = cf.post("/api/v1/detection/detect", params={"face_plugins": "calculator"}, files={"file": photos[1]}).json()
     assert np.allclose(detected["result"][0]["embedding"], probe, atol=1e-5)
-    assert "embedding" not in cf.post("/api/v1/recognition/recognize", params={"face_plugins": "undefined"}, files={"file": photos[1]}).json()["result"][0]
+    assert (
+        "embedding"
+        not in cf.post("/api/v1/recognition/recognize", params={"face_plugins": "undefined"}, files={"file": photos[1]}).json()["result"][0]
+    )
 
     verified = cf.post("/api/v1/verification/embeddings/verify", json={"source": embedding(photos[0]), "targets": [other, probe]})
     assert verified.status_code == 200, verified.text
@@ -181,7 +188,10 @@ def test_compreface_embedding_routes(cf, test_data):
         answer = cf.post("/api/v1/recognition/embeddings/recognize", content=raw, headers={"content-type": "application/json"})
         assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (word, answer.text[:300])
     # any positive scale is the same direction, huge or tiny
-    scales = cf.post("/api/v1/verification/embeddings/verify", json={"source": probe, "targets": [[x * 1e300 for x in probe], [x * 1e-300 for x in probe]]}).json()
+    scales = cf.post(
+        "/api/v1/verification/embeddings/verify",
+        json={"source": probe, "targets": [[x * 1e300 for x in probe], [x * 1e-300 for x in probe]]},
+    ).json()
     assert [r["similarity"] for r in scales["result"]] == [1.0, 1.0], scales
     answer = cf.post("/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe] * 600})
     assert answer.status_code == 422 and "prediction_count" in answer.json()["message"]

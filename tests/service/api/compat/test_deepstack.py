@@ -37,7 +37,10 @@ def test_deepstack_round_trip(ds, examples):
     assert first.status_code == 200 and first.json()["success"] is True and first.json()["message"] == "face added", first.text
     again = ds.post(f"{FACE}/register", files={"image": photo(examples, "knn_examples/train/obama/obama2.jpg")}, data={"userid": "obama"})
     assert again.json()["message"] == "face updated"
-    files = {"image1": photo(examples, "knn_examples/train/biden/biden.jpg"), "image2": photo(examples, "knn_examples/train/biden/biden2.jpg")}
+    files = {
+        "image1": photo(examples, "knn_examples/train/biden/biden.jpg"),
+        "image2": photo(examples, "knn_examples/train/biden/biden2.jpg"),
+    }
     assert ds.post(f"{FACE}/register", files=files, data={"userid": "biden"}).json()["success"] is True
     assert len(ds.get("/subjects/biden/faces").json()["faces"]) == 2  # one gallery: the native API sees them
 
@@ -50,13 +53,19 @@ def test_deepstack_round_trip(ds, examples):
     assert set(prediction) == BOX | {"userid", "confidence"} and all(isinstance(prediction[k], int) for k in BOX)
     assert prediction["x_max"] > prediction["x_min"] >= 0 and prediction["y_max"] > prediction["y_min"] >= 0
     # min_confidence only tightens facegate's decision
-    strict = ds.post(f"{FACE}/recognize", files={"image": photo(examples, "knn_examples/test/obama1.jpg")}, data={"min_confidence": "1"}).json()
-    assert strict["predictions"][0]["userid"] in ("obama", "unknown") and (strict["predictions"][0]["userid"] == "unknown") == (prediction["confidence"] < 1)
+    strict = ds.post(
+        f"{FACE}/recognize", files={"image": photo(examples, "knn_examples/test/obama1.jpg")}, data={"min_confidence": "1"}
+    ).json()
+    assert strict["predictions"][0]["userid"] in ("obama", "unknown") and (strict["predictions"][0]["userid"] == "unknown") == (
+        prediction["confidence"] < 1
+    )
     loose = ds.post(f"{FACE}/recognize", files={"image": photo(examples, "lin-manuel-miranda.png")}, data={"min_confidence": "0"}).json()
     assert [(p["userid"], p["confidence"]) for p in loose["predictions"]] == [("unknown", 0)], loose  # a stranger
 
     both = ds.post(f"{FACE}/recognize", files={"image": photo(examples, "knn_examples/test/obama_and_biden.jpg")}).json()
-    assert sorted(p["userid"] for p in both["predictions"] if p["userid"] != "unknown") == ["biden", "obama"], both  # and a face behind them
+    assert sorted(p["userid"] for p in both["predictions"] if p["userid"] != "unknown") == ["biden", "obama"], (
+        both
+    )  # and a face behind them
 
     detected = ds.post(FACE, files={"image": photo(examples, "knn_examples/test/obama_and_biden.jpg")}).json()
     assert detected["success"] is True and len(detected["predictions"]) == len(both["predictions"])
@@ -107,7 +116,9 @@ def test_deepstack_api_key(model_cache, tmp_path, make_client, examples):
     image = photo(examples, "obama.jpg")
     for data, headers in (({}, {}), ({"api_key": "wrong"}, {}), ({"api_key": ["s3cret", "s3cret"]}, {})):
         answer = ds.post(f"{FACE}/recognize", files={"image": image}, data=data, headers=headers)
-        assert answer.status_code == 401 and answer.json()["success"] is False and answer.json()["error"] == "Incorrect api key", answer.text
+        assert answer.status_code == 401 and answer.json()["success"] is False and answer.json()["error"] == "Incorrect api key", (
+            answer.text
+        )
     assert ds.post(f"{FACE}/list").status_code == 401
     # DeepStack's form field, or facegate's header: one key works on every API
     assert ds.post(f"{FACE}/register", files={"image": image}, data={"userid": "obama", "api_key": "s3cret"}).json()["success"] is True

@@ -100,7 +100,11 @@ def cf_normalize(answer) -> list[dict]:
 
 def test_double_take_compreface(served, examples):
     client = served()
-    for name, photo in (("obama", "knn_examples/train/obama/obama.jpg"), ("obama", "knn_examples/train/obama/obama2.jpg"), ("biden", "knn_examples/train/biden/biden.jpg")):
+    for name, photo in (
+        ("obama", "knn_examples/train/obama/obama.jpg"),
+        ("obama", "knn_examples/train/obama/obama2.jpg"),
+        ("biden", "knn_examples/train/biden/biden.jpg"),
+    ):
         trained = cf_train(client, name, snapshot(examples, photo))
         assert trained.status_code == 200 and trained.json()["subject"] == name, trained.text  # axios throws on any other
     # a training image without a face: an error Double Take records against the file

@@ -66,7 +66,9 @@ def _importable(package: str, module: str) -> str:
 def test_client(package, module, driver, request, test_data):
     python = _importable(package, module)
     url, port = request.getfixturevalue("empty_gallery")
-    target = {"compreface-sdk": ["http://127.0.0.1", str(port)], "deepstack-python": ["127.0.0.1", str(port)], "deepstack-sdk": [url]}[package]
+    target = {"compreface-sdk": ["http://127.0.0.1", str(port)], "deepstack-python": ["127.0.0.1", str(port)], "deepstack-sdk": [url]}[
+        package
+    ]
     examples = str(test_data / "tests" / "face_recognition" / "examples")
     run = subprocess.run([python, str(DRIVERS / driver), *target, KEY, examples], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -88,4 +88,6 @@ def test_import_dlib_converts_a_dat_of_ones_own(dat, manifest, tmp_path):
     # its terms are its owner's to state: nothing of the published model's provenance or licence is claimed
     assert written.license["name"] == "unknown" and written.provenance["source_sha256"] == sha256_file(dat)
     assert load_model(str(tmp_path / f"{dat.stem}.json"), tmp_path, tmp_path, device="cpu").manifest.embedding_dim == 128
-    assert CliRunner().invoke(app, ["models", "import-dlib", str(tmp_path / f"{dat.stem}.json"), "--out", str(tmp_path / "x")]).exit_code == 2
+    assert (
+        CliRunner().invoke(app, ["models", "import-dlib", str(tmp_path / f"{dat.stem}.json"), "--out", str(tmp_path / "x")]).exit_code == 2
+    )

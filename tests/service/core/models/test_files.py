@@ -70,7 +70,10 @@ def test_good_file_lands_in_the_cache(server, tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["thing.onnx"]
 
 
-@pytest.mark.parametrize("path, reason", [("forged.onnx", "sha256"), ("missing.onnx", "404"), ("truncated.onnx", "IncompleteRead|got [0-9]+ bytes"), ("larger.onnx", "larger")])
+@pytest.mark.parametrize(
+    "path, reason",
+    [("forged.onnx", "sha256"), ("missing.onnx", "404"), ("truncated.onnx", "IncompleteRead|got [0-9]+ bytes"), ("larger.onnx", "larger")],
+)
 def test_bad_downloads_leave_nothing_behind(server, tmp_path, path, reason):
     cache = tmp_path / "cache"
     with pytest.raises(ModelError, match=reason):

@@ -31,7 +31,11 @@ def archive(tmp_path, monkeypatch):
     path = tmp_path / "index" / "pkg-1.0.tar.gz"
     path.parent.mkdir()
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in ((MEMBER, WEIGHTS), ("pkg-1.0/setup.py", SETUP), ("pkg-1.0/PKG-INFO", b"Metadata-Version: 1.0\nName: pkg\nVersion: 1.0\n")):
+        for name, data in (
+            (MEMBER, WEIGHTS),
+            ("pkg-1.0/setup.py", SETUP),
+            ("pkg-1.0/PKG-INFO", b"Metadata-Version: 1.0\nName: pkg\nVersion: 1.0\n"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -109,8 +113,14 @@ def test_shipped_models_need_no_download_host():
 def test_a_manifest_file_has_one_origin():
     with pytest.raises(ValueError, match="not both"):
         Manifest.model_validate(
-            {**Manifest.load(SHIPPED).model_dump(), "file": {
-                "name": "x.onnx", "sha256": "0" * 64, "bytes": 1, "url": "https://x/x.onnx",
-                "source": {"importer": "dlib_resnet", "package": "x==1", "archive": "x-1.tar.gz", "sha256": "0" * 64, "bytes": 1},
-            }}
+            {
+                **Manifest.load(SHIPPED).model_dump(),
+                "file": {
+                    "name": "x.onnx",
+                    "sha256": "0" * 64,
+                    "bytes": 1,
+                    "url": "https://x/x.onnx",
+                    "source": {"importer": "dlib_resnet", "package": "x==1", "archive": "x-1.tar.gz", "sha256": "0" * 64, "bytes": 1},
+                },
+            }
         )

@@ -83,7 +83,9 @@ def test_manifest_that_misstates_the_input_type_is_refused(tmp_path):
     """A float32 model whose manifest claims uint8 NHWC: refused at load, not fed the wrong array."""
     path = write_test_embedder(tmp_path)
     manifest = Manifest.load(path)
-    manifest.model_copy(update={"input": manifest.input.model_copy(update={"dtype": "uint8", "layout": "NHWC", "shape": ["batch", 112, 112, 3]})}).save(path)
+    manifest.model_copy(
+        update={"input": manifest.input.model_copy(update={"dtype": "uint8", "layout": "NHWC", "shape": ["batch", 112, 112, 3]})}
+    ).save(path)
     with pytest.raises(ModelError, match="input"):
         load_model(str(path), tmp_path, tmp_path, device="cpu")
 

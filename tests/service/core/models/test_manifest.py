@@ -8,7 +8,9 @@ from service.core.models.manifest import Manifest, far_key
 from tests.onnx_models import write_test_embedder
 
 
-@pytest.mark.parametrize("far, key", [(0.001, "1e-3"), ("1e-3", "1e-3"), ("0.0001", "1e-4"), (1e-5, "1e-5"), (0.01, "1e-2"), (0.05, "5e-2"), (0.1, "1e-1")])
+@pytest.mark.parametrize(
+    "far, key", [(0.001, "1e-3"), ("1e-3", "1e-3"), ("0.0001", "1e-4"), (1e-5, "1e-5"), (0.01, "1e-2"), (0.05, "5e-2"), (0.1, "1e-1")]
+)
 def test_far_keys_are_canonical(far, key):
     assert far_key(far) == key
 

@@ -35,7 +35,13 @@ def test_cuda_is_first_when_offered_and_a_gpu_is_present(monkeypatch):
 
 def test_cuda_options_come_from_settings(monkeypatch, tmp_path):
     _offer(monkeypatch, [providers.TENSORRT, providers.CUDA, providers.CPU])
-    settings = Settings(model_cache=tmp_path, cuda_device_id=1, cudnn_conv_algo_search="EXHAUSTIVE", gpu_mem_limit=2 << 30, arena_extend_strategy="kSameAsRequested")
+    settings = Settings(
+        model_cache=tmp_path,
+        cuda_device_id=1,
+        cudnn_conv_algo_search="EXHAUSTIVE",
+        gpu_mem_limit=2 << 30,
+        arena_extend_strategy="kSameAsRequested",
+    )
     chosen = providers.provider_options(Runtime.from_settings(settings))
     assert [name for name, _ in chosen] == [providers.CUDA, providers.CPU]  # TensorRT only when asked for
     assert chosen[0][1] == {

@@ -79,7 +79,9 @@ def _copy(manifest_dir, manifest: Manifest, **quantization) -> Manifest:
     """The manifest and its ranges in another folder, with changed quantization fields."""
     shutil.copy(MANIFEST.parent / manifest.file.source.quantization.ranges, manifest_dir)
     options = manifest.file.source.quantization.model_copy(update=quantization)
-    return manifest.model_copy(update={"file": manifest.file.model_copy(update={"source": manifest.file.source.model_copy(update={"quantization": options})})})
+    return manifest.model_copy(
+        update={"file": manifest.file.model_copy(update={"source": manifest.file.source.model_copy(update={"quantization": options})})}
+    )
 
 
 def test_tampered_ranges_are_refused_and_leave_nothing(int8_cache, manifest, tmp_path):

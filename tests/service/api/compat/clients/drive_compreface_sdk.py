@@ -21,7 +21,9 @@ assert sorted(recognition.get_subjects().list()["subjects"]) == ["biden", "obama
 
 (result,) = recognition.recognize(str(examples / "knn_examples/test/obama1.jpg"))["result"]
 best = result["subjects"][0]
-assert best["subject"] == "obama" and best["similarity"] >= 0.5 and set(result["box"]) >= {"x_min", "y_min", "x_max", "y_max", "probability"}, result
+assert (
+    best["subject"] == "obama" and best["similarity"] >= 0.5 and set(result["box"]) >= {"x_min", "y_min", "x_max", "y_max", "probability"}
+), result
 (stranger,) = recognition.recognize(str(examples / "lin-manuel-miranda.png"))["result"]
 assert stranger["subjects"][0]["similarity"] < 0.5, stranger
 

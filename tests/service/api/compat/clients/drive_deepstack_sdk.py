@@ -10,7 +10,9 @@ from deepstack_sdk import Face, ServerConfig
 url, key, examples = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 face = Face(ServerConfig(url, api_key=key))
 
-assert face.registerFace([str(examples / "knn_examples/train/obama/obama.jpg"), str(examples / "knn_examples/train/obama/obama2.jpg")], "obama")
+assert face.registerFace(
+    [str(examples / "knn_examples/train/obama/obama.jpg"), str(examples / "knn_examples/train/obama/obama2.jpg")], "obama"
+)
 assert face.registerFace([str(examples / "knn_examples/train/biden/biden.jpg")], "biden")
 assert sorted(face.listFaces()) == ["biden", "obama"]
 
