@@ -34,7 +34,10 @@ def sqlite_to_postgres(
         last = rows[-1][0]
     with target.pool.connection() as conn:
         after = conn.execute("SELECT COALESCE(MAX(id), 0) FROM faces").fetchone()[0]
-    insert = f"INSERT INTO faces ({FACE_COLUMNS}) VALUES ({', '.join(['%s'] * len(FACE_COLUMNS.split(',')))}) ON CONFLICT (id) DO NOTHING RETURNING id"
+    insert = (
+        f"INSERT INTO faces ({FACE_COLUMNS}) VALUES ({', '.join(['%s'] * len(FACE_COLUMNS.split(',')))}) "
+        "ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
     while rows := source.read(f"SELECT {FACE_COLUMNS} FROM faces WHERE id > ? ORDER BY id LIMIT ?", (after, batch)):
         with target.pool.connection() as conn:
             ids = [r[0] for r in (conn.execute(insert, row).fetchone() for row in rows) if r]

@@ -154,7 +154,10 @@ def version_note(manifest: Manifest) -> str:
     if source is None or source.quantization is None or ort.__version__ == source.quantization.onnxruntime:
         return ""
     pinned = source.quantization.onnxruntime
-    return f"onnxruntime {ort.__version__} quantizes to other bytes than onnxruntime {pinned}, which made the pinned file: pull it with onnxruntime=={pinned}"
+    return (
+        f"onnxruntime {ort.__version__} quantizes to other bytes than onnxruntime {pinned}, "
+        f"which made the pinned file: pull it with onnxruntime=={pinned}"
+    )
 
 
 def pull(
