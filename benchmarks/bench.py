@@ -80,8 +80,14 @@ def machine_lines() -> list[str]:
     gpus = _gpu_names()
     ort_dist = next((d for d in ("onnxruntime-gpu", "onnxruntime") if _version(d) != "-"), "onnxruntime")
     return [
-        f"machine: {_cpu_name()}, {os.cpu_count()} cores ({available_cores()} usable: affinity and cgroup quota); GPU: {'; '.join(gpus) or 'none'}",
-        f"onnxruntime: {ort_dist} {ort.__version__} (device {ort.get_device()}, providers offered: {', '.join(ort.get_available_providers())})",
+        (
+            f"machine: {_cpu_name()}, {os.cpu_count()} cores ({available_cores()} usable: affinity and cgroup quota); "
+            f"GPU: {'; '.join(gpus) or 'none'}"
+        ),
+        (
+            f"onnxruntime: {ort_dist} {ort.__version__} (device {ort.get_device()}, "
+            f"providers offered: {', '.join(ort.get_available_providers())})"
+        ),
         f"versions: python {platform.python_version()}, numpy {np.__version__}, opencv {cv2.__version__}, facegate {_version('facegate')}",
     ]
 
@@ -227,7 +233,10 @@ def peer_comparison(pipeline: FacePipeline, blobs: list[bytes], seconds: float) 
     for name, (wall, cpu, faces) in totals.items():
         table.add_row(name, f"{1000 * wall / photos:.1f}", f"{1000 * cpu / photos:.1f}", str(int(faces)))
     ratio = totals["facegate"][0] / totals["face_recognition"][0]
-    table.caption = f"facegate / face_recognition wall time: {ratio:.3f} ({1 / ratio:.1f}× faster), face_recognition {_version('face_recognition')}, dlib {_version('dlib-bin')}"
+    table.caption = (
+        f"facegate / face_recognition wall time: {ratio:.3f} ({1 / ratio:.1f}× faster), "
+        f"face_recognition {_version('face_recognition')}, dlib {_version('dlib-bin')}"
+    )
     return table
 
 

@@ -137,10 +137,12 @@ def connections(total: int = 2000) -> None:
             f"/healthz p50 {np.median(times) * 1000:.1f} ms, p99 {p99(times):.1f} ms (300 requests)"
         )
         print(
-            f"[connections] authenticated /verify while held: {verify.status_code} match={verify.json().get('match') if verify.status_code == 200 else verify.text[:120]}"
+            f"[connections] authenticated /verify while held: {verify.status_code} "
+            f"match={verify.json().get('match') if verify.status_code == 200 else verify.text[:120]}"
         )
         print(
-            f"[connections] trickling connections closed by the server: {len(closes)}/{len(trickling)}, the last after {closes[-1] if closes else float('nan'):.1f} s "
+            f"[connections] trickling connections closed by the server: {len(closes)}/{len(trickling)}, "
+            f"the last after {closes[-1] if closes else float('nan'):.1f} s "
             f"(FACEGATE_HEADER_TIMEOUT {HEADER_TIMEOUT:g} s; detected on the next 1 s write)"
         )
 
@@ -207,7 +209,8 @@ def postgres_outage(in_flight: int = 60) -> None:
             first = httpx.get(url + "/subjects", headers=auth, timeout=30).status_code
         statuses = {s: [a[0] for a in answers].count(s) for s in {a[0] for a in answers}}
         print(
-            f"[postgres] down, {in_flight} gallery requests in flight: statuses {statuses}, slowest answer {max(a[1] for a in answers):.2f} s (target ≤ 3 s); "
+            f"[postgres] down, {in_flight} gallery requests in flight: statuses {statuses}, "
+            f"slowest answer {max(a[1] for a in answers):.2f} s (target ≤ 3 s); "
             f"/healthz p99 {p99(health):.1f} ms (100 requests); /metrics {metrics.status_code} in {metrics_s * 1000:.0f} ms"
         )
         print(f"[postgres] first gallery request after PostgreSQL is back: {first}")

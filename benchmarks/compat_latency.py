@@ -32,7 +32,10 @@ ROUTES = {
 
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
-    return f"{platform.node()}: {cpu} ({platform.machine()}), {os.cpu_count()} cores, Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}"
+    return (
+        f"{platform.node()}: {cpu} ({platform.machine()}), {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}"
+    )
 
 
 def percentile(values: list[float], q: float) -> float:

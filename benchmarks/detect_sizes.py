@@ -64,7 +64,8 @@ def main() -> None:
     shifts = np.array([s for b, r in zip(bucketed, reference, strict=True) if (s := _shift(b, r)) is not None])
     if len(shifts):
         print(
-            f"landmark shift of the largest face (px): mean {shifts.mean():.2f}, median {np.median(shifts):.2f}, p95 {np.percentile(shifts, 95):.2f}, max {shifts.max():.2f}"
+            f"landmark shift of the largest face (px): mean {shifts.mean():.2f}, median {np.median(shifts):.2f}, "
+            f"p95 {np.percentile(shifts, 95):.2f}, max {shifts.max():.2f}"
         )
     # YuNet's own jitter between two large sizes, the yardstick for the shift above: no size but the
     # reference itself can agree with it more closely than the next stride-aligned size does.
@@ -85,7 +86,8 @@ def main() -> None:
         times["640"].append(_ms_per_image(lambda i: _detect(detector, i, largest), images, half))
         times["bucketed"].append(_ms_per_image(detector.detect, images, half))
     print(
-        f"detect ms/image: {largest} path {np.mean(times['640']):.2f}, bucketed {np.mean(times['bucketed']):.2f} (ratio {np.mean(times['bucketed']) / np.mean(times['640']):.2f})"
+        f"detect ms/image: {largest} path {np.mean(times['640']):.2f}, bucketed {np.mean(times['bucketed']):.2f} "
+        f"(ratio {np.mean(times['bucketed']) / np.mean(times['640']):.2f})"
     )
 
 

@@ -245,14 +245,16 @@ def main() -> None:
     truth = exact_top(vectors, queries, 10)
     print(
         f"{platform.processor() or platform.machine()}, {faiss.__version__=}, 1 OpenMP thread; {args.size:,} faces × {dim} "
-        f"({len(enrolled):,} real, the rest Gaussian distractors); {len(queries)} mated LFW queries; exact top-10 in {time.perf_counter() - started:.0f} s"
+        f"({len(enrolled):,} real, the rest Gaussian distractors); {len(queries)} mated LFW queries; "
+        f"exact top-10 in {time.perf_counter() - started:.0f} s"
     )
     # Queries whose exact top-1 is an image of the same person: there, recall decides whether the
     # match is found; elsewhere the top-1 is an impostor (often a distractor) below any threshold.
     genuine = np.array([t < len(enrolled) and enrolled_who[t] == who for t, who in zip(truth[:, 0], query_who, strict=True)])
     print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
     print(
-        f"{'index':<16} {'params':<12} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} {'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6}"
+        f"{'index':<16} {'params':<12} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
+        f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6}"
     )
     params = args.params + [""] * (len(args.indexes) - len(args.params))
     for spec, param in zip(args.indexes, params, strict=True):
@@ -283,7 +285,8 @@ def main() -> None:
             c1 = latencies(index, vectors, queries, 1)
             c8 = latencies(index, vectors, np.tile(queries, (2, 1)), 8)
             print(
-                f"{spec:<16} {search or '-':<12} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} {np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
+                f"{spec:<16} {search or '-':<12} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} "
+                f"{np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
                 f"{np.percentile(c8, 50):>7.2f} {np.percentile(c8, 99):>7.2f} {r1:>6.3f} {r10:>6.3f} {mate:>6.3f}",
                 flush=True,
             )

@@ -72,7 +72,8 @@ def main() -> None:
         print(line)
     print(f"files: {', '.join(f'{k} {m.path.name} ({m.path.stat().st_size / 1e6:.1f} MB)' for k, m in models.items())}")
     print(
-        f"cosine float32 vs int8 on {len(lfw)} LFW crops: mean {cosine.mean():.4f}, min {cosine.min():.4f}, p1 {np.percentile(cosine, 1):.4f}"
+        f"cosine float32 vs int8 on {len(lfw)} LFW crops: mean {cosine.mean():.4f}, min {cosine.min():.4f}, "
+        f"p1 {np.percentile(cosine, 1):.4f}"
     )
     for batch in (1, 32):
         rates: dict[str, list[float]] = {k: [] for k in models}

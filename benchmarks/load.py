@@ -60,7 +60,8 @@ def main() -> None:
     def run_matrix(url: str, label: str) -> None:
         def report(r):
             print(
-                f"{label:>9} {r.route.strip('/'):>9} {r.concurrency:>5} {r.rps:>8.1f} {r.p50:>8.1f} {r.p95:>8.1f} {r.p99:>8.1f}  {r.status_text()}",
+                f"{label:>9} {r.route.strip('/'):>9} {r.concurrency:>5} {r.rps:>8.1f} "
+                f"{r.p50:>8.1f} {r.p95:>8.1f} {r.p99:>8.1f}  {r.status_text()}",
                 flush=True,
             )
 

@@ -51,7 +51,10 @@ def machine() -> str:
     memory = next(int(line.split()[1]) // 2**20 for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     with psycopg.connect(ARGS.url) as conn:
         server = conn.execute("SHOW server_version").fetchone()[0]
-    return f"{cpu}, {os.cpu_count()} cores, {memory} GiB RAM, load {os.getloadavg()[0]:.1f}; PostgreSQL {server}, psycopg {psycopg.__version__}"
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {memory} GiB RAM, load {os.getloadavg()[0]:.1f}; "
+        f"PostgreSQL {server}, psycopg {psycopg.__version__}"
+    )
 
 
 @contextmanager
@@ -120,7 +123,8 @@ def cold_start(admin_url: str, sizes: list[int], dims: list[int]) -> None:
             gallery.close()
             del gallery
             print(
-                f"{size:>9} {dim:>4} {copied:>7.1f} {table:>10.0f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} {size * (dim * 4 + 8) / 2**20:>10.0f}"
+                f"{size:>9} {dim:>4} {copied:>7.1f} {table:>10.0f} {opened:>7.1f} {size / opened:>9.0f} {grown:>9.0f} "
+                f"{size * (dim * 4 + 8) / 2**20:>10.0f}"
             )
 
 
@@ -152,7 +156,8 @@ def propagation(a: str, b: str, count: int) -> None:
             delays.append((time.perf_counter() - acknowledged) * 1000)
     p50, p99 = np.percentile(delays, [50, 99])
     print(
-        f"\n2. propagation, enroll on A → found by /identify on B: {count} enrollments, p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(delays):.1f} ms"
+        f"\n2. propagation, enroll on A → found by /identify on B: {count} enrollments, "
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(delays):.1f} ms"
     )
 
 

@@ -74,7 +74,8 @@ def main() -> None:
         queries = args.queries if size < 1_000_000 else min(args.queries, 100)
         r = bench(size, args.dim, queries, args.k)
         print(
-            f"{r['size']:>10} {r['build_s']:>8.2f} {r['index_mib']:>10.1f} {r['rss_mib']:>9.1f} {r['p50']:>8.2f} {r['p95']:>8.2f} {r['p99']:>8.2f}"
+            f"{r['size']:>10} {r['build_s']:>8.2f} {r['index_mib']:>10.1f} {r['rss_mib']:>9.1f} "
+            f"{r['p50']:>8.2f} {r['p95']:>8.2f} {r['p99']:>8.2f}"
         )
         gc.collect()
 

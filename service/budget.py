@@ -28,7 +28,8 @@ class PixelBudget:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.free >= pixels), self.wait)
             except asyncio.TimeoutError:
                 raise Overloaded(
-                    f"the decoded-image budget (FACEGATE_MAX_DECODED_MEGAPIXELS={self.capacity / 1e6:g}) stayed spent for {self.wait:g} s; retry later"
+                    f"the decoded-image budget (FACEGATE_MAX_DECODED_MEGAPIXELS={self.capacity / 1e6:g}) "
+                    f"stayed spent for {self.wait:g} s; retry later"
                 ) from None
             self.free -= pixels
         try:

@@ -29,7 +29,10 @@ Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help=
 Aligned = Annotated[
     bool,
     typer.Option(
-        help="The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): skip detection."
+        help=(
+            "The images are already aligned crops (the embedder's template size: 150×150 for dlib_150, 112×112 for arcface_112): "
+            "skip detection."
+        )
     ),
 ]
 

@@ -55,7 +55,9 @@ class Readiness:
             {
                 "model": "embedder",
                 "name": embedder.manifest.name,
-                "error": "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold",
+                "error": (
+                    "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold"
+                ),
                 "fix": f"facegate calibrate {embedder.manifest.name}.json --data ALIGNED_FOLDERS (identities it never trained on)",
             }
         ]

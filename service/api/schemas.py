@@ -27,7 +27,10 @@ FarField = Field(
 ThresholdField = Field(None, ge=-1.0, le=1.0, description="Explicit cosine threshold instead of a FAR (the response's far is then null).")
 AlignedField = Field(
     False,
-    description="The images are already aligned crops of the active embedder's template size (150×150 for dlib_150, 112×112 for arcface_112): detection is skipped.",
+    description=(
+        "The images are already aligned crops of the active embedder's template size "
+        "(150×150 for dlib_150, 112×112 for arcface_112): detection is skipped."
+    ),
 )
 PolicyField = Field(
     "largest", description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one."
@@ -154,10 +157,15 @@ class IdentifyResponse(IdentifyResult):
     threshold: float = Field(description="The score the best candidate must reach to be the match.")
     score: Literal["cosine", "as-norm"] = Field(
         "cosine",
-        description="What `threshold` applies to: the best candidate's cosine, or with a cohort (FACEGATE_COHORT) and an FPIR decision its AS-norm score.",
+        description=(
+            "What `threshold` applies to: the best candidate's cosine, "
+            "or with a cohort (FACEGATE_COHORT) and an FPIR decision its AS-norm score."
+        ),
     )
     far: str | None = Field(
-        description="The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold."
+        description=(
+            "The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold."
+        )
     )
     fpir: float | None = Field(description="The false-positive identification rate promised; null when far or threshold was given.")
     gallery_faces: int | None = Field(description="The number of searchable faces the FPIR was turned into a threshold for.")
@@ -204,7 +212,10 @@ class SubjectOut(BaseModel):
     metadata: dict[str, Any]
     metadata_withheld: str | None = Field(
         None,
-        description="Why the stored metadata is not served (over the metadata limits: stored before them); `metadata` is then {} until a PATCH replaces it.",
+        description=(
+            "Why the stored metadata is not served (over the metadata limits: stored before them); "
+            "`metadata` is then {} until a PATCH replaces it."
+        ),
     )
     face_count: int
     created: datetime
@@ -232,7 +243,9 @@ class SubjectPage(BaseModel):
     limit: int
     offset: int
     next_offset: int | None = Field(
-        description="Where the next page starts, null after the last. A page can hold fewer than `limit` subjects (FACEGATE_MAX_PAGE_BYTES)."
+        description=(
+            "Where the next page starts, null after the last. A page can hold fewer than `limit` subjects (FACEGATE_MAX_PAGE_BYTES)."
+        )
     )
 
 

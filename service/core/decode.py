@@ -66,7 +66,8 @@ def probe(data: bytes, max_bytes: int, max_pixels: int, min_side: int, reduce_to
         if data[4:8] == b"ftyp":  # an ISO media file (HEIC/HEIF, …) Pillow cannot read: a format, not garbage
             brand = data[8:12].decode("ascii", "replace").strip()
             raise UnsupportedMediaType(
-                f"ISO media images (brand {brand!r}: HEIC/HEIF and the like) are not supported; send JPEG, PNG, WebP, BMP, GIF, TIFF or AVIF"
+                f"ISO media images (brand {brand!r}: HEIC/HEIF and the like) are not supported; "
+                "send JPEG, PNG, WebP, BMP, GIF, TIFF or AVIF"
             ) from None
         raise InvalidImage("the data is not a readable image (JPEG, PNG, WebP, BMP, GIF or TIFF)") from None
     if fmt not in FORMATS:

@@ -77,6 +77,8 @@ def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:
 class FacePipeline:
     def __init__(self, settings: Settings, models: ModelSet):
         """Needs the detector; the embedder may be missing (detect-only use)."""
+        if models.detector is None:
+            raise ModelError("the face pipeline needs a detector, and none is loaded")
         self.settings = settings
         self.detector_model = models.detector
         self.embedder_model = models.embedder
@@ -100,7 +102,8 @@ class FacePipeline:
 
     @property
     def template(self) -> str:
-        return self.embedder_model.manifest.alignment if self.embedder_model else "arcface_112"
+        alignment = self.embedder_model.manifest.alignment if self.embedder_model else None
+        return alignment or "arcface_112"  # an embedder's manifest always names one (Manifest checks it)
 
     def probe(self, data: bytes) -> Probe:
         """Format, size and the reduction `decode(data, reduced=True)` applies, with the limits

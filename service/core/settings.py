@@ -30,7 +30,10 @@ class Settings(BaseSettings):
     cuda_device_id: int = Field(0, ge=0, description="GPU the CUDA (and TensorRT) provider runs on.")
     cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = Field(
         "HEURISTIC",
-        description="cuDNN convolution algorithm search per input shape: HEURISTIC is cheap, EXHAUSTIVE benchmarks every algorithm (slow first run of each shape).",
+        description=(
+            "cuDNN convolution algorithm search per input shape: HEURISTIC is cheap, EXHAUSTIVE benchmarks every algorithm "
+            "(slow first run of each shape)."
+        ),
     )
     gpu_mem_limit: int = Field(0, ge=0, description="Bytes the CUDA provider's memory arena may hold; 0 = no limit.")
     arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = Field(
@@ -43,7 +46,9 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(
         0,
         ge=0,
-        description="onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity).",
+        description=(
+            "onnxruntime intra-op threads per session; 0 = 1 on a GPU, else the CPU cores this process may use (cgroup quota and affinity)."
+        ),
     )
     intra_op_spinning: bool = Field(
         False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it)."
@@ -51,12 +56,17 @@ class Settings(BaseSettings):
     batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 32],
         min_length=1,
-        description="The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; each is warmed up at start-up.",
+        description=(
+            "The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; "
+            "each is warmed up at start-up."
+        ),
     )
     detect_batch_sizes: list[int] = Field(
         [1, 2, 4, 8],
         min_length=1,
-        description="The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size).",
+        description=(
+            "The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size)."
+        ),
     )
     detect_sizes: list[int] = Field(
         [320, 480, 640],
@@ -72,12 +82,16 @@ class Settings(BaseSettings):
     max_decoded_megapixels: float = Field(
         200.0,
         gt=0,
-        description="Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md.",
+        description=(
+            "Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
+        ),
     )
     jpeg_reduce_to_side: int = Field(
         4000,
         ge=0,
-        description="A JPEG is decoded at 1/2, 1/4 or 1/8 scale, the most that keeps its long side at least this many px (0: always full size).",
+        description=(
+            "A JPEG is decoded at 1/2, 1/4 or 1/8 scale, the most that keeps its long side at least this many px (0: always full size)."
+        ),
     )
     decode_wait: float = Field(
         60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded."
@@ -99,14 +113,19 @@ class Settings(BaseSettings):
 
     cohort: Path | None = Field(
         None,
-        description="A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md).",
+        description=(
+            "A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md)."
+        ),
     )
 
     # gallery
     data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")
     database_url: SecretStr = Field(
         SecretStr(""),
-        description="postgresql://user:password@host:5432/db: the gallery lives in PostgreSQL, shared by every replica; empty = SQLite under data_dir.",
+        description=(
+            "postgresql://user:password@host:5432/db: the gallery lives in PostgreSQL, shared by every replica; "
+            "empty = SQLite under data_dir."
+        ),
     )
     database_password_file: Path | None = Field(
         None,
@@ -116,26 +135,35 @@ class Settings(BaseSettings):
     database_pool_timeout: float = Field(
         1.0,
         gt=0,
-        description="Seconds a request waits for a PostgreSQL connection (and to connect); then 503 gallery_unavailable instead of holding a thread through an outage.",
+        description=(
+            "Seconds a request waits for a PostgreSQL connection (and to connect); "
+            "then 503 gallery_unavailable instead of holding a thread through an outage."
+        ),
     )
     index: str = Field(
         "Flat",
         description=(
             "The FAISS index that searches the gallery, as a FAISS index factory string: Flat (exact, the default), HNSW32, "
-            "IVF4096,Flat, IVF4096,PQ32...; approximate ones are persisted under index_dir and their candidates re-scored exactly (docs/scaling.md)."
+            "IVF4096,Flat, IVF4096,PQ32...; approximate ones are persisted under index_dir "
+            "and their candidates re-scored exactly (docs/scaling.md)."
         ),
     )
     index_search_params: str = Field("", description="FAISS search parameters for the index, e.g. efSearch=128 (HNSW) or nprobe=32 (IVF).")
     index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
     milvus_uri: str = Field(
         "",
-        description="Milvus as the vector index every replica shares: http://host:19530 (a server), or a local .db file (Milvus Lite, one process); empty = FAISS in each process.",
+        description=(
+            "Milvus as the vector index every replica shares: http://host:19530 (a server), "
+            "or a local .db file (Milvus Lite, one process); empty = FAISS in each process."
+        ),
     )
     milvus_token: SecretStr = Field(SecretStr(""), description="Milvus credentials, user:password or an API key.")
     milvus_index: str = Field("AUTOINDEX", description="Milvus index type of a new collection (AUTOINDEX, HNSW, IVF_FLAT, FLAT...).")
     milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
         "Strong",
-        description="Milvus consistency level of searches: Strong makes a 2xx enrollment searchable on every replica at once (docs/scaling.md).",
+        description=(
+            "Milvus consistency level of searches: Strong makes a 2xx enrollment searchable on every replica at once (docs/scaling.md)."
+        ),
     )
     milvus_timeout: float = Field(5.0, gt=0, description="Seconds a Milvus call may take before the request gets 503 gallery_unavailable.")
     store_crops: bool = Field(
@@ -158,7 +186,9 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         0,
         ge=0,
-        description="Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use.",
+        description=(
+            "Threads that decode, letterbox and align (nothing heavy runs on the event loop); 0 = the CPU cores this process may use."
+        ),
     )
     search_threads: int = Field(
         1, ge=1, description="FAISS OpenMP threads (process-wide); raise only for very large galleries on an idle many-core host."
@@ -188,7 +218,10 @@ class Settings(BaseSettings):
     header_timeout: float = Field(
         10.0,
         gt=0,
-        description="Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); then it is closed.",
+        description=(
+            "Seconds a connection has to send a request's line and headers (from connecting, or from its previous response); "
+            "then it is closed."
+        ),
     )
     body_timeout: float = Field(
         60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed."

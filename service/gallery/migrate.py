@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from service.gallery.postgres import PostgresGallery
 from service.gallery.sqlite import FACE_INSERT_COLUMNS, SqliteGallery
-from service.gallery.sync import record_change
+from service.gallery.sync import one_row, record_change
 
 FACE_COLUMNS = f"id, {FACE_INSERT_COLUMNS}"
 SUBJECT_COLUMNS = "id, name, metadata, created, updated"
@@ -33,8 +33,11 @@ def sqlite_to_postgres(
         subjects += sum(1 for r in inserted if r)
         last = rows[-1][0]
     with target.pool.connection() as conn:
-        after = conn.execute("SELECT COALESCE(MAX(id), 0) FROM faces").fetchone()[0]
-    insert = f"INSERT INTO faces ({FACE_COLUMNS}) VALUES ({', '.join(['%s'] * len(FACE_COLUMNS.split(',')))}) ON CONFLICT (id) DO NOTHING RETURNING id"
+        after = one_row(conn.execute("SELECT COALESCE(MAX(id), 0) FROM faces"))[0]
+    insert = (
+        f"INSERT INTO faces ({FACE_COLUMNS}) VALUES ({', '.join(['%s'] * len(FACE_COLUMNS.split(',')))}) "
+        "ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
     while rows := source.read(f"SELECT {FACE_COLUMNS} FROM faces WHERE id > ? ORDER BY id LIMIT ?", (after, batch)):
         with target.pool.connection() as conn:
             ids = [r[0] for r in (conn.execute(insert, row).fetchone() for row in rows) if r]

@@ -115,11 +115,11 @@ class MilvusIndex:
             self._call(lambda client: client.upsert(self.collection, rows, timeout=self.timeout))
 
     def remove(self, ids: np.ndarray) -> int:
-        ids = [int(i) for i in np.asarray(ids, np.int64).reshape(-1)]
-        if not ids:
+        face_ids = [int(i) for i in np.asarray(ids, np.int64).reshape(-1)]
+        if not face_ids:
             return 0
-        result = self._call(lambda client: client.delete(self.collection, ids=ids, timeout=self.timeout))
-        return int(result.get("delete_count", len(ids))) if isinstance(result, dict) else len(ids)
+        result = self._call(lambda client: client.delete(self.collection, ids=face_ids, timeout=self.timeout))
+        return int(result.get("delete_count", len(face_ids))) if isinstance(result, dict) else len(face_ids)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = np.asarray(queries, np.float32).reshape(-1, self.dim)
@@ -215,7 +215,7 @@ def fill(
         if progress:
             progress(upserted, after_id)
     removed = 0
-    for ids in index.ids():
-        gone = sorted(set(ids) - set(store.lookup_faces(ids)))
+    for stored in index.ids():
+        gone = sorted(set(stored) - set(store.lookup_faces(stored)))
         removed += index.remove(np.array(gone, np.int64)) if gone else 0
     return upserted, removed

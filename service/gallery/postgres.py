@@ -65,7 +65,8 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied TIMESTAMPTZ NOT NULL DEFAULT now())"
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
         done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
         newer = done - {v for v, _, _ in known}
@@ -360,7 +361,8 @@ class PostgresGallery(GalleryStore):
             return {}
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id = ANY(%s) AND f.model_sha256 = %s",
+                "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id "
+                "WHERE f.id = ANY(%s) AND f.model_sha256 = %s",
                 (face_ids, self.embedder.sha256),
             )
             return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
@@ -404,7 +406,8 @@ class PostgresGallery(GalleryStore):
         while True:
             with self._conn() as conn:
                 rows = conn.execute(
-                    "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE model_sha256 != %s AND crop IS NOT NULL ORDER BY id LIMIT %s",
+                    "SELECT id, crop, crop_frame, crop_landmarks FROM faces "
+                    "WHERE model_sha256 != %s AND crop IS NOT NULL ORDER BY id LIMIT %s",
                     (key.sha256, batch),
                 ).fetchall()
             if not rows:

@@ -379,7 +379,8 @@ class SqliteGallery(GalleryStore):
                 chunk = face_ids[start : start + LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(
-                    f"SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id WHERE f.id IN ({marks}) AND f.model_sha256 = ?",
+                    "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id "
+                    f"WHERE f.id IN ({marks}) AND f.model_sha256 = ?",
                     (*chunk, self.embedder.sha256),
                 )
                 out.update((r[0], (r[1], r[2], np.frombuffer(r[3], "<f4"))) for r in rows)

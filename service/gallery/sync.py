@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -28,17 +29,25 @@ BATCH = 1000  # changes read per query while catching up
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # reconnect back-off
 
 
+def one_row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    """The row of a query that always returns one (an aggregate, the one-row change_sequence)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise LookupError("the query returned no row")
+    return row
+
+
 def record_change(conn: psycopg.Connection, op: str, face_ids: list[int]) -> int:
     """Number the change and announce it, as the last statements of the caller's transaction (the
     row lock on the counter is then held only while committing). Returns its sequence number."""
-    (seq,) = conn.execute("UPDATE change_sequence SET seq = seq + 1 RETURNING seq").fetchone()
+    (seq,) = one_row(conn.execute("UPDATE change_sequence SET seq = seq + 1 RETURNING seq"))
     conn.execute("INSERT INTO changes (seq, op, face_ids) VALUES (%s, %s, %s)", (seq, op, face_ids))
     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(seq)))
     return seq
 
 
 def database_sequence(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT seq FROM change_sequence").fetchone()[0]
+    return one_row(conn.execute("SELECT seq FROM change_sequence"))[0]
 
 
 class IndexSync:
@@ -116,6 +125,8 @@ class IndexSync:
 
     def _apply_known(self, op: str, face_ids: list[int], vectors: np.ndarray | None) -> None:
         if op == "add":
+            if vectors is None:
+                raise ValueError("an add is applied with its vectors")
             self.index.add(np.array(face_ids, np.int64), vectors)
         else:
             self.index.remove(np.array(face_ids, np.int64))

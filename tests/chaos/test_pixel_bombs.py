@@ -63,6 +63,7 @@ def test_a_burst_of_pixel_bombs_stays_within_the_memory_bound(tmp_path, model_ca
         )
         assert any(s < 500 for s in statuses), statuses
         print(
-            f"pixel bombs: {BOMBS} × {SIDE}x{SIDE}, base RSS {base / 1e6:.0f} MB, peak {peak / 1e6:.0f} MB, statuses {sorted(set(statuses))}"
+            f"pixel bombs: {BOMBS} × {SIDE}x{SIDE}, base RSS {base / 1e6:.0f} MB, peak {peak / 1e6:.0f} MB, "
+            f"statuses {sorted(set(statuses))}"
         )
         assert peak - base < RSS_GROWTH_BOUND, f"peak RSS grew by {(peak - base) / 1e6:.0f} MB"

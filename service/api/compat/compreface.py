@@ -355,7 +355,8 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
     rows = _unit(service, body.embeddings, "embeddings")
     if len(rows) * count > service.settings.max_identify_candidates:
         raise InvalidParameters(
-            f"{len(rows)} embeddings × prediction_count {count} exceeds FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})"
+            f"{len(rows)} embeddings × prediction_count {count} exceeds "
+            f"FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})"
         )
     manifest = service.models.embedder.manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1

@@ -15,7 +15,7 @@ Network input: 150x150 RGB, NCHW float32, already normalised as dlib does:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,8 +89,8 @@ class DlibResNet:
     stem_conv: Conv
     stem_bn: Affine
     stem_pool: Pool  # after relu
-    blocks: list[Block] = field(default_factory=list)
-    fc_weight: np.ndarray = None  # (128, 256): y = mean_hw(x) @ fc_weight.T, no bias
+    blocks: list[Block]
+    fc_weight: np.ndarray  # (128, 256): y = mean_hw(x) @ fc_weight.T, no bias
 
     def stages(self) -> list[list[Block]]:
         """The blocks grouped by resolution: a new stage starts at each downsampling block (dlib's
@@ -136,16 +136,16 @@ class _Stream:
             raise ValueError(f"bad bool at {self.i - 1}")
         return c == b"1"
 
-    def str(self) -> str:
+    def text(self) -> str:
         n = self.int()
         s = self.b[self.i : self.i + n].decode("ascii")
         self.i += n
         return s
 
-    def peek_str(self) -> str:
+    def peek_text(self) -> str:
         pos = self.i
         try:
-            return self.str()
+            return self.text()
         except (UnicodeDecodeError, IndexError):
             return ""
         finally:
@@ -174,7 +174,7 @@ def _read_layer(s: _Stream) -> dict:
     are accepted (con_4, affine_, relu_, max_pool_2, avg_pool_2, add_prev_, fc_2);
     anything else raises, rather than being guessed at.
     """
-    name = s.str()
+    name = s.text()
     if name == "con_4":
         params = s.tensor().ravel()
         nf, nr, nc, sy, sx, py, px = (s.int() for _ in range(7))
@@ -225,14 +225,14 @@ def _read_flat(data: bytes):
     only their version (1); they appear in `items` as {"kind": "mark"}.
     """
     s = _Stream(data)
-    if s.int() != 1 or not s.str().startswith("loss_metric_"):
+    if s.int() != 1 or not s.text().startswith("loss_metric_"):
         raise ValueError("not a dlib loss_metric network")
     s.float(), s.float()  # margin, distance threshold
     versions = []
-    while not s.peek_str().startswith("input_"):
+    while not s.peek_text().startswith("input_"):
         versions.append(s.int())
     input_version = versions.pop()  # the add_layer that owns the input layer
-    if s.str() != "input_rgb_image_sized":
+    if s.text() != "input_rgb_image_sized":
         raise ValueError("unexpected input layer")
     mean_rgb = (s.float(), s.float(), s.float())
     size, size_c = s.int(), s.int()
@@ -274,7 +274,7 @@ def read_dat(path: Path) -> DlibResNet:
         return items[i : i + len(expected)]
 
     conv, bn, _, pool = take(0, "con", "bn", "relu", "max_pool")
-    net = DlibResNet(mean_rgb, size, conv["conv"], bn["affine"], pool["pool"])
+    blocks: list[Block] = []
     i = 4
     while kinds[i] == "mark":  # tag1 marks a block's input
         _, c1, b1, _, c2, b2 = take(i, "mark", "con", "bn", "relu", "con", "bn")
@@ -285,12 +285,11 @@ def read_dat(path: Path) -> DlibResNet:
             i += 3
         take(i, "add_prev", "relu")
         i += 2
-        net.blocks.append(Block(c1["conv"], b1["affine"], c2["conv"], b2["affine"], down))
+        blocks.append(Block(c1["conv"], b1["affine"], c2["conv"], b2["affine"], down))
     gap, fc = take(i, "avg_pool", "fc")
     if gap["pool"].kernel != 0 or i + 2 != len(items):
         raise ValueError("expected global average pool + fc at the end")
-    net.fc_weight = fc["weight"]
-    return net
+    return DlibResNet(mean_rgb, size, conv["conv"], bn["affine"], pool["pool"], blocks, fc["weight"])
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.core.batch_shapes import BatchShapes
-from service.core.models.manifest import InputSpec, Manifest
+from service.core.models.manifest import EmbedderKey, InputSpec, Manifest
 
 
 def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -48,7 +48,7 @@ class FaceEmbedder:
         self.session = session
         self.input_name = manifest.input.name
         self.output_name = manifest.outputs[0].name
-        self.dim = manifest.embedding_dim
+        self.dim = EmbedderKey.of(manifest).dim  # ModelError for a manifest that is not an embedder's
         self.size = (manifest.input.height, manifest.input.width)
         self.shapes = BatchShapes.for_model(manifest.input.shape[0], batch_sizes)
         self.io_binding = uses_io_binding(session.get_providers())

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import onnxruntime as ort
 
@@ -52,7 +52,7 @@ def find_model_file(manifest: Manifest, manifest_file: Path, cache: Path) -> Pat
     )
 
 
-def _store(stream: BinaryIO, target: Path, sha256: str, size: int, origin: str) -> Path:
+def _store(stream: IO[bytes], target: Path, sha256: str, size: int, origin: str) -> Path:
     """Copy a stream into `target`, checking size and sha256 before the file takes its name.
 
     It is written to a temporary file beside the target and renamed atomically only when it
@@ -125,8 +125,12 @@ def place_weights(source: ImportSource, cache: Path, local: Path | None = None, 
             with open(archive, "rb") as fh:
                 return _store(fh, weights, source.weights_sha256, source.weights_bytes, str(archive))
         try:
-            with tarfile.open(archive) as tar, tar.extractfile(source.member) as member:
-                return _store(member, weights, source.member_sha256, source.member_bytes, f"{archive}:{source.member}")
+            with tarfile.open(archive) as tar:
+                member = tar.extractfile(source.member)
+                if member is None:
+                    raise ModelError(f"cannot read {source.member} from {archive}: not a regular file")
+                with member:
+                    return _store(member, weights, source.weights_sha256, source.weights_bytes, f"{archive}:{source.member}")
         except (tarfile.TarError, KeyError, OSError) as exc:
             raise ModelError(f"cannot read {source.member} from {archive}: {exc}") from None
 
@@ -154,7 +158,10 @@ def version_note(manifest: Manifest) -> str:
     if source is None or source.quantization is None or ort.__version__ == source.quantization.onnxruntime:
         return ""
     pinned = source.quantization.onnxruntime
-    return f"onnxruntime {ort.__version__} quantizes to other bytes than onnxruntime {pinned}, which made the pinned file: pull it with onnxruntime=={pinned}"
+    return (
+        f"onnxruntime {ort.__version__} quantizes to other bytes than onnxruntime {pinned}, "
+        f"which made the pinned file: pull it with onnxruntime=={pinned}"
+    )
 
 
 def pull(
@@ -195,10 +202,11 @@ def pull(
     if local is not None:
         with open(local, "rb") as fh:
             return _store(fh, target, spec.sha256, spec.bytes, str(local))
-    if not (url or spec.url):
+    link = url or spec.url
+    if not link:
         raise ModelError(f"{manifest.name} has no download URL; put {spec.name} beside its manifest")
     try:
-        return _download(url or spec.url, target, spec.sha256, spec.bytes, timeout)
+        return _download(link, target, spec.sha256, spec.bytes, timeout)
     except ModelError as exc:
         raise ModelError(f"cannot download {manifest.name}: {exc}") from None
 

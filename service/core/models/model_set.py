@@ -13,9 +13,15 @@ from service.core.models.providers import Runtime
 from service.core.settings import Settings
 
 FIXES = {
-    "detector": "the detector ships beside its manifest in FACEGATE_MODELS_DIR (models/): restore it from the repository or the image, then check it with `facegate models list`",
+    "detector": (
+        "the detector ships beside its manifest in FACEGATE_MODELS_DIR (models/): "
+        "restore it from the repository or the image, then check it with `facegate models list`"
+    ),
     "cohort": "rebuild the cohort for this embedder with `facegate calibrate-cohort`, or unset FACEGATE_COHORT",
-    "embedder": "set FACEGATE_EMBEDDER to an embedder manifest (a name in FACEGATE_MODELS_DIR or a path to its .json) whose model file sits beside it or in FACEGATE_MODEL_CACHE",
+    "embedder": (
+        "set FACEGATE_EMBEDDER to an embedder manifest (a name in FACEGATE_MODELS_DIR or a path to its .json) "
+        "whose model file sits beside it or in FACEGATE_MODEL_CACHE"
+    ),
 }
 
 

@@ -121,7 +121,8 @@ def _old_gallery(tmp_path, photos) -> list[tuple[int, bytes, bytes]]:
         embedding = np.random.default_rng(i).standard_normal(64).astype("<f4").tobytes()
         crop = encode_crop(align_face(image, landmarks))  # 112×112 arcface_112, as enrollment stored it
         cursor = db.execute(
-            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name, embedding, OLD.name, OLD.sha256, "[1, 2, 3, 4]", json.dumps(landmarks.tolist()), 0.9, crop, 5.0),
         )
         rows.append((cursor.lastrowid, embedding, crop))

@@ -1,6 +1,6 @@
 """CompreFace's own Python SDK (`compreface-sdk`, as Viseron uses it), unchanged, against a running
-facegate: add → list → recognize → verify (two images, and against a stored face) → delete. Run by test_real_clients.py in the clients'
-Python: drive_compreface_sdk.py URL PORT KEY EXAMPLES."""
+facegate: add → list → recognize → verify (two images, and against a stored face) → delete. Run by
+test_real_clients.py in the clients' Python: drive_compreface_sdk.py URL PORT KEY EXAMPLES."""
 
 import sys
 from pathlib import Path
