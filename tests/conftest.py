@@ -106,6 +106,22 @@ def settings(model_cache, embedder_manifest):
 
 
 @pytest.fixture
+def cli_env(model_cache, embedder_manifest, monkeypatch):
+    """A `facegate` command's environment with the tests' models: `cli_env(app, *args)` invokes a typer
+    app (the service's, or one a package registers its commands on) as the command line would."""
+    from typer.testing import CliRunner
+
+    from service.core.settings import get_settings
+
+    monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(model_cache))
+    monkeypatch.setenv("FACEGATE_EMBEDDER", str(embedder_manifest))
+    monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
+    get_settings.cache_clear()
+    yield lambda app, *args: CliRunner().invoke(app, [str(a) for a in args])
+    get_settings.cache_clear()
+
+
+@pytest.fixture
 def pipeline(settings):
     from service.core.pipeline import FacePipeline
 

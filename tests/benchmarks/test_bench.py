@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from benchmarks.commands import register
-from service.core.settings import get_settings
 
 app = typer.Typer()
 register(app)
 
 
 @pytest.fixture
-def run(model_cache, embedder_manifest, monkeypatch):
-    monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(model_cache))
-    monkeypatch.setenv("FACEGATE_EMBEDDER", str(embedder_manifest))
-    monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
-    get_settings.cache_clear()
-    yield lambda *args: CliRunner().invoke(app, [str(a) for a in args])
-    get_settings.cache_clear()
+def run(cli_env):
+    return lambda *args: cli_env(app, *args)
 
 
 def lfw(test_data, name: str, number: int = 1):

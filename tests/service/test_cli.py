@@ -13,13 +13,8 @@ from service.core.settings import get_settings
 
 
 @pytest.fixture
-def run(model_cache, embedder_manifest, monkeypatch):
-    monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(model_cache))
-    monkeypatch.setenv("FACEGATE_EMBEDDER", str(embedder_manifest))
-    monkeypatch.setenv("FACEGATE_DEVICE", "cpu")
-    get_settings.cache_clear()
-    yield lambda *args: CliRunner().invoke(cli.app, [str(a) for a in args])
-    get_settings.cache_clear()
+def run(cli_env):
+    return lambda *args: cli_env(cli.app, *args)
 
 
 @pytest.fixture
