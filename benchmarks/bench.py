@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.core.cpus import available_cores
+from service.core.models.manifest import Manifest
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 
@@ -240,6 +241,14 @@ def peer_comparison(pipeline: FacePipeline, blobs: list[bytes], seconds: float) 
     return table
 
 
+def weights_description(manifest: Manifest) -> str:
+    """The embedder's weights as its manifest says they were made: quantized on import, or exported."""
+    quantized = manifest.file.source.quantization if manifest.file.source else None
+    if quantized:
+        return f"{quantized.weight_type} ({'7' if quantized.reduce_range else '8'}-bit), activations {quantized.activation_type}"
+    return manifest.provenance.get("export", {}).get("dtype", "float32")
+
+
 def run_all(
     settings: Settings,
     images: list[Path],
@@ -260,7 +269,7 @@ def run_all(
     console.print(
         f"embedder: {model.manifest.name} {model.manifest.version} ({spec.dtype} {spec.layout} input"
         f"{', preprocessing in the graph' if spec.in_graph else ', preprocessing in numpy'}; "
-        f"weights {model.manifest.provenance.get('export', {}).get('dtype', 'float32')}), "
+        f"weights {weights_description(model.manifest)}), "
         f"providers {', '.join(model.session.get_providers())}, IO binding {'on' if pipeline.embedder.io_binding else 'off'}"
     )
     console.print(

@@ -39,3 +39,13 @@ def test_bench_all_prints_the_whole_table(run, test_data):
     rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in peer.splitlines() if line.startswith("│")}
     assert rows == {"facegate": "3", "face_recognition": "3"}, peer
     assert "facegate / face_recognition wall time:" in peer
+
+
+def test_the_table_says_which_weights_the_embedder_runs():
+    """The int8 model's manifest says how its weights were quantized on import; the others, how exported."""
+    from benchmarks.bench import weights_description
+    from service.core.models.manifest import Manifest
+    from tests.conftest import REPO
+
+    assert weights_description(Manifest.load(REPO / "models" / "dlib-resnet-v1-int8.json")) == "QInt8 (7-bit), activations QUInt8"
+    assert weights_description(Manifest.load(REPO / "models" / "dlib-resnet-v1.json")) == "float32"
