@@ -44,21 +44,18 @@ ANONYMOUS_WARNING = (
 )
 
 
-def _openapi_with_api_key(app: FastAPI):
-    """Declare the X-API-Key scheme on every route the key middleware guards."""
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+class FacegateApp(FastAPI):
+    def openapi(self) -> dict:
+        """FastAPI's schema, with the X-API-Key scheme declared on every route the key middleware guards."""
+        if self.openapi_schema is None:
+            schema = get_openapi(title=self.title, version=self.version, description=self.description, routes=self.routes)
             schema.setdefault("components", {})["securitySchemes"] = {"ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
             for path, operations in schema["paths"].items():
                 if path not in PUBLIC_PATHS:
                     for operation in operations.values():
                         operation["security"] = [{"ApiKey": []}]
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    return openapi
+            self.openapi_schema = schema
+        return self.openapi_schema
 
 
 def _on_signal(signum: int, handler) -> bool:
@@ -111,12 +108,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gallery.close()
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
-    app = FastAPI(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     error_handlers.install(app)
     docs_ui.install(app)
     for router in ROUTERS + compat.ROUTERS:
         app.include_router(router)
-    app.openapi = _openapi_with_api_key(app)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
     app.add_middleware(Admission, limit=settings.max_inflight_requests)

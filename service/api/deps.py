@@ -14,6 +14,7 @@ from fastapi.dependencies.models import Dependant
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
 from service.core.errors import InvalidParameters, SubjectNotFound
+from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
 from service.engine import Engine
@@ -21,6 +22,15 @@ from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.readiness import Readiness
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What an image route runs on, neither of them None: `Service.ready()` hands it out only once
+    readiness.require() has passed."""
+
+    engine: Engine
+    manifest: Manifest  # the embedder's
 
 
 @dataclass
@@ -33,6 +43,13 @@ class Service:
     engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
     gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
+
+    def ready(self) -> Ready:
+        """The engine and the embedder's manifest, or readiness.require()'s 503."""
+        self.readiness.require()
+        # require() passed: both models are loaded, so the lifespan built the engine
+        assert self.engine is not None and self.models.embedder is not None
+        return Ready(self.engine, self.models.embedder.manifest)
 
     def search(self, embedding: np.ndarray, top_k: int) -> list[Candidate]:
         """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds."""

@@ -16,12 +16,14 @@ ASSETS = f"{DOCS}/assets"
 
 def install(app: FastAPI) -> None:
     """The app is created with docs_url=None and redoc_url=None: FastAPI's own pages load from a CDN."""
+    openapi_url = app.openapi_url
+    assert openapi_url is not None, "/docs shows the app's OpenAPI schema: create the app with an openapi_url"
     app.mount(ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
 
     @app.get(DOCS, include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url,
+            openapi_url=openapi_url,
             title=f"{app.title} API",
             swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSETS}/swagger-ui.css",

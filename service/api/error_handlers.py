@@ -6,6 +6,8 @@ unexpected exceptions (500, logged: a 5xx for bad input is a bug). Codes come fr
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,9 +20,9 @@ from service.core.errors import FacegateError, InternalError, InvalidParameters,
 log = logging.getLogger("facegate.api")
 
 
-def error_response(error: FacegateError, status: int | None = None, headers: dict | None = None) -> JSONResponse:
+def error_response(error: FacegateError, status: int | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The answer for an error; `status` overrides the class's for a bare HTTP status it stands for."""
-    body = {"code": error.code, "message": error.message}
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
     if error.details is not None:
         body["details"] = error.details
     return JSONResponse({"error": body}, status_code=status or error.status, headers=headers)

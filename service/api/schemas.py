@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 from pydantic import BaseModel, Field
 
@@ -32,9 +32,10 @@ AlignedField = Field(
         "(150×150 for dlib_150, 112×112 for arcface_112): detection is skipped."
     ),
 )
-PolicyField = Field(
-    "largest", description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one."
-)
+FacePolicy = Annotated[
+    Literal["largest", "reject_multiple"],
+    Field(description="`largest`: use the largest face; `reject_multiple`: 422 multiple_faces when an image has more than one."),
+]
 
 
 class VerifyOptions(StrictModel):
@@ -43,7 +44,7 @@ class VerifyOptions(StrictModel):
     )
     far: float | str | None = FarField
     threshold: float | None = ThresholdField
-    face_policy: Literal["largest", "reject_multiple"] = PolicyField
+    face_policy: FacePolicy = "largest"
     aligned: bool = AlignedField
 
 
@@ -65,7 +66,7 @@ class IdentifyOptions(StrictModel):
     )
     threshold: float | None = ThresholdField
     faces: Literal["largest", "all"] = Field("largest", description="`all` identifies every face of the image (see `results`).")
-    face_policy: Literal["largest", "reject_multiple"] = PolicyField
+    face_policy: FacePolicy = "largest"
     aligned: bool = AlignedField
 
 
@@ -74,7 +75,7 @@ class EmbedOptions(StrictModel):
 
 
 class EnrollOptions(StrictModel):
-    face_policy: Literal["largest", "reject_multiple"] = PolicyField
+    face_policy: FacePolicy = "largest"
     aligned: bool = AlignedField
 
 
@@ -110,8 +111,15 @@ class FaceOut(BaseModel):
     landmarks: list[list[float]] = Field(description="5 (x, y) points: right eye, left eye, nose, right and left mouth corner.")
     score: float = Field(description="Detection score.", examples=[0.93])
 
+    @overload
+    @classmethod
+    def of(cls, face: Face) -> FaceOut: ...
+    @overload
+    @classmethod
+    def of(cls, face: Face | None) -> FaceOut | None: ...
     @classmethod
     def of(cls, face: Face | None) -> FaceOut | None:
+        """None for no face (an aligned crop skips detection)."""
         return cls(**face.as_json()) if face is not None else None
 
 

@@ -63,7 +63,7 @@ class HeaderDeadlineProtocol(H11Protocol):
         error: FacegateError = HeadersTooLarge(_too_large(self.header_limit)) if hint == 431 else BadRequest(f"invalid HTTP request: {msg}")
         response = error_response(error, headers={"Connection": "close"})
         headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers.items()]
-        for event in (h11.Response(status_code=error.status, headers=headers), h11.Data(data=response.body), h11.EndOfMessage()):
+        for event in (h11.Response(status_code=error.status, headers=headers), h11.Data(data=bytes(response.body)), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 

@@ -107,7 +107,7 @@ def _subject(request: Request) -> str | None:
 
 async def _found(service: Service, data: bytes, request: Request, chips: bool = False) -> list:
     """The image's faces, largest first, above `det_prob_threshold`, at most `limit` (0: all)."""
-    faces = await service.engine.faces(data, False, "all", chips=chips)
+    faces = await service.ready().engine.faces(data, False, "all", chips=chips)
     floor = _query_float(request, "det_prob_threshold")
     if floor is not None:
         faces = [f for f in faces if f.face is None or f.face.score >= floor]
@@ -139,7 +139,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     count = _query_int(request, "prediction_count", 1, low=1)
-    manifest = service.models.embedder.manifest
+    manifest = service.ready().manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
     result = []
     for face in await _found(service, body.images["file"], request):
@@ -158,7 +158,7 @@ async def detect(request: Request, service: ServiceDep) -> dict:
     start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     faces = await _found(service, body.images["file"], request)
-    versions = {"detector": "facegate", **({"calculator": service.models.embedder.manifest.name} if _calculator(request) else {})}
+    versions = {"detector": "facegate", **({"calculator": service.ready().manifest.name} if _calculator(request) else {})}
     return {
         "result": [_with_embedding({"box": _box(f.face), "execution_time": _ms(start)}, f, request) for f in faces],
         "plugins_versions": versions,
@@ -169,11 +169,11 @@ async def detect(request: Request, service: ServiceDep) -> dict:
 async def verify(request: Request, service: ServiceDep) -> dict:
     start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("source_image", "target_image"))
-    manifest = service.models.embedder.manifest
+    manifest = service.ready().manifest
     (source, *_) = await _found(service, body.images["source_image"], request)
     targets = await _found(service, body.images["target_image"], request)
     anchor = float(service.settings.default_far)
-    matches = [
+    matches: list[dict[str, Any]] = [
         {"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)}
         for t in targets
     ]
@@ -189,7 +189,7 @@ async def add_face(request: Request, service: ServiceDep) -> dict:
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     floor = _query_float(request, "det_prob_threshold")
     new = await prepare_face(service, body.images["file"], EnrollOptions())  # enrollment's quality gate
-    if floor is not None and new.score < floor:
+    if floor is not None and new.score is not None and new.score < floor:  # an aligned crop has no score; _found keeps those too
         raise NoFace("no face above det_prob_threshold")
 
     def store() -> int:
@@ -266,7 +266,7 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
         raise FaceNotFound(f"no face with image_id {image_id!r}")
     subject, _, stored = known[face_id]
     body = await read_image_request(request, service.readiness, Options, required=("file",))
-    manifest = service.models.embedder.manifest
+    manifest = service.ready().manifest
     anchor = float(service.settings.default_far)
     result = [
         _with_embedding(
@@ -323,8 +323,8 @@ def delete_all_subjects(service: ServiceDep) -> dict:
 def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray:
     """Received embeddings as unit float32 rows: each of the active embedder's dimension, finite, not
     zero; at most FACEGATE_MAX_IDENTIFY_CANDIDATES of them. Anything else is a 422, never a 5xx."""
-    service.readiness.require()
-    dim = service.models.embedder.manifest.embedding_dim
+    manifest = service.ready().manifest
+    dim = manifest.embedding_dim
     most = service.settings.max_identify_candidates
     if not vectors:
         raise InvalidParameters(f"{name}: at least one embedding is required")
@@ -332,9 +332,7 @@ def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray
         raise InvalidParameters(f"{name}: {len(vectors)} embeddings; one request takes at most {most} (FACEGATE_MAX_IDENTIFY_CANDIDATES)")
     for i, vector in enumerate(vectors):
         if len(vector) != dim:
-            raise InvalidParameters(
-                f"{name}[{i}]: {len(vector)} numbers; the embedder {service.models.embedder.manifest.name!r} makes {dim}"
-            )
+            raise InvalidParameters(f"{name}[{i}]: {len(vector)} numbers; the embedder {manifest.name!r} makes {dim}")
     rows = np.asarray(vectors, np.float64)
     if not np.isfinite(rows).all():
         raise InvalidParameters(f"{name}: every number must be finite")
@@ -358,7 +356,7 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
             f"{len(rows)} embeddings × prediction_count {count} exceeds "
             f"FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})"
         )
-    manifest = service.models.embedder.manifest
+    manifest = service.ready().manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
     result = []
     for row, received in zip(rows, body.embeddings, strict=True):
@@ -378,9 +376,9 @@ async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
     body = await read_json_model(request, EmbeddingsVerifyBody)
     (source,) = _unit(service, [body.source], "source")
     targets = _unit(service, body.targets, "targets")
-    manifest = service.models.embedder.manifest
+    manifest = service.ready().manifest
     anchor = float(service.settings.default_far)
-    result = [
+    result: list[dict[str, Any]] = [
         {"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)}
         for t, received in zip(targets, body.targets, strict=True)
     ]

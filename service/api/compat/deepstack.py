@@ -12,7 +12,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -32,7 +32,7 @@ from service.core.errors import FacegateError, InvalidParameters, NoFace, Subjec
 from service.gallery.interface import NewFace
 
 
-def _error(request: Request, message: str, status: int, headers: dict | None = None) -> JSONResponse:
+def _error(request: Request, message: str, status: int, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"success": False, "error": message, "duration": _elapsed(request)}, status_code=status, headers=headers)
 
 
@@ -122,7 +122,7 @@ def _box(face: Any) -> dict:
 async def _faces(service: Service, data: bytes) -> list:
     """Every face, largest first; none is an empty list, as DeepStack answers (success, no predictions)."""
     try:
-        return await service.engine.faces(data, False, "all")
+        return await service.ready().engine.faces(data, False, "all")
     except NoFace:
         return []
 
@@ -143,8 +143,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     own scale, so an absent value means facegate's default, 0.5 on the calibrated one)."""
     form = request.state.deepstack_form
     data, floor = await _image(form), _min_confidence(form)
-    service.readiness.require()
-    manifest, fpir = service.models.embedder.manifest, service.settings.default_fpir
+    manifest, fpir = service.ready().manifest, service.settings.default_fpir
     searched = (service.gallery.index_info() or {}).get("size", 0)
     decision = decide_search(manifest, None, None, None, searched, fpir, service.models.cohort)
     predictions = []
@@ -179,8 +178,8 @@ async def register(request: Request, service: ServiceDep) -> dict:
         if isinstance(outcome, BaseException) and not isinstance(outcome, FacegateError):
             raise outcome
     ready = [o for o in outcomes if isinstance(o, NewFace)]
-    if not ready:
-        raise outcomes[0]
+    if not ready:  # every outcome is then a FacegateError: the first image's is the answer
+        raise next(o for o in outcomes if isinstance(o, FacegateError))
 
     def store() -> str:
         gallery, message = service.gallery, "face updated"
@@ -218,4 +217,6 @@ def list_userids(request: Request, service: ServiceDep) -> dict:
     return _ok(request, faces=[s.id for s in listed])
 
 
-PATHS = frozenset(route.path for route in router.routes)  # the key is checked in DeepStackRoute, not by the header middleware
+PATHS = frozenset(
+    route.path for route in router.routes if isinstance(route, APIRoute)
+)  # the key is checked in DeepStackRoute, not by the header middleware

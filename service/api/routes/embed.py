@@ -20,9 +20,10 @@ router = APIRouter(tags=["recognition"])
 )
 async def embed(request: Request, service: ServiceDep) -> EmbedResponse:
     body = await read_image_request(request, service.readiness, EmbedOptions, required=("image",))
-    found = await service.engine.faces(body.images["image"], body.options.aligned, "all")
+    ready = service.ready()
+    found = await ready.engine.faces(body.images["image"], body.options.aligned, "all")
     return EmbedResponse(
         faces=[EmbeddedFaceOut(face=FaceOut.of(f.face), embedding=f.embedding.tolist()) for f in found],
         dim=int(found[0].embedding.shape[0]),
-        model=ModelOut.of(service.models.embedder.manifest),
+        model=ModelOut.of(ready.manifest),
     )

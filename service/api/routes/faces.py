@@ -45,9 +45,10 @@ async def prepare_face(service: Service, data: bytes, options: EnrollOptions) ->
     """Detect, gate on quality, embed: a face ready to store (nothing is written here). Every route
     that enrolls (DeepStack's register too) goes through it, so one quality gate holds for all."""
     settings = service.settings
-    (found,) = await service.engine.faces(data, options.aligned, options.face_policy, chips=settings.store_crops)
-    face = FaceOut.of(found.face)
-    if face is not None:
+    (found,) = await service.ready().engine.faces(data, options.aligned, options.face_policy, chips=settings.store_crops)
+    face: FaceOut | None = None
+    if found.face is not None:  # an aligned crop has no detection to gate on
+        face = FaceOut.of(found.face)
         side = min(found.face.width, found.face.height)
         if face.score < settings.enroll_min_score:
             raise LowQualityFace(f"the face's detection score {face.score:.2f} is below the enrollment minimum {settings.enroll_min_score}")
@@ -91,7 +92,7 @@ async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDe
     if len(many) > limit:
         raise InvalidParameters(f"{len(many)} images; one request enrolls at most {limit} (FACEGATE_MAX_BULK_IMAGES)")
     await run_in_threadpool(gallery.get_subject, subject_id)  # 404 before any model work
-    sha = service.models.embedder_key.sha256
+    sha = service.ready().manifest.file.sha256
     if images:
         prepared = await prepare_face(service, images["image"], options)
         (record,) = await run_in_threadpool(gallery.add_faces, subject_id, [prepared])

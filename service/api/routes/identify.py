@@ -25,14 +25,14 @@ router = APIRouter(tags=["recognition"])
 )
 async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     body = await read_image_request(request, service.readiness, IdentifyOptions, required=("image",))
-    options = body.options
-    manifest = service.models.embedder.manifest
+    options, ready = body.options, service.ready()
+    manifest = ready.manifest
     searched = (service.gallery.index_info() or {}).get("size", 0)
     decision = decide_search(
         manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir, service.models.cohort
     )
     policy = "all" if options.faces == "all" else options.face_policy
-    found = await service.engine.faces(body.images["image"], options.aligned, policy)
+    found = await ready.engine.faces(body.images["image"], options.aligned, policy)
     if len(found) * options.top_k > service.settings.max_identify_candidates:
         raise TooManyFaces(
             f"{len(found)} faces × top_k {options.top_k} is above {service.settings.max_identify_candidates} candidates "

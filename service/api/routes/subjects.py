@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from service.api import metadata
@@ -17,7 +18,7 @@ router = APIRouter(tags=["gallery"])
 PAGE_ENVELOPE = 200  # bytes of a page around its subjects: {"subjects": [...], "total": …, …}
 
 
-def _json_body(model: type) -> dict:
+def _json_body(model: type[BaseModel]) -> dict:
     """`openapi_extra` for a JSON body read by read_json_model (FastAPI does not parse it)."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
@@ -46,7 +47,8 @@ def list_subjects(
     """Subjects in creation order, a page at a time: up to `limit`, fewer when FACEGATE_MAX_PAGE_BYTES
     would be exceeded (always at least one); continue from `next_offset`."""
     subjects, total = service.gallery.list_subjects(limit, offset)
-    page, used = [], PAGE_ENVELOPE
+    page: list[SubjectOut] = []
+    used = PAGE_ENVELOPE
     for subject in subjects:
         out = SubjectOut.of(subject, service.settings)
         size = len(out.model_dump_json().encode()) + 1  # and a comma

@@ -33,10 +33,10 @@ router = APIRouter(tags=["recognition"])
 )
 async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
     body = await read_image_request(request, service.readiness, VerifyOptions, required=("image1",), optional=("image2",))
-    options, images, engine = body.options, body.images, service.engine
+    options, images, ready = body.options, body.images, service.ready()
+    engine, manifest = ready.engine, ready.manifest
     if ("image2" in images) == (options.subject_id is not None):
         raise InvalidParameters("give exactly one of image2 and subject_id")
-    manifest = service.models.embedder.manifest
     decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
     policy = options.face_policy
     if options.subject_id is not None:
@@ -54,10 +54,12 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         results = await asyncio.gather(
             *(engine.faces(images[name], options.aligned, policy) for name in ("image1", "image2")), return_exceptions=True
         )
+        found = []
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        (a,), (b,) = results
+            found.append(result)
+        (a,), (b,) = found
         similarity = float(a.embedding @ b.embedding)
         faces = [FaceOut.of(a.face), FaceOut.of(b.face)]
     return VerifyResponse(
