@@ -154,7 +154,8 @@ class FaissIndex:
         self._removed: set[int] = set(removed)  # HNSW only: ids whose vector in the graph is no longer a face
         self._dead = dead  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
         if search_params:
-            faiss.ParameterSpace().set_index_parameters(self._index, search_params)
+            # faiss's stubs (1.15) list only the (name, value) overload, not this string one
+            faiss.ParameterSpace().set_index_parameters(self._index, search_params)  # type: ignore[arg-type]
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
 
@@ -180,9 +181,11 @@ class FaissIndex:
             return 0
         with self._lock.write():
             self.dirty = True
+            # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
+            # overload), and an HNSW one here is an IndexIDMap, which has id_map
             if self._removable:
-                return int(self._index.remove_ids(ids))
-            held = ids[np.isin(ids, faiss.vector_to_array(self._index.id_map))]
+                return int(self._index.remove_ids(ids))  # type: ignore[arg-type]
+            held = ids[np.isin(ids, faiss.vector_to_array(self._index.id_map))]  # type: ignore[attr-defined]
             present = set(held.tolist()) - self._removed
             self._removed.update(present)
             self._dead += len(present)
@@ -200,9 +203,12 @@ class FaissIndex:
 
     def _skip_removed(self) -> faiss.SearchParameters:
         """HNSW search parameters that leave the removed faces out while searching (so k are found)."""
-        hnsw = faiss.downcast_index(self._index.index).hnsw
+        # faiss's stubs lack SearchParametersHNSW, and type downcast_index's IndexHNSW as a bare Index
+        hnsw = faiss.downcast_index(self._index.index).hnsw  # type: ignore[attr-defined]
         removed = np.fromiter(self._removed, np.int64, len(self._removed))
-        params = faiss.SearchParametersHNSW(sel=faiss.IDSelectorNot(faiss.IDSelectorBatch(removed)), efSearch=hnsw.efSearch)
+        params = faiss.SearchParametersHNSW(  # type: ignore[attr-defined]
+            sel=faiss.IDSelectorNot(faiss.IDSelectorBatch(removed)), efSearch=hnsw.efSearch
+        )
         params.keep_alive = removed  # the selector does not own the array
         return params
 
@@ -296,7 +302,8 @@ def open_index(
     except RuntimeError as exc:  # FAISS's own message says what it could not parse
         raise ValueError(f"FACEGATE_INDEX={config.spec!r} is not a FAISS index factory string for {dim}-d embeddings: {exc}") from None
     if (
-        meta
+        path is not None
+        and meta
         and meta.get("dim") == dim
         and meta.get("model_sha256") == model_sha256
         and meta.get("requested") == config.spec
