@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from service.core.errors import ModelError
 from service.core.models import dlib_resnet as dat
 from service.core.models.files import manifest_path, place_weights
 from service.core.models.manifest import Manifest
@@ -27,8 +28,7 @@ MODEL_NAME = "dlib-resnet-v1"  # the imported model this backbone starts from (m
 def _conv(c: dat.Conv) -> nn.Conv2d:
     out_ch, in_ch, k, _ = c.weight.shape
     conv = nn.Conv2d(in_ch, out_ch, k, stride=c.stride, padding=c.pad)
-    conv.weight.data.copy_(torch.from_numpy(c.weight))
-    conv.bias.data.copy_(torch.from_numpy(c.bias))
+    conv.load_state_dict({"weight": torch.from_numpy(c.weight), "bias": torch.from_numpy(c.bias)})
     return conv
 
 
@@ -102,4 +102,6 @@ def default_weights(models_dir: Path, model_cache: Path) -> Path:
     """dlib's published `.dat` in `model_cache` (placed there, sha256-checked, by
     `facegate models pull dlib-resnet-v1`; fetched now if absent), as its manifest in `models_dir` names it."""
     manifest = Manifest.load(manifest_path(MODEL_NAME, models_dir))
+    if manifest.file.source is None:
+        raise ModelError(f"{MODEL_NAME}'s manifest names no published weights (file.source) to start from")
     return place_weights(manifest.file.source, model_cache)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    import numpy as np
 
 heads_app = typer.Typer(help="Margin heads: draw their target-logit curves and what they do to a toy problem.", no_args_is_help=True)
 
 FEATURE_HEADS = ["softmax", "normface", "sphereface", "cosface", "arcface", "adaface"]
 
 
-def target_curves(theta_deg) -> list[tuple[str, object, dict]]:
+def target_curves(theta_deg) -> list[tuple[str, np.ndarray, dict]]:
     """(label, target logit / s as a function of θ, line style) for the heads, from their own `margin`.
 
     Every curve is the value the head puts in the target column for a sample at angle θ from its

@@ -15,6 +15,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cv2
 
@@ -24,13 +25,16 @@ from service.core.settings import Settings
 from training.data.folders import list_identity_folders
 from training.data.preprocess import ALIGNMENT
 
+if TYPE_CHECKING:
+    from service.core.pipeline import FacePipeline
+
 MANIFEST = "manifest.csv"
 REPORT = "no_face.csv"
 MANIFEST_FIELDS = ["identity", "file", "source_file", "det_score", "box_w", "box_h"]
 REPORT_FIELDS = ["identity", "source_file", "reason"]
 JPEG_QUALITY = 95
 
-_pipeline = None
+_pipeline: FacePipeline | None = None  # each worker's, set by _init_worker
 
 
 @dataclass(frozen=True)
@@ -61,15 +65,17 @@ def _init_worker(settings: Settings) -> None:
 
 def _align_one(src_root: Path, dst_root: Path, identity: str, path: Path, template: str) -> Result:
     source = str(path.relative_to(src_root))
+    pipeline = _pipeline
+    assert pipeline is not None, "_align_one runs in a worker _init_worker set up"
     try:
-        image = _pipeline.decode(path.read_bytes())
-        faces = _pipeline.detect(image)
+        image = pipeline.decode(path.read_bytes())
+        faces = pipeline.detect(image)
     except FacegateError as exc:
         return Result(identity, source, None, f"unreadable: {exc}")
     if not faces:
         return Result(identity, source, None, "no face detected")
     face = faces[0]  # the detector sorts largest first
-    crop_rgb = _pipeline.align(image, [face], template)[0]
+    crop_rgb = pipeline.align(image, [face], template)[0]
     rel = Path(identity) / f"{path.stem}.jpg"
     ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(crop_rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
     write_atomically(dst_root / rel, encoded.tobytes(), durable=False)

@@ -18,7 +18,8 @@ from training.data.recordio import RecordIODataset
 
 
 class Source(Protocol):
-    labels: np.ndarray
+    @property
+    def labels(self) -> np.ndarray: ...  # read-only: RecordIODataset reads its labels lazily
 
     def __len__(self) -> int: ...
 

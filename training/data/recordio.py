@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import cv2
 import numpy as np
@@ -48,7 +49,7 @@ class RecordReader:
     def __init__(self, rec_path: Path, idx_path: Path | None = None) -> None:
         self.rec_path = Path(rec_path)
         self.index = read_index(idx_path or self.rec_path.with_suffix(".idx"))
-        self._fh = None
+        self._fh: BinaryIO | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fh": None}
@@ -74,7 +75,9 @@ class RecordIODataset:
 
     def __init__(self, rec_path: Path) -> None:
         self.reader = RecordReader(rec_path)
-        labels, flag, _ = unpack(self.reader.read(0)) if 0 in self.reader.index else (None, 0, b"")
+        labels, flag = np.zeros(0, np.float32), 0
+        if 0 in self.reader.index:
+            labels, flag, _ = unpack(self.reader.read(0))
         if flag > 0:
             self.keys = list(range(1, int(labels[0])))
         else:

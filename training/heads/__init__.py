@@ -10,6 +10,7 @@ parameter (num_classes × embedding_dim; sub-center: num_classes·k rows, class-
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from training.heads.adaptive import AdaCos, AdaFace, CurricularFace, MagFace
 from training.heads.additive import ArcFace, CombinedMargin, CosFace, SubCenterArcFace, angular_margin, cosface_scale_lower_bound
@@ -17,8 +18,9 @@ from training.heads.base import EPS, IGNORE_INDEX, Head
 from training.heads.multiplicative import LSoftmax, SphereFace, chebyshev_cos, lambda_schedule, psi
 from training.heads.plain import ModifiedSoftmax, NormFace, Softmax
 
-# name → (class, defaults that differ from the class's own)
-_REGISTRY: dict[str, tuple[type[Head], dict[str, object]]] = {
+# name → (class, defaults that differ from the class's own); parameters are Any: each class takes its own,
+# checked against its signature at run time (build_head)
+_REGISTRY: dict[str, tuple[type[Head], dict[str, Any]]] = {
     "softmax": (Softmax, {}),
     "msoftmax": (ModifiedSoftmax, {}),
     "normface": (NormFace, {}),
@@ -38,7 +40,7 @@ _REGISTRY: dict[str, tuple[type[Head], dict[str, object]]] = {
 HEADS: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def head_params(name: str) -> dict[str, object]:
+def head_params(name: str) -> dict[str, Any]:
     """The parameters `name` accepts, with their defaults."""
     cls, overrides = _lookup(name)
     signature = inspect.signature(cls.__init__).parameters
@@ -50,7 +52,7 @@ def head_params(name: str) -> dict[str, object]:
     return defaults | overrides
 
 
-def build_head(name: str, embedding_dim: int, num_classes: int, **params: object) -> Head:
+def build_head(name: str, embedding_dim: int, num_classes: int, **params: Any) -> Head:
     """The head `name` (one of HEADS) with its defaults, overridden by `params`."""
     cls, _ = _lookup(name)
     accepted = head_params(name)
@@ -60,7 +62,7 @@ def build_head(name: str, embedding_dim: int, num_classes: int, **params: object
     return cls(embedding_dim, num_classes, **(accepted | params))
 
 
-def _lookup(name: str) -> tuple[type[Head], dict[str, object]]:
+def _lookup(name: str) -> tuple[type[Head], dict[str, Any]]:
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -38,14 +38,16 @@ class NormFace(Head):
         if s <= 0:
             raise ValueError(f"s must be > 0, got {s}")
         self.learn_scale = learn_scale
+        self.s: Tensor | float
         if learn_scale:
             self.s = nn.Parameter(torch.tensor(float(s)))
         else:
             self.s = float(s)
 
     def margin(self, cos: Tensor, labels: Tensor, norms: Tensor) -> Tensor:
-        scale = self.s.to(cos.dtype) if self.learn_scale else self.s
+        scale = self.s.to(cos.dtype) if isinstance(self.s, Tensor) else self.s  # a Parameter iff learn_scale
         return scale * cos
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, s={float(self.s.detach() if self.learn_scale else self.s):g}, learn_scale={self.learn_scale}"
+        s = float(self.s.detach() if isinstance(self.s, Tensor) else self.s)
+        return f"{super().extra_repr()}, s={s:g}, learn_scale={self.learn_scale}"
