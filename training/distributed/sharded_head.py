@@ -65,6 +65,8 @@ class _ShardedCrossEntropy(torch.autograd.Function):
 class ShardedHead(nn.Module):
     """A head from build_head over this rank's classes, run model-parallel; forward → the loss."""
 
+    sample_step: Tensor  # the buffer registered in __init__ (nn.Module's attribute lookup is untyped)
+
     def __init__(self, head: Head, num_classes: int, rank: int, world_size: int, sample_rate: float = 1.0, seed: int = 0) -> None:
         super().__init__()
         if type(head) not in SHARDABLE or getattr(head, "learn_scale", False):

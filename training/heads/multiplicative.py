@@ -49,6 +49,8 @@ class SphereFace(Head):
     With base = 0 and lambda_min = 0 the target is exactly ‖x‖ψ(θ_y).
     """
 
+    iteration: Tensor  # the buffer registered in __init__ (nn.Module's attribute lookup is untyped)
+
     def __init__(
         self,
         embedding_dim: int,
