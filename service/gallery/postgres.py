@@ -320,14 +320,17 @@ class PostgresGallery(GalleryStore):
             rows = conn.execute(FACE_SELECT + "WHERE subject_id = %s ORDER BY id", (subject_id,)).fetchall()
         return [face_record(r) for r in rows]
 
-    def delete_face(self, face_id: int) -> None:
+    def delete_face(self, face_id: int) -> str:
+        """Delete a face, whichever model made it; its subject's id."""
         with self._conn() as conn:
-            if conn.execute("DELETE FROM faces WHERE id = %s", (face_id,)).rowcount == 0:
+            row = conn.execute("DELETE FROM faces WHERE id = %s RETURNING subject_id", (face_id,)).fetchone()
+            if row is None:
                 raise FaceNotFound(f"no face with id {face_id}")
             seq = record_change(conn, "remove", [face_id])
         if self.sync:
             self.sync.wrote(seq, "remove", [face_id])
         self._unshare([face_id])
+        return row[0]
 
     def _unshare(self, face_ids: list[int]) -> None:
         """Take committed deletes out of a shared index (Milvus). If it cannot be reached the vectors

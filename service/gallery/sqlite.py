@@ -338,12 +338,16 @@ class SqliteGallery(GalleryStore):
             rows = self._db.execute(FACE_SELECT + "WHERE subject_id = ? ORDER BY id", (subject_id,)).fetchall()
         return [face_record(r) for r in rows]
 
-    def delete_face(self, face_id: int) -> None:
+    def delete_face(self, face_id: int) -> str:
+        """Delete a face, whichever model made it; its subject's id."""
         with self._lock:
             with self._write() as db:
-                if db.execute("DELETE FROM faces WHERE id = ?", (face_id,)).rowcount == 0:
+                row = db.execute("SELECT subject_id FROM faces WHERE id = ?", (face_id,)).fetchone()
+                if row is None:
                     raise FaceNotFound(f"no face with id {face_id}")
+                db.execute("DELETE FROM faces WHERE id = ?", (face_id,))
             self._unindex([face_id])
+        return row[0]
 
     def _unindex(self, face_ids: list[int]) -> None:
         """Take committed deletes out of the index. A shared index that cannot be reached keeps the

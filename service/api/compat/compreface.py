@@ -7,6 +7,7 @@ in CompreFace's shape, `{"message", "code"}`; no face is HTTP 400 with code 28, 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -235,10 +236,12 @@ def delete_subject_faces(request: Request, service: ServiceDep) -> dict:
 
 
 def _delete_ids(service: Service, ids: list[int]) -> list[dict]:
-    known = service.gallery.lookup_faces(ids)
-    for face_id in known:
-        service.gallery.delete_face(face_id)
-    return [{"image_id": str(i), "subject": known[i][0]} for i in ids if i in known]
+    """Those of `ids` the gallery holds, whichever model made them, deleted: each with its subject."""
+    deleted = []
+    for face_id in ids:
+        with contextlib.suppress(FaceNotFound):
+            deleted.append({"image_id": str(face_id), "subject": service.gallery.delete_face(face_id)})
+    return deleted
 
 
 def _face_id(raw: str) -> int:
@@ -249,10 +252,8 @@ def _face_id(raw: str) -> int:
 
 @router.delete("/recognition/faces/{image_id}", summary="CompreFace: delete one face")
 def delete_face(image_id: str, service: ServiceDep) -> dict:
-    deleted = _delete_ids(service, [_face_id(image_id)])
-    if not deleted:
-        service.gallery.delete_face(_face_id(image_id))  # raises facegate's 404
-    return deleted[0]
+    face_id = _face_id(image_id)
+    return {"image_id": str(face_id), "subject": service.gallery.delete_face(face_id)}
 
 
 @router.post("/recognition/faces/{image_id}/verify", summary="CompreFace: compare an image's faces with one stored face")
@@ -261,12 +262,12 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
     (`verification/verify`: anchored at FACEGATE_DEFAULT_FAR), most similar first."""
     start = time.perf_counter()
     face_id = _face_id(image_id)
+    manifest = service.ready().manifest  # the stored face is looked up for the embedder loaded
     known = await run_in_threadpool(service.gallery.lookup_faces, [face_id])
     if face_id not in known:
         raise FaceNotFound(f"no face with image_id {image_id!r}")
     subject, _, stored = known[face_id]
     body = await read_image_request(request, service.readiness, Options, required=("file",))
-    manifest = service.ready().manifest
     anchor = float(service.settings.default_far)
     result = [
         _with_embedding(

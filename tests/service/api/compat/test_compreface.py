@@ -195,3 +195,32 @@ def test_compreface_embedding_routes(cf, test_data):
     assert [r["similarity"] for r in scales["result"]] == [1.0, 1.0], scales
     answer = cf.post("/api/v1/recognition/embeddings/recognize", params={"prediction_count": 2}, json={"embeddings": [probe] * 600})
     assert answer.status_code == 422 and "prediction_count" in answer.json()["message"]
+
+
+def test_faces_another_model_made_are_deleted_by_id(model_cache, tmp_path, make_client):
+    """A face enrolled under an earlier embedder (kept, never compared) is still the gallery's to
+    delete by image_id: one by one and in bulk, the answer names its subject, never a 500."""
+    from service.core.models.manifest import EmbedderKey
+    from service.core.settings import Settings
+    from service.gallery.interface import NewFace
+    from service.gallery.sqlite import SqliteGallery
+
+    old = SqliteGallery.open(tmp_path / "gallery", EmbedderKey("old-model", "0" * 64, 8))
+    old.create_subject("ada", {}, "ada")
+    first, second = old.add_faces("ada", [NewFace(np.eye(8, dtype=np.float32)[i]) for i in range(2)])
+    old.close()
+    cf = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
+    one = cf.delete(f"/api/v1/recognition/faces/{first.id}")
+    assert one.status_code == 200 and one.json() == {"image_id": str(first.id), "subject": "ada"}
+    bulk = cf.post("/api/v1/recognition/faces/delete", json=[str(second.id), "999"])
+    assert bulk.status_code == 200 and bulk.json() == [{"image_id": str(second.id), "subject": "ada"}]
+    assert cf.delete(f"/api/v1/recognition/faces/{first.id}").status_code == 404
+
+
+def test_a_stored_face_is_not_compared_while_no_embedder_is_loaded(model_cache, tmp_path, make_client):
+    """verify by image_id answers 503 model_unavailable, not a 500, when the embedder did not load."""
+    from service.core.settings import Settings
+
+    cf = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu", embedder="no-such-model"))
+    answer = cf.post("/api/v1/recognition/faces/1/verify", files={"file": ("a.png", b"not read", "image/png")})
+    assert answer.status_code == 503, answer.text
