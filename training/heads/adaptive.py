@@ -22,6 +22,8 @@ class AdaCos(Head):
     Σ_{j≠y} exp(s_old·cosθ_j), θ_med the median (torch.median: the lower one) of the target angles.
     """
 
+    s: Tensor  # the buffer registered in __init__ (nn.Module's attribute lookup is untyped)
+
     def __init__(self, embedding_dim: int, num_classes: int, dynamic: bool = False) -> None:
         if num_classes < 3:
             raise ValueError(f"AdaCos needs num_classes ≥ 3 (s = √2·ln(C−1) > 0), got {num_classes}")
@@ -46,9 +48,9 @@ class AdaCos(Head):
             others = (scale * cos).scatter(1, target, -math.inf)
             log_b_avg = torch.logsumexp(others.flatten(), 0) - math.log(count)
             scale = log_b_avg / torch.cos(theta_med.clamp(max=math.pi / 4))
-        scale = mean_over_ranks(scale, present=count > 0)
-        if scale is not None:
-            self.s.copy_(scale)
+        averaged = mean_over_ranks(scale, present=count > 0)
+        if averaged is not None:
+            self.s.copy_(averaged)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, s={float(self.s):.4g}, dynamic={self.dynamic}"
@@ -61,6 +63,8 @@ class CurricularFace(ArcFace):
     code does): early on t ≈ 0 and hard negatives are damped (easy samples first); as the targets
     converge t grows and hard negatives weigh more than plain ones (the curriculum).
     """
+
+    t: Tensor  # the buffer registered in __init__ (nn.Module's attribute lookup is untyped)
 
     def __init__(
         self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.5, alpha: float = 0.01, edge: str = "threshold"
@@ -88,9 +92,9 @@ class CurricularFace(ArcFace):
     def _update_t(self, target: Tensor, labelled: Tensor) -> None:
         count = int(labelled.sum())
         mean = target[labelled].float().mean() if count else self.t.float()
-        mean = mean_over_ranks(mean, present=count > 0)
-        if mean is not None:
-            self.t.copy_(self.alpha * mean + (1 - self.alpha) * self.t)
+        averaged = mean_over_ranks(mean, present=count > 0)
+        if averaged is not None:
+            self.t.copy_(self.alpha * averaged + (1 - self.alpha) * self.t)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha:g}"
@@ -157,6 +161,9 @@ class AdaFace(Head):
     every row: a norm needs no label).
     """
 
+    norm_mean: Tensor  # the buffers registered in __init__ (nn.Module's attribute lookup is untyped)
+    norm_std: Tensor
+
     def __init__(
         self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.4, h: float = 0.333, alpha: float = 0.01
     ) -> None:
@@ -183,10 +190,10 @@ class AdaFace(Head):
     def _update_statistics(self, norms: Tensor) -> None:
         present = norms.numel() >= 2  # an unbiased std needs two rows
         stats = torch.stack([norms.mean(), norms.std()]).float() if present else torch.zeros(2, device=norms.device)
-        stats = mean_over_ranks(stats, present)
-        if stats is not None:
-            self.norm_mean.copy_(self.alpha * stats[0] + (1 - self.alpha) * self.norm_mean)
-            self.norm_std.copy_(self.alpha * stats[1] + (1 - self.alpha) * self.norm_std)
+        averaged = mean_over_ranks(stats, present)
+        if averaged is not None:
+            self.norm_mean.copy_(self.alpha * averaged[0] + (1 - self.alpha) * self.norm_mean)
+            self.norm_std.copy_(self.alpha * averaged[1] + (1 - self.alpha) * self.norm_std)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, s={self.s:g}, m={self.m:g}, h={self.h:g}, alpha={self.alpha:g}"
