@@ -21,6 +21,7 @@ import numpy as np
 
 from service.core.alignment import TEMPLATES, align_face
 from service.core.console import progress_bar
+from service.core.errors import ModelError
 from service.core.fileio import replacing
 from service.core.models.embedder import FaceEmbedder, l2_normalize
 from service.core.models.files import load_model
@@ -40,11 +41,14 @@ class VerificationSet:
 
 
 class Embedder(Protocol):
-    def raw(self, crops: np.ndarray) -> np.ndarray:
+    def raw(self, crops: np.ndarray, /) -> np.ndarray:
         """N aligned crops (uint8 RGB, the embedder's template) → N×D un-normalized embeddings."""
 
     alignment: str
-    device: str  # where it runs: "cpu", "cuda:0", …
+
+    @property
+    def device(self) -> str:
+        """Where it runs: "cpu", "cuda:0", … (read-only: a checkpoint's is where its backbone lives)."""
 
 
 class TorchEmbedder:
@@ -79,7 +83,10 @@ class OnnxEmbedder:
         # the file beside its manifest (an export), else in the settings' model cache (a pulled or imported
         # model); the service's provider choice (settings.device): CUDA when onnxruntime offers it and a GPU is usable
         self.model = load_model(str(manifest_path), Path(manifest_path).parent, settings.model_cache, device=settings.device)
-        self.alignment = self.model.manifest.alignment
+        manifest = self.model.manifest
+        if manifest.alignment is None:  # only an embedder's manifest names one (checked when it is loaded)
+            raise ModelError(f"{manifest.name} is a {manifest.task}, not an embedder")
+        self.alignment = manifest.alignment
         self.device = "cuda" if self.model.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
         self.raw = FaceEmbedder(self.model.manifest, self.model.session, [batch_size]).raw
 
@@ -141,9 +148,10 @@ def evaluate(
             e = embed(embedder, vset.crops, flip, advance)
             scores = np.sum(e[vset.pairs[:, 0]] * e[vset.pairs[:, 1]], axis=1)
             key = "flip" if flip else "no_flip"
-            results[key] = verification_metrics(scores, vset.issame, vset.folds)
+            metrics = verification_metrics(scores, vset.issame, vset.folds)
             if thresholds:
-                results[key]["at_thresholds"] = at_thresholds(scores, vset.issame, thresholds)
+                metrics["at_thresholds"] = at_thresholds(scores, vset.issame, thresholds)
+            results[key] = metrics
             curves[key] = (scores, vset.issame)
     if roc_png is not None:
         plot_roc(curves, roc_png)
@@ -158,22 +166,20 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance
     the template's size is taken as already aligned. Undetected faces fall back to the median
     landmarks of the detected ones. `advance(1)` after each image (a progress bar)."""
     points, size = TEMPLATES[template]
-    crops: list[np.ndarray | None] = []
+    crops: dict[int, np.ndarray] = {}  # by position in `paths`; the undetected ones filled last
     found, missing = [], []
-    images = []
+    images: dict[int, np.ndarray] = {}  # the undetected ones, kept for their fallback alignment
     for i, path in enumerate(paths):
         advance(1)
         image = pipeline.decode(Path(path).read_bytes())
-        images.append(None)
         if image.shape[:2] == (size, size):
-            crops.append(cv2.cvtColor(image, cv2.COLOR_BGR2RGB))
+            crops[i] = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
             continue
         faces = pipeline.detect(image)
         if faces:
-            crops.append(pipeline.align(image, faces[:1], template)[0])
+            crops[i] = pipeline.align(image, faces[:1], template)[0]
             found.append(faces[0].landmarks / np.array(image.shape[1::-1], np.float32))
         else:
-            crops.append(None)
             missing.append(i)
             images[i] = image
     if missing:
@@ -186,7 +192,7 @@ def align_images(paths: list[Path], pipeline, template: str = ALIGNMENT, advance
             else:
                 landmarks = median * np.array([w, h], np.float32)
             crops[i] = align_face(images[i], landmarks, template)
-    return np.stack(crops), len(missing)
+    return np.stack([crops[i] for i in range(len(paths))]), len(missing)
 
 
 def cached_crops(paths: list[Path], pipeline, cache_dir: Path | None, key: str, template: str, progress: bool) -> tuple[np.ndarray, int]:

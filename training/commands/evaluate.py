@@ -37,7 +37,7 @@ def eval_(
 ) -> None:
     """Verification accuracy (10-fold), AUC, EER, TAR@FAR, with and without flip-TTA, as JSON; for an
     exported model also the FAR and TAR its calibrated thresholds realize on these pairs."""
-    from training.pair_evaluation import evaluate, load_bin, load_csv, load_embedder, load_lfw
+    from training.pair_evaluation import OnnxEmbedder, evaluate, load_bin, load_csv, load_embedder, load_lfw
 
     if sum(x is not None for x in (pairs, bin_, csv)) != 1 or (pairs is not None) != (images is not None):
         fail("give exactly one of: --pairs with --images, --bin, --csv")
@@ -52,14 +52,13 @@ def eval_(
         except ModelError as exc:
             fail(exc)
         template = embedder.alignment
-        vset = (
-            load_lfw(pairs, images, pipeline, cache, template=template, progress=progress)
-            if pairs
-            else load_csv(csv, pipeline, cache, template=template, progress=progress)
-        )
+        if pairs is not None and images is not None:  # else --csv: exactly one source, checked above
+            vset = load_lfw(pairs, images, pipeline, cache, template=template, progress=progress)
+        elif csv is not None:
+            vset = load_csv(csv, pipeline, cache, template=template, progress=progress)
     if record and kind != "onnx":
         fail("--record needs an exported model (its .json manifest)")
-    thresholds = embedder.model.manifest.thresholds if kind == "onnx" else None
+    thresholds = embedder.model.manifest.thresholds if isinstance(embedder, OnnxEmbedder) else None
     metrics = evaluate(embedder, vset, roc, thresholds, progress=progress)
     results = {"model": str(model), "kind": kind, **metrics}
     if record:
