@@ -150,10 +150,6 @@ class Recipe:
         return 0.5 * self.cfg.l2_sp * sum(((p - p0) ** 2).sum() for p, p0 in self.reference)
 
 
-def _unwrap(module: nn.Module) -> nn.Module:
-    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, settings: Settings, env: Dist | None = None) -> None:
         """`settings` (read once by the command) locate an imported backbone's manifest and weights."""
@@ -185,31 +181,40 @@ class Trainer:
 
         backbone = build_backbone(cfg.backbone, cfg.embedding_dim, settings, **cfg.backbone_params).to(device)
         if cfg.channels_last:
-            backbone = backbone.to(memory_format=torch.channels_last)
+            # torch's overloads of Module.to omit memory_format, which its docstring and code take
+            backbone = backbone.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.recipe = Recipe(cfg, backbone)
         if cfg.head.sharded:
             start, stop = shard_range(num_classes, e.rank, e.world_size)
             torch.manual_seed(cfg.seed + 1 + e.rank)  # each shard its own initial rows
             head = build_head(cfg.head.name, cfg.embedding_dim, stop - start, **cfg.head.params)
-            criterion: nn.Module = ShardedHead(head, num_classes, e.rank, e.world_size, cfg.head.sample_rate, cfg.seed).to(device)
+            criterion_module: HeadLoss | ShardedHead = ShardedHead(
+                head, num_classes, e.rank, e.world_size, cfg.head.sample_rate, cfg.seed
+            ).to(device)
             torch.manual_seed(cfg.seed)
         else:
             if cfg.head.sample_rate < 1:
                 raise ValueError("head.sample_rate < 1 (Partial FC) needs head.sharded: true")
-            criterion = HeadLoss(build_head(cfg.head.name, cfg.embedding_dim, num_classes, **cfg.head.params)).to(device)
-        self.backbone_module, self.criterion_module = backbone, criterion
+            criterion_module = HeadLoss(build_head(cfg.head.name, cfg.embedding_dim, num_classes, **cfg.head.params)).to(device)
+        self.backbone_module, self.criterion_module = backbone, criterion_module
+        criterion: nn.Module = criterion_module
         if e.world_size > 1:
             ids = [device.index] if device.type == "cuda" else None
             backbone = nn.parallel.DistributedDataParallel(backbone, device_ids=ids)
             if not cfg.head.sharded:
-                criterion = nn.parallel.DistributedDataParallel(criterion, device_ids=ids)
+                criterion = nn.parallel.DistributedDataParallel(criterion_module, device_ids=ids)
         self.backbone, self.criterion = backbone, criterion
 
         self.micro_per_epoch = len(EpochBatches(len(self.dataset), cfg.batch_size, cfg.seed, 0, e.rank, e.world_size))
         steps_per_epoch = self.micro_per_epoch // cfg.optim.accumulate
         if steps_per_epoch == 0:
             raise ValueError(f"{len(self.dataset)} samples give no full step of {cfg.batch_size}×{e.world_size}×{cfg.optim.accumulate}")
-        self.total_steps = cfg.steps or cfg.epochs * steps_per_epoch
+        if cfg.steps is not None:
+            self.total_steps = cfg.steps
+        elif cfg.epochs is not None:
+            self.total_steps = cfg.epochs * steps_per_epoch
+        else:  # TrainConfig's validator refuses this; a config changed after validation is not re-checked
+            raise ValueError("set epochs or steps")
         self.optimizers, self.schedulers = make_optimizers(cfg, self.backbone_module, self.criterion_module, self.total_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
         self.step, self.epoch, self.micro_in_epoch = 0, 0, 0
@@ -308,7 +313,7 @@ class Trainer:
                 penalty = 0.0 if head_only else self.recipe.penalty()
                 self.scaler.scale((loss + penalty) / cfg.optim.accumulate).backward()
             total += float(loss.detach())
-        stats = _unwrap(self.criterion).stats(embeddings.detach(), labels) if want_stats else None
+        stats = self.criterion_module.stats(embeddings.detach(), labels) if want_stats else None
         optimizer_step(cfg, self.optimizers, self.schedulers, [self.backbone_module, self.criterion_module], head_only, self.scaler)
         self.step += 1
         return total / cfg.optim.accumulate, stats
@@ -363,8 +368,8 @@ class Trainer:
                     raise FloatingPointError(f"loss is {loss} at step {self.step}; lower optim.lr or check the data")
                 result.losses.append(loss)
                 bar.advance(loss, samples)
-                if log_now:
-                    scale = head_scale(_unwrap(self.criterion).head)
+                if stats is not None:  # asked for on log steps only
+                    scale = head_scale(self.criterion_module.head)
                     if writer is not None:
                         writer.add_scalar("train/loss", loss, self.step)
                         writer.add_scalar("train/lr", lr, self.step)
