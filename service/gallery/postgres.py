@@ -28,9 +28,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
-from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
+from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
-from service.gallery.milvus import open_milvus
+from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.sqlite import (
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
@@ -39,10 +39,11 @@ from service.gallery.sqlite import (
     face_record,
     face_row,
     incompatible_models,
+    required_embedder,
     stored_chip,
     subject_record,
 )
-from service.gallery.sync import IndexSync, database_sequence, record_change
+from service.gallery.sync import IndexSync, database_sequence, one_row, record_change
 
 log = logging.getLogger("facegate.gallery")
 
@@ -107,7 +108,7 @@ class PostgresGallery(GalleryStore):
         self.embedder = embedder
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
-        self.index: VectorIndex | None = None
+        self.index: FaissIndex | MilvusIndex | None = None
         # `timeout`: a request waits this long for a connection, then 503 gallery_unavailable (an outage
         # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
         # before use, so after a database restart a stale one is replaced rather than failing a request.
@@ -128,34 +129,36 @@ class PostgresGallery(GalleryStore):
             with self.pool.connection() as conn:
                 migrate(conn)
             applied = self._load_index()
-            local = self.index is not None and not self.index.shared  # Milvus is shared: nothing to keep in step
-            self.sync = IndexSync(url, self.pool, self.index, embedder.sha256, applied, SYNC_POLL_SECONDS) if local else None
-            if self.sync:
+            self.sync: IndexSync | None = None  # Milvus is shared: nothing to keep in step
+            if isinstance(self.index, FaissIndex):
+                self.sync = IndexSync(url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS)
                 with self.pool.connection() as conn:
                     replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
                 if replayed:
                     log.info("gallery index: %d changes since it was saved applied", replayed)
-                self._save_index()
+                self._save_index(self.sync)
                 self.sync.start()
         except BaseException:
             self.pool.close()
             raise
 
     def close(self) -> None:
-        if self.index is not None and self.index.shared:
+        if isinstance(self.index, MilvusIndex):
             self.index.close()
         if self.sync:
             self.sync.close()
             try:
-                self._save_index()
+                self._save_index(self.sync)
             except (psycopg.Error, OSError) as exc:  # the next start replays from the older file, or rebuilds
                 log.warning("gallery index not saved: %s", exc)
         self.pool.close()
 
-    def _save_index(self) -> None:
-        """Persist the index with the change it reflects (a no-op for flat, or when unchanged)."""
-        with self.sync.paused() as seq, self.pool.connection() as conn:
-            save_index(self.index_config, self.index, self.embedder.sha256, {"sequence": seq, "change": change_digest(conn, seq)})
+    def _save_index(self, sync: IndexSync) -> None:
+        """Persist the index `sync` keeps in step with the change it reflects (a no-op for flat, or when unchanged)."""
+        if self.index_config is None:  # a FAISS index is opened only with its config
+            return
+        with sync.paused() as seq, self.pool.connection() as conn:
+            save_index(self.index_config, sync.index, sync.model_sha256, {"sequence": seq, "change": change_digest(conn, seq)})
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection]:
@@ -196,10 +199,11 @@ class PostgresGallery(GalleryStore):
                 self.incompatible = incompatible_models(rows, self.embedder)
                 if self.index_config is None:
                     return seq
+                key = required_embedder(self.embedder)  # an index config is kept only with an embedder
                 if self.index_config.shared:  # Milvus: no snapshot to load, whatever the gallery's size
-                    self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
+                    self.index = open_milvus(self.index_config, key.dim, key.sha256)
                     return seq
-                sha = self.embedder.sha256
+                sha = key.sha256
                 count = sum(n for _, model, n in rows if model == sha)
 
                 def current(meta: dict) -> bool:
@@ -222,11 +226,12 @@ class PostgresGallery(GalleryStore):
                             yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
                 started = time.monotonic()
-                self.index, loaded = open_index(self.index_config, self.embedder.dim, sha, count, current, sample, batches)
+                index, loaded = open_index(self.index_config, key.dim, sha, count, current, sample, batches)
+                self.index = index
         applied = loaded["sequence"] if loaded else seq
         log.info(
             "gallery database: %d faces searchable at change %d (%s in %.1f s)",
-            self.index.size,
+            index.size,
             applied,
             "loaded" if loaded else "built",
             time.monotonic() - started,
@@ -261,7 +266,7 @@ class PostgresGallery(GalleryStore):
 
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
         with self._conn() as conn:
-            total = conn.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
+            total = one_row(conn.execute("SELECT COUNT(*) FROM subjects"))[0]
             return self._subject_rows(conn, "ORDER BY s.created, s.id LIMIT %s OFFSET %s", (limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
@@ -298,15 +303,13 @@ class PostgresGallery(GalleryStore):
 
     def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:
         """Commit the faces (all or none), then make them searchable here before returning."""
-        if self.embedder is None:
-            raise RuntimeError("faces cannot be enrolled without an embedder")
-        key, now = self.embedder, time.time()
+        key, now = required_embedder(self.embedder), time.time()
         rows = [face_row(subject_id, face, key, now) for face in faces]
         insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
         with self._conn() as conn:
             if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR SHARE", (subject_id,)).fetchone() is None:
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            ids = [conn.execute(insert, row).fetchone()[0] for row in rows]
+            ids = [one_row(conn.execute(insert, row))[0] for row in rows]
             if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             seq = record_change(conn, "add", ids)
@@ -344,12 +347,13 @@ class PostgresGallery(GalleryStore):
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
+        key = required_embedder(self.embedder)
         self.get_subject(subject_id)
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT embedding FROM faces WHERE subject_id = %s AND model_sha256 = %s ORDER BY id", (subject_id, self.embedder.sha256)
+                "SELECT embedding FROM faces WHERE subject_id = %s AND model_sha256 = %s ORDER BY id", (subject_id, key.sha256)
             ).fetchall()
-        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), key.dim)
 
     # search
 
@@ -360,30 +364,30 @@ class PostgresGallery(GalleryStore):
 
     def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
         """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
+        sha = required_embedder(self.embedder).sha256
         if not face_ids:
             return {}
         with self._conn() as conn:
             rows = conn.execute(
                 "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id "
                 "WHERE f.id = ANY(%s) AND f.model_sha256 = %s",
-                (face_ids, self.embedder.sha256),
+                (face_ids, sha),
             )
             return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
+        key = required_embedder(self.embedder)
         with self._conn() as conn:
             rows = conn.execute(
                 "SELECT id, embedding FROM faces WHERE model_sha256 = %s AND id > %s ORDER BY id LIMIT %s",
-                (self.embedder.sha256, after_id, limit),
+                (key.sha256, after_id, limit),
             ).fetchall()
-        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(
-            len(rows), self.embedder.dim
-        )
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
     def counts(self) -> dict[str, int]:
         with self._conn() as conn:
-            subjects, faces = conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)").fetchone()
+            subjects, faces = one_row(conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)"))
         searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
@@ -404,7 +408,7 @@ class PostgresGallery(GalleryStore):
         """Re-embed faces another model made from their stored chips, re-aligned onto `template`,
         a committed batch at a time; each batch is a change every replica applies (a replica on the
         old model drops the faces from its index, one on the new model adds them)."""
-        key = self.embedder
+        key = required_embedder(self.embedder)
         done = 0
         while True:
             with self._conn() as conn:
@@ -429,5 +433,5 @@ class PostgresGallery(GalleryStore):
                 record_change(conn, "add", ids)
             done += len(rows)
         with self._conn() as conn:
-            missing = conn.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != %s AND crop IS NULL", (key.sha256,)).fetchone()[0]
+            missing = one_row(conn.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != %s AND crop IS NULL", (key.sha256,)))[0]
         return done, missing

@@ -22,11 +22,11 @@ import cv2
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip
-from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, GalleryUnavailable, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
-from service.gallery.index import IndexConfig, VectorIndex, best_subjects, open_index, save_index
+from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
-from service.gallery.milvus import open_milvus
+from service.gallery.milvus import MilvusIndex, open_milvus
 
 log = logging.getLogger("facegate.gallery")
 
@@ -84,7 +84,10 @@ def encode_crop(crop_rgb: np.ndarray) -> bytes:
 
 
 def decode_crop(data: bytes) -> np.ndarray:
-    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError("a stored face chip does not decode")
+    return bgr[..., ::-1]
 
 
 def chip_columns(chip: FaceChip | None) -> tuple[bytes | None, str | None, str | None]:
@@ -124,6 +127,21 @@ def face_row(subject_id: str, face: NewFace, key: EmbedderKey, now: float) -> tu
     return (subject_id, embedding_blob(face.embedding), key.name, key.sha256, box, landmarks, face.score, *chip_columns(face.chip), now)
 
 
+def required_embedder(embedder: EmbedderKey | None) -> EmbedderKey:
+    """The store's active embedder, for what reads or writes its faces: a store opened without one (no
+    embedder loaded, a maintenance command) has none, a 503 as for any request that needs the model."""
+    if embedder is None:
+        raise ModelUnavailable("the gallery was opened without an embedder: no model's faces can be read or written")
+    return embedder
+
+
+def inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made (the stubs type lastrowid Optional: None before any insert)."""
+    if cursor.lastrowid is None:
+        raise RuntimeError("the INSERT reported no row id")
+    return cursor.lastrowid
+
+
 def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKey | None) -> dict[str, int]:
     """From (model_name, model_sha256, faces) rows, the faces another embedder made (never compared),
     warned about once at start-up."""
@@ -152,15 +170,15 @@ class SqliteGallery(GalleryStore):
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
             self._db.execute(f"PRAGMA {pragma}")
         self._migrate()
-        self.index: VectorIndex | None = None
+        self.index: FaissIndex | MilvusIndex | None = None
         self._load_index()
 
     def close(self) -> None:
         with self._lock:
-            if self.index is not None and self.index.shared:
+            if isinstance(self.index, MilvusIndex):
                 self.index.close()
-            elif self.index is not None:
-                save_index(self.index_config, self.index, self.embedder.sha256, {"faces": self._fingerprint()})
+            elif self.index is not None and self.index_config is not None:  # a FAISS index is opened only with its config
+                save_index(self.index_config, self.index, required_embedder(self.embedder).sha256, {"faces": self._fingerprint()})
             self._db.close()
 
     @contextmanager
@@ -206,7 +224,8 @@ class SqliteGallery(GalleryStore):
         """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
         add or delete since a persisted index was saved changes it."""
         row = self._db.execute(
-            "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,)
+            "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?",
+            (required_embedder(self.embedder).sha256,),
         )
         return list(row.fetchone())
 
@@ -239,20 +258,20 @@ class SqliteGallery(GalleryStore):
                         np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1),
                     )
 
-            self.index, loaded = open_index(
+            index, loaded = open_index(
                 self.index_config, self.embedder.dim, sha, fingerprint[0], lambda m: m.get("faces") == fingerprint, sample, batches
             )
+            self.index = index
             if loaded is None:
-                save_index(self.index_config, self.index, sha, {"faces": fingerprint})
-        log.info("gallery %s: %d faces searchable (%s)", self.path, self.index.size, self.index.spec)
+                save_index(self.index_config, index, sha, {"faces": fingerprint})
+        log.info("gallery %s: %d faces searchable (%s)", self.path, index.size, index.spec)
 
     @classmethod
     def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
         another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
         config = index or IndexConfig()
-        config = config if embedder and (searchable or config.shared) else None
-        return cls(Path(data_dir) / DATABASE, embedder, config)
+        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None)
 
     # subjects
 
@@ -315,21 +334,18 @@ class SqliteGallery(GalleryStore):
 
     def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:
         """Commit the faces, then make them searchable; all or none."""
-        if self.embedder is None:
-            raise RuntimeError("faces cannot be enrolled without an embedder")
-        now = time.time()
-        rows = [face_row(subject_id, face, self.embedder, now) for face in faces]
+        key, now = required_embedder(self.embedder), time.time()
+        rows = [face_row(subject_id, face, key, now) for face in faces]
         with self._lock:  # held past the commit, so no delete runs between the commit and the index add
             with self._write() as db:
                 if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                ids = [db.execute(insert, row).lastrowid for row in rows]
+                ids = [inserted_id(db.execute(insert, row)) for row in rows]
                 if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
                     self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             if self.index is not None and not self.index.shared:  # after the commit: only committed faces are searched
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
-        key = self.embedder
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
@@ -361,12 +377,13 @@ class SqliteGallery(GalleryStore):
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
+        key = required_embedder(self.embedder)
         self.get_subject(subject_id)
         with self._lock:
             rows = self._db.execute(
-                "SELECT embedding FROM faces WHERE subject_id = ? AND model_sha256 = ?", (subject_id, self.embedder.sha256)
+                "SELECT embedding FROM faces WHERE subject_id = ? AND model_sha256 = ?", (subject_id, key.sha256)
             ).fetchall()
-        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), key.dim)
 
     # search
 
@@ -377,6 +394,7 @@ class SqliteGallery(GalleryStore):
 
     def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
         """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
+        sha = required_embedder(self.embedder).sha256
         out: dict[int, tuple[str, str, np.ndarray]] = {}
         with self._lock:
             for start in range(0, len(face_ids), LOOKUP_CHUNK):
@@ -385,21 +403,20 @@ class SqliteGallery(GalleryStore):
                 rows = self._db.execute(
                     "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id "
                     f"WHERE f.id IN ({marks}) AND f.model_sha256 = ?",
-                    (*chunk, self.embedder.sha256),
+                    (*chunk, sha),
                 )
                 out.update((r[0], (r[1], r[2], np.frombuffer(r[3], "<f4"))) for r in rows)
         return out
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
+        key = required_embedder(self.embedder)
         with self._lock:
             rows = self._db.execute(
                 "SELECT id, embedding FROM faces WHERE model_sha256 = ? AND id > ? ORDER BY id LIMIT ?",
-                (self.embedder.sha256, after_id, limit),
+                (key.sha256, after_id, limit),
             ).fetchall()
-        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(
-            len(rows), self.embedder.dim
-        )
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
     def read(self, sql: str, params: tuple) -> list[tuple]:
         """Rows of a read-only query, under the store's lock (`facegate gallery migrate` reads through it)."""
@@ -428,7 +445,7 @@ class SqliteGallery(GalleryStore):
 
         Run it while no server uses this database; the server rebuilds its index at start-up.
         """
-        key = self.embedder
+        key = required_embedder(self.embedder)
         done = 0
         while True:
             with self._lock:

@@ -19,7 +19,7 @@ import numpy as np
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from service.gallery.index import VectorIndex
+from service.gallery.index import FaissIndex
 
 log = logging.getLogger("facegate.gallery.sync")
 
@@ -51,7 +51,7 @@ def database_sequence(conn: psycopg.Connection) -> int:
 
 
 class IndexSync:
-    def __init__(self, url: str, pool: ConnectionPool, index: VectorIndex, model_sha256: str, applied: int, poll: float):
+    def __init__(self, url: str, pool: ConnectionPool, index: FaissIndex, model_sha256: str, applied: int, poll: float):
         """`applied`: the change the index was loaded at (its snapshot's sequence)."""
         self.url = url
         self.pool = pool
