@@ -301,7 +301,7 @@ def gallery_migrate(
     """Copy a SQLite gallery into the PostgreSQL one FACEGATE_DATABASE_URL names: subjects and faces as
     they are (ids, every model's embeddings, chips). Resumable: run it again after an interruption.
     Then `facegate gallery sync-index` fills Milvus, if FACEGATE_MILVUS_URI is set."""
-    from service.gallery.factory import open_gallery
+    from service.gallery.factory import open_postgres
     from service.gallery.migrate import sqlite_to_postgres
     from service.gallery.sqlite import SqliteGallery
 
@@ -309,7 +309,7 @@ def gallery_migrate(
     if not settings.database_url.get_secret_value():
         fail("FACEGATE_DATABASE_URL is not set: it names the PostgreSQL gallery to copy into")
     source = SqliteGallery.open(sqlite_dir, None, searchable=False)
-    target = open_gallery(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)  # PostgreSQL: the URL is set
+    target = open_postgres(settings.model_copy(update={"milvus_uri": ""}), None, searchable=False)
     try:
         subjects, faces = sqlite_to_postgres(
             source, target, batch, lambda n, last: console.print(f"{n} faces copied, up to face id {last}")
@@ -330,7 +330,7 @@ def gallery_sync_index(
     onto Milvus; safe to rerun, and to run while the service serves."""
     from service.core.models.model_set import load_models
     from service.gallery.factory import open_gallery
-    from service.gallery.milvus import fill
+    from service.gallery.milvus import MilvusIndex, fill
 
     settings = get_settings()
     if not settings.milvus_uri:
@@ -340,12 +340,15 @@ def gallery_sync_index(
         models.require("embedder")
         gallery = open_gallery(settings, models.embedder_key, searchable=False)
         try:
+            index = gallery.index  # Milvus: a store opens the shared index even for maintenance
+            if not isinstance(index, MilvusIndex):
+                fail("the gallery opened no Milvus index to fill: check FACEGATE_MILVUS_URI")
             upserted, removed = fill(
-                gallery, gallery.index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
+                gallery, index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
             )
         finally:
             gallery.close()
-    console.print(f"[green]ok[/green] {upserted} faces upserted into {gallery.index.collection}, {removed} deleted faces removed")
+    console.print(f"[green]ok[/green] {upserted} faces upserted into {index.collection}, {removed} deleted faces removed")
 
 
 def main() -> None:

@@ -4,18 +4,46 @@ searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FAC
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from service.core.errors import GalleryUnavailable
 from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
 from service.gallery.index import IndexConfig
-from service.gallery.interface import GalleryStore
+
+if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import SqliteGallery
 
 POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
 
 
-def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> GalleryStore:
+def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> SqliteGallery | PostgresGallery:
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
-    index = IndexConfig(
+    if settings.database_url.get_secret_value():
+        return open_postgres(settings, embedder, searchable)
+    from service.gallery.sqlite import SqliteGallery
+
+    return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings))
+
+
+def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> PostgresGallery:
+    """The PostgreSQL gallery FACEGATE_DATABASE_URL names (the caller checked it is set)."""
+    try:
+        from psycopg.conninfo import make_conninfo  # psycopg is needed only here
+    except ImportError:
+        raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
+    from service.gallery.postgres import PostgresGallery
+
+    url = settings.database_url.get_secret_value()
+    if settings.database_password_file is not None:
+        url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
+    return PostgresGallery(url, embedder, searchable, settings.database_pool_size, index_config(settings), settings.database_pool_timeout)
+
+
+def index_config(settings: Settings) -> IndexConfig:
+    """The index either store searches with: FACEGATE_INDEX (FAISS) or FACEGATE_MILVUS_URI."""
+    return IndexConfig(
         settings.index,
         settings.index_search_params,
         settings.index_dir or settings.data_dir / "index",
@@ -25,17 +53,3 @@ def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: b
         settings.milvus_consistency,
         settings.milvus_timeout,
     )
-    url = settings.database_url.get_secret_value()
-    if url:
-        try:
-            from psycopg.conninfo import make_conninfo  # psycopg is needed only here
-        except ImportError:
-            raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
-        from service.gallery.postgres import PostgresGallery
-
-        if settings.database_password_file is not None:
-            url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
-        return PostgresGallery(url, embedder, searchable, settings.database_pool_size, index, settings.database_pool_timeout)
-    from service.gallery.sqlite import SqliteGallery
-
-    return SqliteGallery.open(settings.data_dir, embedder, searchable, index)
