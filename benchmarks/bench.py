@@ -188,7 +188,7 @@ def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int,
     )
     for batch in batches:
         chunk = np.resize(crops, (batch, *crops.shape[1:]))
-        feed = {embedder.input_name: preprocess(chunk, manifest.input)}
+        feed = {embedder.input_name: preprocess(chunk, manifest.input, embedder.in_graph)}
         bare, piped = _paired_rates(
             lambda: embedder.session.run([embedder.output_name], feed), lambda: embedder.embed(chunk), seconds, batch
         )
@@ -268,7 +268,8 @@ def run_all(
     spec = model.manifest.input
     console.print(
         f"embedder: {model.manifest.name} {model.manifest.version} ({spec.dtype} {spec.layout} input"
-        f"{', preprocessing in the graph' if spec.in_graph else ', preprocessing in numpy'}; "
+        f"{', preprocessing in the graph' if pipeline.embedder.in_graph else ', preprocessing in numpy'}"
+        f"{' (wrapped at load)' if pipeline.embedder.in_graph and not spec.in_graph else ''}; "
         f"weights {weights_description(model.manifest)}), "
         f"providers {', '.join(model.session.get_providers())}, IO binding {'on' if pipeline.embedder.io_binding else 'off'}"
     )

@@ -1,10 +1,10 @@
 """HTTP load for /verify and /identify: req/s and latency p50/p95/p99 at several concurrencies,
-against a running server or one started here (`spawned`). Used by `facegate bench all` and
-`benchmarks/load.py`. httpx (the dev extra) is imported only when a load runs."""
+offered by `benchmarks.loadgen` against a running server or one started here (`spawned`: one
+uvicorn process, or `facegate serve --workers N`). Used by `facegate bench all`, `facegate bench
+load` and `benchmarks/load.py`. httpx (the dev extra) only enrolls the gallery and polls readiness."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -12,27 +12,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from benchmarks.loadgen import LoadResult, offer, route_requests
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    route: str
-    concurrency: int
-    rps: float
-    p50: float
-    p95: float
-    p99: float
-    statuses: dict[int, int]
-
-    def status_text(self) -> str:
-        return ",".join(f"{k}:{v}" for k, v in sorted(self.statuses.items()))
 
 
 def free_port() -> int:
@@ -42,28 +28,21 @@ def free_port() -> int:
 
 
 @contextmanager
-def spawned(env: dict[str, str], ready_timeout: float = 120.0):
-    """A `uvicorn` server of this checkout on a free 127.0.0.1 port with a fresh gallery and `env`
-    on top of this process's environment; yields its URL once /readyz answers 200, then stops it."""
+def spawned(env: dict[str, str], ready_timeout: float = 300.0, workers: int = 0):
+    """A server of this checkout on a free 127.0.0.1 port with a fresh gallery and `env` on top of
+    this process's environment: `facegate serve --workers N` when `workers` is given, else one
+    uvicorn process. Yields its URL once /readyz answers 200, then stops it."""
     import httpx
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix="facegate-load-")
     env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, **env}
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "service.api.app:create_app",
-        "--factory",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
+    if workers:
+        command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port), "--workers", str(workers)]
+    else:
+        command = [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--log-level", "warning"]
     process = subprocess.Popen(command, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -81,46 +60,21 @@ def spawned(env: dict[str, str], ready_timeout: float = 120.0):
     finally:
         process.terminate()
         try:
-            process.wait(15)
+            process.wait(30)
         except subprocess.TimeoutExpired:
             process.kill()
 
 
-async def enroll_gallery(client, images: list[bytes], subjects: int) -> None:
-    for i, image in enumerate(images[:subjects]):
-        await client.post("/subjects", json={"id": f"load-{i}", "name": f"load {i}"})
-        await client.post(f"/subjects/load-{i}/faces", files={"image": image})
-
-
-async def run(client, route: str, images: list[bytes], concurrency: int, requests: int) -> LoadResult:
-    """`requests` POSTs to `route` from `concurrency` workers; /verify sends two images."""
+def enroll_gallery(url: str, images: list[bytes], subjects: int, headers: dict[str, str]) -> None:
     import httpx
 
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    counter = iter(range(requests))
-
-    async def worker() -> None:
-        for i in counter:
-            image = images[i % len(images)]
-            files = {"image1": image, "image2": images[(i + 1) % len(images)]} if route == "/verify" else {"image": image}
-            started = time.perf_counter()
-            try:
-                response = await client.post(route, files=files)
-                status = response.status_code
-            except httpx.HTTPError:
-                status = 0
-            latencies.append(time.perf_counter() - started)
-            statuses[status] = statuses.get(status, 0) + 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    p50, p95, p99 = np.percentile(np.array(latencies) * 1000, [50, 95, 99])
-    return LoadResult(route, concurrency, requests / wall, p50, p95, p99, statuses)
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+        for i, image in enumerate(images[:subjects]):
+            client.post("/subjects", json={"id": f"load-{i}", "name": f"load {i}"})
+            client.post(f"/subjects/load-{i}/faces", files={"image": image})
 
 
-async def matrix(
+def matrix(
     url: str,
     images: list[bytes],
     routes: list[str],
@@ -128,22 +82,20 @@ async def matrix(
     requests: int,
     enroll: int = 20,
     api_key: str | None = None,
-    report=None,
+    report: Callable[[LoadResult], None] | None = None,
+    processes: int = 0,
 ) -> list[LoadResult]:
-    """Every (route, concurrency) in turn after a warm-up; `report(result)` is called as each ends."""
-    import httpx
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    """Every (route, concurrency) in turn after a warm-up; `report(result)` is called as each ends.
+    `processes`: load processes (0: a quarter of the cores, at most the concurrency)."""
     headers = {"X-API-Key": api_key} if api_key else {}
-    limits = httpx.Limits(max_connections=max(concurrency))
+    if "identify" in routes and enroll:
+        enroll_gallery(url, images, enroll, headers)
+    offer(url, "/verify", route_requests(url, "/verify", images, headers), 2, 4, 1)  # warm-up
     results = []
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
-        if "identify" in routes and enroll:
-            await enroll_gallery(client, images, enroll)
-        await run(client, "/verify", images, 2, 4)  # warm-up
-        for route in routes:
-            for c in concurrency:
-                results.append(await run(client, f"/{route}", images, c, requests))
-                if report:
-                    report(results[-1])
+    for route in routes:
+        built = route_requests(url, f"/{route}", images, headers)
+        for c in concurrency:
+            results.append(offer(url, f"/{route}", built, c, requests, processes))
+            if report:
+                report(results[-1])
     return results

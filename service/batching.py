@@ -27,7 +27,7 @@ class _Job:
 class MicroBatcher:
     def __init__(
         self,
-        run: Callable[[np.ndarray], np.ndarray],
+        run: Callable[[np.ndarray], np.ndarray | list[np.ndarray]],
         max_batch: int,
         max_wait_ms: float,
         metrics: Metrics,

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+from contextlib import nullcontext
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
@@ -84,12 +85,21 @@ class _OneLineStartupFailure(logging.Filter):
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
-    workers: Annotated[int, typer.Option(help="uvicorn worker processes (each loads its own models).")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="HTTP worker processes (uvicorn's).")] = 1,
+    model_host: Annotated[
+        bool | None,
+        typer.Option(
+            "--model-host/--no-model-host",
+            help="Run the models in one model host process that batches the work of every worker (default: with --workers "
+            "above 1); --no-model-host: each worker loads its own.",
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP API. Without API keys it binds loopback only, unless FACEGATE_ALLOW_ANONYMOUS=true."""
     import uvicorn
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
+    from service.model_host import model_host as hosting
 
     settings = get_settings()
     try:
@@ -106,21 +116,25 @@ def serve(
     _raise_open_file_limit()
     _check_can_start(settings, host, port)
     logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
-    uvicorn.run(
-        "service.api.app:create_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="info",
-        # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
-        http="service.api.server:HeaderDeadlineProtocol",
-        timeout_keep_alive=settings.timeout_keep_alive,
-        # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
-        # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
-        backlog=settings.backlog,
-        h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
-    )
+    hosted = workers > 1 if model_host is None else model_host
+    with hosting() if hosted else nullcontext() as host_socket:
+        if host_socket is not None:  # each worker's settings read it
+            os.environ["FACEGATE_MODEL_HOST"] = str(host_socket)
+        uvicorn.run(
+            "service.api.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="info",
+            # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
+            http="service.api.server:HeaderDeadlineProtocol",
+            timeout_keep_alive=settings.timeout_keep_alive,
+            # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
+            # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
+            backlog=settings.backlog,
+            h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
+        )
 
 
 @models_app.command("pull")

@@ -43,7 +43,7 @@ class EmbeddedFace(FoundFace):
 
 @dataclass(frozen=True)
 class Detect:
-    """A detector run the steps ask of their driver: one letterboxed canvas → its output row."""
+    """A detector run the steps ask of their driver: one letterboxed canvas → its candidates."""
 
     canvas: np.ndarray
 
@@ -158,7 +158,7 @@ class FacePipeline:
         else:
             canvas, scale = self.detector.letterbox(image_bgr)
             row = yield Detect(canvas)
-            found = self._select(image_bgr, row, len(canvas), scale, sent, policy, chips)
+            found = self._select(image_bgr, row, scale, sent, policy, chips)
         embeddings = yield Embed(np.stack([f.crop for f in found]))
         return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
 
@@ -175,12 +175,12 @@ class FacePipeline:
         return request
 
     def _select(
-        self, image_bgr: np.ndarray, row: np.ndarray, size: int, scale: float, sent: Probe | None, policy: FacePolicy, chips: bool
+        self, image_bgr: np.ndarray, candidates: np.ndarray, scale: float, sent: Probe | None, policy: FacePolicy, chips: bool
     ) -> list[FoundFace]:
-        """A detector row → the faces the policy keeps, aligned on the pixels decoded; their
+        """A detector's candidates → the faces the policy keeps, aligned on the pixels decoded; their
         detections in the pixels of the image as sent."""
         r = sent.reduction if sent else 1
-        faces = self.detector.faces(row, size, scale / r, _sent_size(image_bgr, sent) if sent else image_bgr.shape[:2])
+        faces = self.detector.faces(candidates, scale / r, _sent_size(image_bgr, sent) if sent else image_bgr.shape[:2])
         if not faces:
             raise NoFace("no face was found in the image")
         if policy == "reject_multiple" and len(faces) > 1:

@@ -202,6 +202,17 @@ class Settings(BaseSettings):
         "load balancer: a connection refused is retried elsewhere, a warm-up 503 is not); /healthz then waits too.",
     )
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
+    model_host: Path | None = Field(
+        None,
+        description="Unix socket of the model host this process runs its models through (`facegate serve --workers N` starts one "
+        "and sets it for its workers); unset: the models run in this process.",
+    )
+    model_host_shared_memory: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="Bytes of shared memory (/dev/shm) each worker reserves for the pixels it hands the model host; less where "
+        "/dev/shm has less room, 0: they go through the socket.",
+    )
 
     # security and limits
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")

@@ -27,10 +27,11 @@ def normalize(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
     return x
 
 
-def preprocess(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
+def preprocess(crops_rgb: np.ndarray, spec: InputSpec, in_graph: bool | None = None) -> np.ndarray:
     """N×H×W×3 uint8 RGB → what the model's input takes: the crops themselves when its graph
-    preprocesses them (uint8 NHWC), else `normalize`d in numpy."""
-    if spec.in_graph:
+    preprocesses them (uint8 NHWC: the manifest says so, or `in_graph` where the session was
+    wrapped at load), else `normalize`d in numpy."""
+    if spec.in_graph if in_graph is None else in_graph:
         return np.ascontiguousarray(crops_rgb, dtype=np.uint8)
     return normalize(crops_rgb, spec)
 
@@ -52,6 +53,8 @@ class FaceEmbedder:
         self.size = (manifest.input.height, manifest.input.width)
         self.shapes = BatchShapes.for_model(manifest.input.shape[0], batch_sizes)
         self.io_binding = uses_io_binding(session.get_providers())
+        # uint8 NHWC in: the file's own (`facegate export`), or a float32 one wrapped on a GPU at load
+        self.in_graph = session.get_inputs()[0].type == "tensor(uint8)"
 
     def embed(self, crops_rgb: np.ndarray) -> np.ndarray:
         """N aligned crops (uint8 RGB) → N×D float32 unit vectors."""
@@ -67,7 +70,7 @@ class FaceEmbedder:
         if len(crops_rgb) == 0:
             return np.zeros((0, self.dim), np.float32)
         run = self.run_bound if self.io_binding else self.run
-        return self.shapes.run(lambda chunk: run(preprocess(chunk, self.manifest.input)), crops_rgb).astype(np.float32)
+        return self.shapes.run(lambda chunk: run(preprocess(chunk, self.manifest.input, self.in_graph)), crops_rgb).astype(np.float32)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """One session run on an already preprocessed batch."""

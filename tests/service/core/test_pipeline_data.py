@@ -75,7 +75,7 @@ def test_decoder_matches_opencv_facedetectoryn(detections, model_cache):
     for size in detector.sizes:
         for _, image, _ in results[:20]:
             canvas, scale = detector.letterbox(image, size)
-            faces = detector.faces(detector.infer(canvas[None])[0], size, scale, image.shape[:2])
+            faces = detector.faces(detector.infer(canvas[None])[0], scale, image.shape[:2])
             _, ref = references[size].detect(canvas)
             if ref is not None:  # OpenCV keeps faces below the service's minimum size
                 ref = ref[np.minimum(ref[:, 2], ref[:, 3]) >= detector.min_face_size * scale]
@@ -100,7 +100,7 @@ def test_landmarks_at_the_small_size_stay_near_the_640_path(detections):
     for _, image, faces in results[:200]:
         assert detector.size_for(image.shape[:2]) == 320
         canvas, scale = detector.letterbox(image, 640)
-        reference = detector.faces(detector.infer(canvas[None])[0], 640, scale, image.shape[:2])
+        reference = detector.faces(detector.infer(canvas[None])[0], scale, image.shape[:2])
         assert bool(faces) == bool(reference)
         if faces:
             shifts.append(np.linalg.norm(faces[0].landmarks - reference[0].landmarks, axis=1).mean())
