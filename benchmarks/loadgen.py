@@ -10,6 +10,8 @@ requests answered over the wall time from the first send to the last answer of a
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import multiprocessing
 import os
 import queue
@@ -41,13 +43,16 @@ class LoadResult:
 def multipart_request(url: str, path: str, files: dict[str, bytes], headers: dict[str, str] | None = None) -> bytes:
     """A whole POST with a multipart/form-data body, as bytes on the wire."""
     boundary = uuid.uuid4().hex
-    body = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.jpg"\r\n'
-        f"Content-Type: application/octet-stream\r\n\r\n".encode()
-        + data
-        + b"\r\n"
-        for name, data in files.items()
-    ) + f"--{boundary}--\r\n".encode()
+    body = (
+        b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.jpg"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+            for name, data in files.items()
+        )
+        + f"--{boundary}--\r\n".encode()
+    )
     host = urlsplit(url).netloc
     head = {
         "Host": host,
@@ -59,7 +64,11 @@ def multipart_request(url: str, path: str, files: dict[str, bytes], headers: dic
 
 
 def route_requests(url: str, route: str, images: list[bytes], headers: dict[str, str] | None = None) -> list[bytes]:
-    """One request per image for `route`: /verify sends it with the next image, others send it alone."""
+    """One request per image for `route`: /verify sends it with the next image, others send it
+    alone; /healthz is a bare GET (what the generator itself can offer)."""
+    if route == "/healthz":
+        head = {"Host": urlsplit(url).netloc, **(headers or {})}
+        return [f"GET {route} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n"]
     if route == "/verify":
         files = [{"image1": image, "image2": images[(i + 1) % len(images)]} for i, image in enumerate(images)]
     else:
@@ -82,10 +91,13 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
     return status, fields.get("connection", "").lower() == "close"
 
 
-async def _client(host: str, port: int, requests: list[bytes], turns, latencies: list[float], statuses: Counter) -> None:
-    """One connection sending request after request, reconnecting when the server closes it."""
+async def _client(host: str, port: int, requests: list[bytes], turns, until: float, latencies: list[float], statuses: Counter) -> None:
+    """One connection sending request after request (until `turns` runs out or the clock reaches
+    `until`), reconnecting when the server closes it."""
     reader = writer = None
     for turn in turns:
+        if time.perf_counter() >= until:
+            break
         started = time.perf_counter()
         try:
             if writer is None:
@@ -103,8 +115,9 @@ async def _client(host: str, port: int, requests: list[bytes], turns, latencies:
         writer.close()
 
 
-def _worker(url: str, requests: list[bytes], connections: int, count: int, offset: int, start, out) -> None:
-    """A process: `connections` clients sharing `count` requests; its latencies and statuses to `out`."""
+def _worker(url: str, requests: list[bytes], connections: int, count: int | None, seconds: float, offset: int, start, out) -> None:
+    """A process: `connections` clients sharing `count` requests (None: as many as `seconds` allow);
+    its latencies and statuses to `out`."""
     try:
         import uvloop
 
@@ -116,26 +129,34 @@ def _worker(url: str, requests: list[bytes], connections: int, count: int, offse
     statuses: Counter = Counter()
 
     async def main() -> tuple[float, float]:
-        turns = iter(range(offset, offset + count))  # shared by this process's clients: each takes the next
+        turns = iter(range(offset, offset + count) if count is not None else itertools.count(offset))  # each client takes the next
         start.wait(timeout=120)  # every process imported and ready: they start together
         began = time.perf_counter()
-        await asyncio.gather(*(_client(parts.hostname or "127.0.0.1", parts.port or 80, requests, turns, latencies, statuses) for _ in range(connections)))
+        until = began + seconds if count is None else math.inf
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        await asyncio.gather(*(_client(host, port, requests, turns, until, latencies, statuses) for _ in range(connections)))
         return began, time.perf_counter()
 
     began, ended = asyncio.run(main())
     out.put((np.array(latencies), dict(statuses), began, ended))
 
 
-def offer(url: str, route: str, requests: list[bytes], concurrency: int, total: int, processes: int = 0) -> LoadResult:
-    """`total` requests to `url` from `concurrency` connections spread over `processes` processes
-    (0: a quarter of this machine's cores, at least one, at most the concurrency)."""
-    processes = max(1, min(processes or (os.cpu_count() or 1) // 4, concurrency, total))
+def offer(
+    url: str, route: str, requests: list[bytes], concurrency: int, total: int = 0, processes: int = 0, seconds: float = 0
+) -> LoadResult:
+    """`total` requests (or as many as `seconds` allow) to `url` from `concurrency` connections spread
+    over `processes` processes (0: a quarter of this machine's cores, at least one, at most the concurrency)."""
+    if bool(total) == bool(seconds):
+        raise ValueError("give either a number of requests or a number of seconds")
+    processes = max(1, min(processes or (os.cpu_count() or 1) // 4, concurrency, total or concurrency))
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
     start, out = ctx.Barrier(processes), ctx.Queue()
-    share = [total // processes + (i < total % processes) for i in range(processes)]
+    share = [total // processes + (i < total % processes) if total else None for i in range(processes)]
     conns = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     workers = [
-        ctx.Process(target=_worker, args=(url, requests, conns[i], share[i], sum(share[:i]), start, out), daemon=True)
+        ctx.Process(
+            target=_worker, args=(url, requests, conns[i], share[i], seconds, i * len(requests) // processes, start, out), daemon=True
+        )
         for i in range(processes)
     ]
     for w in workers:

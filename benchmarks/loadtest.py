@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.loadgen import LoadResult, offer, route_requests
+from service.core.models.manifest import EmbedderKey
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,23 +34,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How a spawned server runs: one uvicorn process, or `facegate serve --workers N` with or
+    without its model host."""
+
+    workers: int = 1
+    model_host: bool = True
+
+    def __str__(self) -> str:
+        if self.workers == 1:
+            return "1 process"
+        return f"{self.workers} workers" + (" + model host" if self.model_host else ", models in each")
+
+
 @contextmanager
-def spawned(env: dict[str, str], ready_timeout: float = 300.0, workers: int = 0):
-    """A server of this checkout on a free 127.0.0.1 port with a fresh gallery and `env` on top of
-    this process's environment: `facegate serve --workers N` when `workers` is given, else one
-    uvicorn process. Yields its URL once /readyz answers 200, then stops it."""
+def spawned(env: dict[str, str], ready_timeout: float = 300.0, serving: Serving = Serving(), prepare=None):
+    """A server of this checkout on a free 127.0.0.1 port with a fresh gallery (`prepare(data_dir)`
+    fills it first, if given) and `env` on top of this process's environment. Yields its URL once
+    /readyz answers 200, then stops it."""
     import httpx
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix="facegate-load-")
+    if prepare is not None:
+        prepare(Path(data_dir))
     env = {**os.environ, "FACEGATE_DATA_DIR": data_dir, **env}
-    if workers:
-        command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port), "--workers", str(workers)]
+    if serving.workers > 1:
+        command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port)]
+        command += ["--workers", str(serving.workers), "--model-host" if serving.model_host else "--no-model-host"]
     else:
         command = [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)]
         command += ["--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=REPO, env=env)
+    log = open(Path(data_dir) / "server.log", "wb")  # noqa: SIM115  (closed below; a request's line each would drown the figures)
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout
@@ -55,14 +80,18 @@ def spawned(env: dict[str, str], ready_timeout: float = 300.0, workers: int = 0)
                 pass
             time.sleep(0.2)
         else:
-            raise RuntimeError("the server did not become ready")
+            raise RuntimeError(f"the server did not become ready: {(Path(data_dir) / 'server.log').read_text()[-3000:]}")
         yield url
     finally:
         process.terminate()
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
-            process.kill()
+            pass
+        with suppress(ProcessLookupError):  # stopped as a group: its workers and model host too
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def enroll_gallery(url: str, images: list[bytes], subjects: int, headers: dict[str, str]) -> None:
@@ -84,9 +113,11 @@ def matrix(
     api_key: str | None = None,
     report: Callable[[LoadResult], None] | None = None,
     processes: int = 0,
+    seconds: float = 0,
 ) -> list[LoadResult]:
-    """Every (route, concurrency) in turn after a warm-up; `report(result)` is called as each ends.
-    `processes`: load processes (0: a quarter of the cores, at most the concurrency)."""
+    """Every (route, concurrency) in turn after a warm-up, `requests` each (or for `seconds` each);
+    `report(result)` is called as each ends. `processes`: load processes (0: a quarter of the cores,
+    at most the concurrency)."""
     headers = {"X-API-Key": api_key} if api_key else {}
     if "identify" in routes and enroll:
         enroll_gallery(url, images, enroll, headers)
@@ -95,7 +126,51 @@ def matrix(
     for route in routes:
         built = route_requests(url, f"/{route}", images, headers)
         for c in concurrency:
-            results.append(offer(url, f"/{route}", built, c, requests, processes))
+            results.append(offer(url, f"/{route}", built, c, 0 if seconds else requests, processes, seconds))
             if report:
                 report(results[-1])
     return results
+
+
+def fill_gallery(data_dir: Path, embedder: EmbedderKey, faces: int, seed: int = 0) -> None:
+    """`faces` random unit vectors of the embedder, one subject each, written in one transaction:
+    a large gallery for /identify to search, without enrolling it photo by photo."""
+    from service.gallery.sqlite import SqliteGallery, embedding_blob
+
+    SqliteGallery.open(data_dir, embedder, searchable=False).close()  # the schema, migrated
+    vectors = np.random.default_rng(seed).standard_normal((faces, embedder.dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    db = sqlite3.connect(data_dir / "gallery.sqlite3")
+    with db:
+        db.executemany(
+            "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+            ((f"fill-{i}", f"fill {i}") for i in range(faces)),
+        )
+        db.executemany(
+            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, ?, 0)",
+            ((f"fill-{i}", embedding_blob(v), embedder.name, embedder.sha256) for i, v in enumerate(vectors)),
+        )
+    db.close()
+
+
+def load_rows(
+    settings_env: dict[str, str],
+    images: list[bytes],
+    servings: list[Serving],
+    routes: list[str],
+    concurrency: list[int],
+    requests: int,
+    processes: int = 0,
+    prepare=None,
+    report: Callable[[Serving, LoadResult], None] | None = None,
+    seconds: float = 0,
+) -> list[tuple[Serving, LoadResult]]:
+    """The load matrix against a server spawned for each way of serving, in turn."""
+    rows = []
+    for serving in servings:
+        with spawned(settings_env, serving=serving, prepare=prepare) as url:
+            for result in matrix(url, images, routes, concurrency, requests, processes=processes, seconds=seconds):
+                rows.append((serving, result))
+                if report:
+                    report(serving, result)
+    return rows

@@ -83,9 +83,18 @@ class ModelHost:
         }
 
     def serve_forever(self) -> None:
+        """Serve each worker that connects, until `close`."""
         while True:
-            connection = self.listener.accept()
+            try:
+                connection = self.listener.accept()
+            except OSError:  # closed
+                return
             threading.Thread(target=_Worker(self, connection).serve, name="facegate-model-host-conn", daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+        if self.local is not None:
+            self.local.close()
 
 
 class _Worker:

@@ -18,6 +18,22 @@ import numpy as np
 Rows = TypeVar("Rows", np.ndarray, list[np.ndarray])
 
 
+# The batch sizes a model runs at unless FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES say: on a
+# CPU a padded row costs its full compute, so the largest stays small; a GPU runs 32 or 128 rows in
+# little more time than one, and a model host batching for many workers fills them (docs/sizing.md).
+DEFAULT_SIZES = {
+    ("embedder", False): (1, 2, 4, 8, 16, 32),
+    ("embedder", True): (1, 2, 4, 8, 16, 32, 64, 128),
+    ("detector", False): (1, 2, 4, 8),
+    ("detector", True): (1, 2, 4, 8, 16, 32),
+}
+
+
+def default_sizes(role: str, providers: list[str]) -> tuple[int, ...]:
+    """The batch sizes of `role` (embedder or detector) when none are configured, by where its session runs."""
+    return DEFAULT_SIZES[role, bool(providers) and providers[0] != "CPUExecutionProvider"]
+
+
 class BatchShapes:
     """The batch sizes a model is run at, smallest first."""
 

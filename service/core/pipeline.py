@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
+from service.core.batch_shapes import default_sizes
 from service.core.decode import Probe, decode_image, probe
 from service.core.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.core.models.detector import Face, FaceDetector
@@ -89,9 +90,12 @@ class FacePipeline:
             nms_threshold=settings.det_nms_threshold,
             min_face_size=settings.min_face_size,
             sizes=tuple(settings.detect_sizes),
-            batch_sizes=settings.detect_batch_sizes,
+            batch_sizes=settings.detect_batch_sizes or default_sizes("detector", models.detector.session.get_providers()),
         )
-        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, settings.batch_sizes) if models.embedder else None
+        self.embedder = None
+        if models.embedder:
+            sizes = settings.batch_sizes or default_sizes("embedder", models.embedder.session.get_providers())
+            self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, sizes)
 
     @classmethod
     def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:

@@ -53,19 +53,20 @@ class Settings(BaseSettings):
     intra_op_spinning: bool = Field(
         False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it)."
     )
-    batch_sizes: list[int] = Field(
-        [1, 2, 4, 8, 16, 32],
+    batch_sizes: list[int] | None = Field(
+        None,
         min_length=1,
         description=(
             "The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; "
-            "each is warmed up at start-up."
+            "each is warmed up at start-up. Unset: [1, 2, 4, 8, 16, 32] on a CPU, up to 128 on a GPU."
         ),
     )
-    detect_batch_sizes: list[int] = Field(
-        [1, 2, 4, 8],
+    detect_batch_sizes: list[int] | None = Field(
+        None,
         min_length=1,
         description=(
-            "The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size)."
+            "The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size). "
+            "Unset: [1, 2, 4, 8] on a CPU, up to 32 on a GPU."
         ),
     )
     detect_sizes: list[int] = Field(
@@ -266,7 +267,9 @@ class Settings(BaseSettings):
 
     @field_validator("batch_sizes", "detect_batch_sizes")
     @classmethod
-    def _positive_sizes(cls, sizes: list[int]) -> list[int]:
+    def _positive_sizes(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is None:
+            return None
         if any(n < 1 for n in sizes):
             raise ValueError("batch sizes must be positive")
         return sorted(set(sizes))
