@@ -99,6 +99,7 @@ def serve(
     import uvicorn
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
+    from service.core.cpus import available_cores
     from service.model_host import model_host as hosting
 
     settings = get_settings()
@@ -117,6 +118,9 @@ def serve(
     _check_can_start(settings, host, port)
     logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
     hosted = workers > 1 if model_host is None else model_host
+    if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
+        os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
+        os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")
     with hosting() if hosted else nullcontext() as host_socket:
         if host_socket is not None:  # each worker's settings read it
             os.environ["FACEGATE_MODEL_HOST"] = str(host_socket)
