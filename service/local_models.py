@@ -97,14 +97,20 @@ class LocalModels:
 
     def warm_up(self, done: Callable[[str | None], None]) -> None:
         """Run each model once at every shape it will see (the detector: each batch at each image
-        size), then report (None, or the error).
+        size), in the thread that will run it (its micro-batcher's: a GPU provider keeps state per
+        thread), then report (None, or the error).
         Stops between shapes once close() was called (a start-up that failed after it began)."""
         started = time.perf_counter()
         detector, embedder = self.detector, self.embedder
         runs: list[Callable[[], object]] = [
-            partial(detector.infer, np.zeros((n, size, size, 3), np.uint8)) for size in detector.sizes for n in detector.shapes.sizes
+            partial(self._warm, self.detect_batchers.get(size), detector.infer, np.zeros((n, size, size, 3), np.uint8))
+            for size in detector.sizes
+            for n in detector.shapes.sizes
         ]
-        runs += [partial(embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8)) for n in embedder.shapes.sizes]
+        runs += [
+            partial(self._warm, self.embed_batcher, embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8))
+            for n in embedder.shapes.sizes
+        ]
         try:
             for run in runs:
                 if self._closing.is_set():
@@ -116,6 +122,15 @@ class LocalModels:
             return
         log.info("warm-up done in %.1f s (embedder batches %s)", time.perf_counter() - started, list(embedder.shapes.sizes))
         done(None)
+
+    @staticmethod
+    def _warm(batcher: MicroBatcher | None, run: Callable[[np.ndarray], object], rows: np.ndarray) -> None:
+        """One warm-up run at exactly `rows`' shape: through the batcher (alone in its queue: nothing
+        is served before the warm-up is done), else here."""
+        if batcher is None:
+            run(rows)
+        else:
+            batcher.submit(rows, counted=False).result()
 
     def close(self) -> None:
         self._closing.set()

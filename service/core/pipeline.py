@@ -91,11 +91,12 @@ class FacePipeline:
             min_face_size=settings.min_face_size,
             sizes=tuple(settings.detect_sizes),
             batch_sizes=settings.detect_batch_sizes or default_sizes("detector", models.detector.session.get_providers()),
+            fork=models.detector.fork,
         )
         self.embedder = None
         if models.embedder:
             sizes = settings.batch_sizes or default_sizes("embedder", models.embedder.session.get_providers())
-            self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, sizes)
+            self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, sizes, models.embedder.fork)
 
     @classmethod
     def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:

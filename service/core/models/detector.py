@@ -3,7 +3,7 @@ serves the detector too. The output decoding is hand-written: no library exposes
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import cv2
@@ -66,12 +66,15 @@ class FaceDetector:
         top_k: int = 5000,
         sizes: tuple[int, ...] = (),
         batch_sizes: Iterable[int] = (1,),
+        fork: Callable[[], ort.InferenceSession] | None = None,
     ):
         """`sizes`: the square inputs an image may run at (multiples of the largest stride; few and
         fixed, so a GPU warms each shape once at start-up); a graph whose image size is fixed (or
         could not be freed: service/core/models/rebatch.py) runs at its own. `batch_sizes`: the only
         batch sizes the session runs at (`BatchShapes`; YuNet as published fixes 1). A session
-        taking uint8 NHWC canvases (service/core/models/in_graph.py, on a GPU) is fed them as they are."""
+        taking uint8 NHWC canvases (service/core/models/in_graph.py, on a GPU) is fed them as they are.
+        `fork` (on a GPU): more sessions of the model, one per batch and image size, so no session
+        ever changes input shape."""
         self.manifest = manifest
         self.session = session
         self.score_threshold = score_threshold
@@ -86,6 +89,7 @@ class FaceDetector:
         self.sizes = (manifest.input.width,) if isinstance(width, int) or not sizes else tuple(sorted(set(sizes)))
         self._grids = {size: self._grid(size) for size in self.sizes}
         self.shapes = BatchShapes.for_model(spec.shape[0], batch_sizes)
+        self.sessions = {(n, size): fork() for n in self.shapes.sizes for size in self.sizes} if fork else {}
 
     @staticmethod
     def _grid(size: int) -> dict[int, np.ndarray]:
@@ -124,7 +128,8 @@ class FaceDetector:
 
     def _run(self, canvases: np.ndarray) -> list[np.ndarray]:
         blob = canvases if self.uint8_input else np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
-        outputs = dict(zip(self.output_names, self.session.run(self.output_names, {self.input_name: blob}), strict=True))
+        session = self.sessions.get((len(canvases), canvases.shape[1]), self.session)
+        outputs = dict(zip(self.output_names, session.run(self.output_names, {self.input_name: blob}), strict=True))
         return self._candidates(outputs, canvases.shape[1], len(canvases))
 
     def _candidates(self, outputs: dict[str, np.ndarray], size: int, n: int) -> list[np.ndarray]:

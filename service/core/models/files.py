@@ -17,7 +17,9 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -258,6 +260,10 @@ class LoadedModel:
     manifest: Manifest
     path: Path
     session: ort.InferenceSession
+    # On a GPU: another session of the same verified graph. The model wrappers keep one per input
+    # shape, since a CUDA session whose input shape changes from one run to the next rebuilds its
+    # convolutions' cuDNN plans on the CPU each time (docs/sizing.md); None on a CPU, where it costs nothing.
+    fork: Callable[[], ort.InferenceSession] | None = None
 
 
 def load_model(
@@ -287,7 +293,7 @@ def load_model(
     on_gpu = session.get_providers()[0] != CPU
     wrap = on_gpu and feed_color is not None and not manifest.input.in_graph
     if not (free_batch_dim or free_sizes or wrap):
-        return LoadedModel(manifest, path, session)
+        return LoadedModel(manifest, path, session, partial(create_session, path, runtime) if on_gpu else None)
     data = original = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != manifest.file.sha256:  # the bytes rewritten are the bytes verified
         raise ModelError(f"{path} changed while it was loaded (sha256 no longer matches manifest {manifest.name})")
@@ -299,7 +305,7 @@ def load_model(
         data = uint8_nhwc_input(onnx.load_from_string(data), manifest.input, feed_color).SerializeToString()
     if on_gpu and data is not original:
         session = create_session(data, runtime)
-    return LoadedModel(manifest, path, session)
+    return LoadedModel(manifest, path, session, partial(create_session, data, runtime) if on_gpu else None)
 
 
 def _free_dims(

@@ -166,3 +166,59 @@ def test_on_a_gpu_a_float32_embedder_is_wrapped_to_take_uint8_crops(gpu_path, dl
     assert embedder.in_graph and not loaded.manifest.input.in_graph and embedder.io_binding
     crops = _crops(5, size=150)
     assert np.abs(embedder.embed(crops) - reference.embed(crops)).max() <= 1e-5
+
+
+def test_on_a_gpu_each_input_shape_runs_on_a_session_of_its_own(gpu_path, settings):
+    """A CUDA session whose input shape changes between runs rebuilds its cuDNN plans on the CPU each
+    time: on a GPU every batch size (and detector image size) has its own session, the same graph."""
+    from service.core.pipeline import FacePipeline
+
+    settings = settings.model_copy(update={"batch_sizes": [1, 4], "detect_batch_sizes": [1, 2], "detect_sizes": [320, 640]})
+    reference = FacePipeline.from_settings(settings)
+    gpu_path()
+    pipeline = FacePipeline.from_settings(settings)
+    embedder, detector = pipeline.require_embedder(), pipeline.detector
+    assert reference.require_embedder().sessions == {} and reference.detector.sessions == {}  # a CPU needs none
+    assert set(embedder.sessions) == {1, 4} and len({id(s) for s in embedder.sessions.values()} | {id(embedder.session)}) == 3
+    assert set(detector.sessions) == {(1, 320), (2, 320), (1, 640), (2, 640)}
+    seen = {}
+    for key, session in [*embedder.sessions.items(), *detector.sessions.items()]:
+        spy = _Spy(session)
+        seen[key] = spy.shapes
+        (embedder.sessions if isinstance(key, int) else detector.sessions)[key] = spy
+    crops = _crops(3, size=embedder.size[0])
+    assert np.abs(embedder.embed(crops) - reference.require_embedder().embed(crops)).max() <= 1e-5
+    detector.infer(np.zeros((2, 640, 640, 3), np.uint8))
+    detector.infer(np.zeros((1, 320, 320, 3), np.uint8))
+    assert seen[4] and all(s[0] == 4 for s in seen[4]) and not seen[1]  # 3 crops run padded to 4, on the 4's session
+    assert seen[2, 640] and seen[1, 320] and not seen[1, 640] and not seen[2, 320]
+
+
+class _Spy:
+    def __init__(self, session):
+        self._session, self.shapes = session, []
+
+    def run(self, names, feed, *args):
+        self.shapes += [v.shape for v in feed.values()]
+        return self._session.run(names, feed, *args)
+
+    def io_binding(self):
+        return _SpyBinding(self, self._session.io_binding())
+
+    def run_with_iobinding(self, binding, *args):
+        return self._session.run_with_iobinding(binding.binding, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+class _SpyBinding:
+    def __init__(self, spy, binding):
+        self.spy, self.binding = spy, binding
+
+    def bind_cpu_input(self, name, value):
+        self.spy.shapes.append(value.shape)
+        self.binding.bind_cpu_input(name, value)
+
+    def __getattr__(self, name):
+        return getattr(self.binding, name)
