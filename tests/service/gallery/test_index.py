@@ -176,3 +176,31 @@ def test_searches_share_the_lock_and_a_write_waits_for_them():
     writer.join(5)
     late.join(5)
     assert order == ["two readers", "writer", "late reader"]
+
+
+def test_a_search_in_any_thread_uses_the_configured_openmp_threads(monkeypatch):
+    """OpenMP keeps its thread count per thread: set once at start-up, the searches that requests
+    run on other threads fanned out over every core (16 worker processes' at once on a GPU host)."""
+    from service.gallery import index as index_module
+
+    monkeypatch.setattr(index_module, "_search_threads", 0)
+    before = faiss.omp_get_max_threads()
+    index_module.set_search_threads(1)
+    try:
+        index = FaissIndex(16)
+        index.add(np.arange(50), unit(50))
+        seen = []
+
+        def search_in_a_new_thread():
+            fresh = faiss.omp_get_max_threads()
+            index.search(unit(1, seed=3), 5)
+            seen.append((fresh, faiss.omp_get_max_threads()))
+
+        thread = threading.Thread(target=search_in_a_new_thread)
+        thread.start()
+        thread.join(10)
+        assert seen == [(seen[0][0], 1)]
+        if before > 1:  # what the bug looked like: a new thread starts at OpenMP's default, not at the setting
+            assert seen[0][0] == before
+    finally:
+        index_module.set_search_threads(before)
