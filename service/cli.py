@@ -85,7 +85,9 @@ class _OneLineStartupFailure(logging.Filter):
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
-    workers: Annotated[int, typer.Option(min=1, help="HTTP worker processes (uvicorn's).")] = 1,
+    workers: Annotated[
+        int | None, typer.Option(min=0, help="HTTP worker processes (default FACEGATE_WORKERS; 0: the cores less two).")
+    ] = None,
     model_host: Annotated[
         bool | None,
         typer.Option(
@@ -117,6 +119,8 @@ def serve(
     _raise_open_file_limit()
     _check_can_start(settings, host, port)
     logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
+    workers = settings.workers if workers is None else workers
+    workers = workers or max(2, available_cores() - 2)
     hosted = workers > 1 if model_host is None else model_host
     if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
         os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))

@@ -203,13 +203,19 @@ class Settings(BaseSettings):
         "load balancer: a connection refused is retried elsewhere, a warm-up 503 is not); /healthz then waits too.",
     )
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
+    workers: int = Field(
+        1,
+        ge=0,
+        description="HTTP worker processes `facegate serve` starts (its --workers); with more than one, one model host runs the "
+        "models for all of them. 0: the cores this process may use less two, at least two (a GPU host's choice).",
+    )
     model_host: Path | None = Field(
         None,
         description="Unix socket of the model host this process runs its models through (`facegate serve --workers N` starts one "
         "and sets it for its workers); unset: the models run in this process.",
     )
     model_host_shared_memory: int = Field(
-        64 * 1024 * 1024,
+        16 * 1024 * 1024,
         ge=0,
         description="Bytes of shared memory (/dev/shm) each worker reserves for the pixels it hands the model host; less where "
         "/dev/shm has less room, 0: they go through the socket.",
