@@ -56,13 +56,23 @@ def workers_server(tmp_path, embedder_manifest, model_cache, request):
     server.stop()
 
 
+def ready_pid(client: httpx.Client, timeout: float = 120.0) -> int:
+    """The pid of the worker behind this connection, once that worker is ready (each warms up on its
+    own without a model host)."""
+    deadline = time.monotonic() + timeout
+    while (response := client.get("/readyz")).status_code != 200:
+        assert time.monotonic() < deadline, response.text
+        time.sleep(0.1)
+    return response.json()["serving"]["pid"]
+
+
 def one_client_per_worker(url: str) -> dict[int, httpx.Client]:
     """A keep-alive connection to each worker process (a connection stays with the worker that
     accepted it), told apart by the pid /readyz reports."""
     clients: dict[int, httpx.Client] = {}
     for _ in range(200):
         client = httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT, limits=httpx.Limits(max_connections=1))
-        pid = client.get("/readyz").json()["serving"]["pid"]
+        pid = ready_pid(client)
         if pid in clients:
             client.close()
         else:
