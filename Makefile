@@ -65,7 +65,7 @@ clients-venv:
 	$(CLIENTS_VENV)/bin/pip install --quiet --no-deps compreface-sdk==0.6.0
 
 # CompreFace's JavaScript SDK from npm, for the same tests under Node (FACEGATE_CLIENTS_JS points
-# elsewhere). Without npm it says so and the test skips with its reason.
+# elsewhere). Without npm it says so, and the test skips with its reason (fails under FACEGATE_REQUIRE_CLIENTS=1, as in CI).
 CLIENTS_JS ?= .clients-js
 clients-js:
 	@if command -v npm >/dev/null; then \

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import select
 import socket
-import time
 
 import httpx
 import pytest
 
 from tests.chaos.server import facegate_serve
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 HEADER_TIMEOUT = 2.0
@@ -42,17 +42,29 @@ def _connect(port: int) -> socket.socket:
     return s
 
 
-def _closed(s: socket.socket) -> bool:
-    """Whether the server closed the socket (EOF or reset), waiting at most the socket's timeout."""
+def _gone(s: socket.socket, line: bytes = b"") -> bool:
+    """Whether the server has closed `s` (EOF or reset), without waiting: what it sent is read off;
+    `line` is sent first, as a client still trickling its headers would."""
     try:
-        while data := s.recv(65536):
-            if not data:
-                break
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
+        if line:
+            s.sendall(line)
+        while select.select([s], [], [], 0)[0]:
+            if not s.recv(65536):
+                return True
         return False
+    except (BrokenPipeError, ConnectionResetError):
+        return True
+
+
+def _until_all_gone(sockets: list[socket.socket], what: str, line: bytes = b"") -> None:
+    """Poll until the server has closed every socket (sending `line` on each still open, each time)."""
+    still = set(sockets)
+
+    def all_gone() -> bool:
+        still.difference_update([s for s in still if _gone(s, line)])
+        return not still
+
+    wait_until(all_gone, f"{what} ({len(still)} of {len(sockets)} still open)", timeout=HEADER_TIMEOUT + 60, step=0.25)
 
 
 def test_idle_and_trickling_sockets_do_not_take_healthz_down_and_are_closed_at_the_deadline(server):
@@ -66,10 +78,9 @@ def test_idle_and_trickling_sockets_do_not_take_healthz_down_and_are_closed_at_t
             r = httpx.get(f"{url}/healthz", timeout=5)
             assert r.status_code == 200, r.text
         assert httpx.head(f"{url}/healthz", timeout=5).status_code == 200  # HEAD as orchestrators send it
-        time.sleep(HEADER_TIMEOUT + 0.5)
-        for s in trickling:
-            s.sendall(b"X: y\r\n")  # still trickling: too late
-        assert all(_closed(s) for s in idle + trickling)
+        # a header line every 0.25 s does not move the deadline: a trickling socket is closed all the same
+        _until_all_gone(trickling, "trickling sockets closed at the header deadline", line=b"X: y\r\n")
+        _until_all_gone(idle, "idle sockets closed at the header deadline")
     finally:
         for s in idle + trickling:
             s.close()
@@ -97,17 +108,17 @@ def test_admission_control_answers_json_503_with_retry_after_and_health_stays_up
     try:
         for s in holders:
             s.sendall(b"POST /subjects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-        time.sleep(0.3)
-        r = httpx.get(f"{url}/subjects", timeout=5)
-        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded", r.text
+        # once both holders are admitted, the next request is refused
+        r = wait_until(lambda: (r := httpx.get(f"{url}/subjects", timeout=5)).status_code == 503 and r, "a request past the limit refused")
+        assert r.json()["error"]["code"] == "overloaded", r.text
         assert int(r.headers["retry-after"]) >= 1
         assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
         assert httpx.get(f"{url}/metrics", timeout=5).status_code == 200
     finally:
         for s in holders:
             s.close()
-    time.sleep(BODY_TIMEOUT + 0.5)  # the holders' slots are released when their deadline passes
-    assert httpx.get(f"{url}/subjects", timeout=5).status_code == 200
+    # the holders' slots are released (at their body deadline at the latest)
+    wait_until(lambda: httpx.get(f"{url}/subjects", timeout=5).status_code == 200, "the holders' slots released", timeout=BODY_TIMEOUT + 60)
 
 
 def _answer(s: socket.socket) -> tuple[bytes, bytes]:

@@ -18,8 +18,9 @@ from service.gallery.interface import NewFace
 from service.gallery.milvus import fill
 from service.gallery.postgres import PostgresGallery
 from service.gallery.sqlite import SqliteGallery
+from tests.requirements import importorskip
 
-pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+importorskip("milvus_lite")
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)

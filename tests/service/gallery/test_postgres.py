@@ -21,6 +21,7 @@ from service.gallery.index import IndexConfig, read_meta
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sync import LISTENER_NAME
+from tests.requirements import importorskip
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)
@@ -66,7 +67,7 @@ def database_face_ids(url: str, key=KEY) -> set[int]:
 @pytest.mark.parametrize("backend", ["faiss", "milvus"])
 def test_subject_crud_search_and_deletes(open_store, backend, tmp_path):
     if backend == "milvus":
-        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+        importorskip("milvus_lite")
     g = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if backend == "milvus" else None)
     for i in range(5):
         g.create_subject(f"person {i}", {"i": i, "nested": {"z": 1, "a": 2}}, f"s{i}")

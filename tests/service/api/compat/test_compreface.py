@@ -76,11 +76,19 @@ def test_compreface_round_trip(cf, test_data):
     assert cf.get("/api/v1/recognition/subjects").json() == {"subjects": []}
 
 
+def compreface_error(answer, status: int, code: str) -> None:
+    """CompreFace's error shape, `{"message", "code"}`, with facegate's status and code (docs/compat.md)."""
+    assert answer.status_code == status and set(answer.json()) == {"message", "code"} and answer.json()["code"] == code, answer.text
+    assert answer.json()["message"], answer.text
+
+
 def test_compreface_errors_keep_its_shape(api):
-    answer = api.post("/api/v1/recognition/faces", files={"file": b"not an image"})
-    assert answer.status_code == 400 or answer.status_code == 422
-    assert set(answer.json()) == {"message", "code"}
-    assert api.delete("/api/v1/recognition/faces/abc").json()["message"]
+    compreface_error(
+        api.post("/api/v1/recognition/faces", params={"subject": "ada"}, files={"file": b"not an image"}), 400, "invalid_image"
+    )
+    compreface_error(api.post("/api/v1/recognition/faces", files={"file": b"not an image"}), 422, "invalid_parameters")  # no subject
+    compreface_error(api.delete("/api/v1/recognition/faces/abc"), 422, "invalid_parameters")
+    assert api.get("/api/v1/recognition/subjects").json() == {"subjects": []}  # nothing made by the refused requests
 
 
 def test_compreface_add_face_has_enrollment_quality_gate(model_cache, tmp_path, make_client, test_data):
@@ -109,10 +117,8 @@ def test_compreface_verify_against_a_stored_face(cf, test_data):
     # JSON base64 `file` too, and a stranger stays below a Viseron-default 0.5
     other = cf.post(f"/api/v1/recognition/faces/{image_id}/verify", json={"file": base64.b64encode(stranger[0]).decode()}).json()
     assert other["result"][0]["similarity"] < 0.5, other
-    for unknown in ("999999", "abc"):
-        answer = cf.post(f"/api/v1/recognition/faces/{unknown}/verify", files={"file": photos[1]})
-        assert answer.status_code in (404, 422) and set(answer.json()) == {"message", "code"}, answer.text
-    assert cf.post("/api/v1/recognition/faces/999999/verify", files={"file": photos[1]}).status_code == 404
+    compreface_error(cf.post("/api/v1/recognition/faces/999999/verify", files={"file": photos[1]}), 404, "face_not_found")
+    compreface_error(cf.post("/api/v1/recognition/faces/abc/verify", files={"file": photos[1]}), 422, "invalid_parameters")
 
 
 def test_compreface_embedding_routes(cf, test_data):
@@ -181,12 +187,12 @@ def test_compreface_embedding_routes(cf, test_data):
     ]
     for path, body in bad:
         answer = cf.post(path, json=body)
-        assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (path, str(body)[:80], answer.text[:300])
+        compreface_error(answer, 422, "invalid_parameters")
     # NaN and infinities, which JSON encoders write as bare words
     for word in ("NaN", "Infinity", "-Infinity", "1e999"):
         raw = '{"embeddings": [[' + ", ".join([word] + ["0.1"] * (dim - 1)) + "]]}"
         answer = cf.post("/api/v1/recognition/embeddings/recognize", content=raw, headers={"content-type": "application/json"})
-        assert 400 <= answer.status_code < 500 and set(answer.json()) == {"message", "code"}, (word, answer.text[:300])
+        compreface_error(answer, 400, "invalid_json")
     # any positive scale is the same direction, huge or tiny
     scales = cf.post(
         "/api/v1/verification/embeddings/verify",
@@ -223,4 +229,4 @@ def test_a_stored_face_is_not_compared_while_no_embedder_is_loaded(model_cache, 
 
     cf = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu", embedder="no-such-model"))
     answer = cf.post("/api/v1/recognition/faces/1/verify", files={"file": ("a.png", b"not read", "image/png")})
-    assert answer.status_code == 503, answer.text
+    compreface_error(answer, 503, "model_unavailable")

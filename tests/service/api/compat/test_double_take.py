@@ -139,9 +139,10 @@ def ds_post(client, path: str, key: str | None, *parts: tuple):
 
 
 def ds_normalize(answer) -> list[dict]:
+    """What deepstack.js's normalize reads from a successful answer. It reads an error answer
+    (`success: false`) as no face too, which would hide any error here: these calls must succeed."""
     data = answer.json()
-    if not data["success"]:
-        return []
+    assert answer.status_code == 200 and data["success"] is True, answer.text
     faces = []
     for p in data["predictions"]:
         confidence = round(p["confidence"] * 100, 2)
@@ -162,7 +163,8 @@ def test_double_take_deepstack(served, examples, detector):
     assert face["name"] == "obama" and face["match"], face
     (stranger,) = ds_normalize(ds_post(client, "recognize", key, ("image", *snapshot(examples, "lin-manuel-miranda.png"))))
     assert stranger == {"name": "unknown", "confidence": 0, "match": False}, stranger
-    assert ds_normalize(ds_post(client, "recognize", key, ("image", *blank()))) == []  # no face: nothing found
+    no_face = ds_post(client, "recognize", key, ("image", *blank()))  # DeepStack's answer: success, no predictions
+    assert no_face.json()["predictions"] == [] and ds_normalize(no_face) == [], no_face.text
 
     assert ds_post(client, "delete", key, ("userid", "obama")).json()["success"] is True
     (face,) = ds_normalize(ds_post(client, "recognize", key, ("image", *snapshot(examples, "knn_examples/test/obama1.jpg"))))
