@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from tests.polling import wait_until
 from tests.service.api.test_server_process import REQUEST_TIMEOUT, Server, crop_b64, enroll
 
 pytestmark = pytest.mark.slow
@@ -56,14 +57,11 @@ def workers_server(tmp_path, embedder_manifest, model_cache, request):
     server.stop()
 
 
-def ready_pid(client: httpx.Client, timeout: float = 120.0) -> int:
+def ready_pid(client: httpx.Client) -> int:
     """The pid of the worker behind this connection, once that worker is ready (each warms up on its
     own without a model host)."""
-    deadline = time.monotonic() + timeout
-    while (response := client.get("/readyz")).status_code != 200:
-        assert time.monotonic() < deadline, response.text
-        time.sleep(0.1)
-    return response.json()["serving"]["pid"]
+    ready = wait_until(lambda: (r := client.get("/readyz")).status_code == 200 and r, "the worker is ready", timeout=120)
+    return ready.json()["serving"]["pid"]
 
 
 def one_client_per_worker(url: str) -> dict[int, httpx.Client]:
