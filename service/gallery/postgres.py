@@ -44,6 +44,7 @@ from service.gallery.sqlite import (
     required_embedder,
     stored_chip,
     subject_record,
+    subject_update,
     taken,
 )
 from service.gallery.sync import IndexSync, database_sequence, one_row, record_change
@@ -294,19 +295,13 @@ class PostgresGallery(GalleryStore):
                 current = conn.execute("SELECT name, metadata, name_key FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone()
                 if current is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-                renamed = name if name is not None else current[0]
+                values = subject_update(current, name, metadata)
                 conn.execute(
                     "UPDATE subjects SET name = %s, metadata = %s, name_key = %s, updated = %s WHERE id = %s",
-                    (
-                        renamed,
-                        json.dumps(metadata) if metadata is not None else current[1],
-                        name_key(renamed) if current[2] is not None else None,
-                        time.time(),
-                        subject_id,
-                    ),
+                    (*values, time.time(), subject_id),
                 )
         except pg_errors.UniqueViolation:
-            raise taken(subject_id, renamed, True) from None
+            raise taken(subject_id, values[0], True) from None
         return self.get_subject(subject_id)
 
     def delete_subject(self, subject_id: str) -> int:

@@ -128,6 +128,13 @@ def subject_record(row: tuple) -> Subject:
     return Subject(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], bool(row[6]))
 
 
+def subject_update(current: tuple, name: str | None, metadata: dict[str, Any] | None) -> tuple[str, str, str | None]:
+    """name, metadata and name_key of a subject's UPDATE, from its current row's: a subject holding
+    its name's key takes the new name's."""
+    renamed = name if name is not None else current[0]
+    return renamed, json.dumps(metadata) if metadata is not None else current[1], name_key(renamed) if current[2] is not None else None
+
+
 def taken(subject_id: str, name: str, name_taken: bool) -> SubjectExists:
     """The conflict a subject's INSERT or UPDATE met: its id, or its unique name's key."""
     if name_taken:
@@ -345,19 +352,12 @@ class SqliteGallery(GalleryStore):
                 current = db.execute("SELECT name, metadata, name_key FROM subjects WHERE id = ?", (subject_id,)).fetchone()
                 if current is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-                renamed = name if name is not None else current[0]
+                values = subject_update(current, name, metadata)
                 db.execute(
-                    "UPDATE subjects SET name = ?, metadata = ?, name_key = ?, updated = ? WHERE id = ?",
-                    (
-                        renamed,
-                        json.dumps(metadata) if metadata is not None else current[1],
-                        name_key(renamed) if current[2] is not None else None,
-                        time.time(),
-                        subject_id,
-                    ),
+                    "UPDATE subjects SET name = ?, metadata = ?, name_key = ?, updated = ? WHERE id = ?", (*values, time.time(), subject_id)
                 )
         except sqlite3.IntegrityError:
-            raise taken(subject_id, renamed, True) from None
+            raise taken(subject_id, values[0], True) from None
         return self.get_subject(subject_id)
 
     def delete_subject(self, subject_id: str) -> int:

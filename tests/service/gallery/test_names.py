@@ -7,26 +7,19 @@ from __future__ import annotations
 
 import sqlite3
 
-import numpy as np
 import psycopg
 import pytest
 
 from service.core.errors import SubjectExists, SubjectNotFound
-from service.core.models.manifest import EmbedderKey
 from service.gallery.interface import NewFace
 from service.gallery.migrate import sqlite_to_postgres
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sqlite import DATABASE, SCHEMA_VERSION, SqliteGallery
+from tests.service.gallery.test_sqlite import KEY, unit
 
-KEY = EmbedderKey("model-a", "a" * 64, 8)
 # Made before names were kept: a CompreFace subject's id was its name, and a second subject could
 # differ from it by case only; a native subject has an id and a free name.
 LEGACY = [("Tony_Blair", "Tony_Blair", 1.0), ("tony_blair", "tony_blair", 2.0), ("obama", "obama", 3.0), ("emp-1", "Ada Lovelace", 4.0)]
-
-
-def unit(seed: int) -> np.ndarray:
-    x = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
-    return x / np.linalg.norm(x)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
