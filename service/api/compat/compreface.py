@@ -1,8 +1,9 @@
 """CompreFace's REST API v1 (/api/v1/…) on facegate's own engine, gallery, decisions and keys, so
 its SDKs, Double Take and Viseron work with only the URL and key changed. A CompreFace subject is a
-subject's name (`compat.subjects`: free text, one subject whatever its case, created on its first
-face and deleted with its last `DELETE …/faces?subject=`, as CompreFace does); an image_id is a face
-id; adding a face goes through enrollment's quality gate (`prepare_face`), as every enrollment does.
+subject's name (`compat.subjects`: free text, one subject whatever its case, created with its first
+face, deleted with all its faces by `DELETE …/faces?subject=`, as CompreFace does); an image_id is
+a face id; adding a face goes through enrollment's quality gate (`prepare_face`), as every
+enrollment does.
 Similarities are calibrated (`compat.similarity`): 0.5 is facegate's default decision. Errors come
 in CompreFace's shape, `{"message", "code"}`, a refused key's too (`refused`); no face is HTTP 400
 with code 28, which clients test for. `execution_time` and `plugins_versions` come with `status=true`
@@ -236,14 +237,8 @@ async def add_face(request: Request, service: ServiceDep) -> dict:
     if floor is not None and new.score is not None and new.score < floor:  # an aligned crop has no score; _found keeps those too
         raise NoFace("no face above det_prob_threshold")
 
-    def store() -> int:
-        try:
-            (record,) = service.gallery.add_faces(subjects.ensure(service.gallery, name)[0].id, [new])
-        except SubjectNotFound:  # deleted between the two: made again
-            (record,) = service.gallery.add_faces(subjects.ensure(service.gallery, name)[0].id, [new])
-        return record.id
-
-    return {"image_id": str(await run_in_threadpool(store)), "subject": name}
+    (record,), _ = await run_in_threadpool(subjects.add_faces, service.gallery, name, [new])
+    return {"image_id": str(record.id), "subject": name}
 
 
 @router.get("/recognition/faces", summary="CompreFace: list faces (paged, optionally of one subject)")

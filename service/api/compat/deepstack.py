@@ -2,8 +2,8 @@
 decisions and keys, so Double Take, Home Assistant's DeepStack face integration and their Python
 clients work with only the URL (and key) changed. A userid is a subject's name (`compat.subjects`:
 free text, one subject whatever its case, created on first registration); `confidence` is the
-calibrated similarity of `compat.similarity`, and a face
-gets its userid only where facegate's own FPIR decision (as /identify's) matches, else "unknown".
+calibrated similarity of `compat.similarity`, and a face gets its userid only where facegate's own
+FPIR decision (as /identify's) matches, else "unknown".
 Requests are DeepStack's forms, answers `{"success": true, …}`; errors are `{"success": false,
 "error"}` with DeepStack's 400 for bad input (facegate's 422s become 400), its 401 for a key."""
 
@@ -184,16 +184,8 @@ async def register(request: Request, service: ServiceDep) -> dict:
     if not ready:  # every outcome is then a FacegateError: the first image's is the answer
         raise next(o for o in outcomes if isinstance(o, FacegateError))
 
-    def store() -> str:
-        subject, made = subjects.ensure(service.gallery, userid)
-        try:
-            service.gallery.add_faces(subject.id, ready)
-        except SubjectNotFound:  # deleted between the two: made again
-            subject, made = subjects.ensure(service.gallery, userid)
-            service.gallery.add_faces(subject.id, ready)
-        return "face added" if made else "face updated"
-
-    return _ok(request, message=await run_in_threadpool(store))
+    _, made = await run_in_threadpool(subjects.add_faces, service.gallery, userid, ready)
+    return _ok(request, message="face added" if made else "face updated")
 
 
 @router.post("/delete", summary="DeepStack: delete a userid and its faces")
@@ -203,11 +195,13 @@ def delete(request: Request, service: ServiceDep) -> dict:
     userid = _text(request.state.deepstack_form, "userid")
     if userid is None:
         raise InvalidParameters("userid not specified")
-    with contextlib.suppress(InvalidParameters):
+    try:
         found = subjects.find(service.gallery, subjects.checked(userid, "userid"))
-        if found is not None:
-            with contextlib.suppress(SubjectNotFound):  # deleted meanwhile
-                service.gallery.delete_subject(found.id)
+    except InvalidParameters:  # no subject holds such a name
+        found = None
+    if found is not None:
+        with contextlib.suppress(SubjectNotFound):  # deleted meanwhile
+            service.gallery.delete_subject(found.id)
     return _ok(request)
 
 

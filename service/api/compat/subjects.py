@@ -14,7 +14,7 @@ import unicodedata
 
 from service.api.schemas import SUBJECT_ID_PATTERN
 from service.core.errors import InvalidParameters, SubjectExists, SubjectNotFound
-from service.gallery.interface import GalleryStore, Subject
+from service.gallery.interface import FaceRecord, GalleryStore, NewFace, Subject
 
 NAME_MAX = 256  # characters: the longest name facegate's own API takes (SubjectIn.name)
 CREATE_TRIES = 3  # a name taken, or its id, by a concurrent request: looked up and tried again
@@ -77,3 +77,14 @@ def ensure(gallery: GalleryStore, name: str) -> tuple[Subject, bool]:
             if attempts == CREATE_TRIES:
                 raise
             subject_id = None  # the id may be another subject's (one renamed away from it): a random one next
+
+
+def add_faces(gallery: GalleryStore, name: str, faces: list[NewFace]) -> tuple[list[FaceRecord], bool]:
+    """`faces` added to the subject `name` stands for, made when there is none; whether it was made
+    now. A subject deleted between the two steps is made again."""
+    subject, made = ensure(gallery, name)
+    try:
+        return gallery.add_faces(subject.id, faces), made
+    except SubjectNotFound:
+        subject, made = ensure(gallery, name)
+        return gallery.add_faces(subject.id, faces), made
