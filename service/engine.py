@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -73,18 +74,32 @@ class Engine:
         steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True), aligned, policy, chips, sent)
         return steps, advance(steps)
 
-    async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
+    async def faces(
+        self,
+        data: bytes,
+        aligned: bool = False,
+        policy: FacePolicy = "largest",
+        chips: bool = False,
+        timings: dict[str, float] | None = None,
+    ) -> list[EmbeddedFace]:
         """The image's faces with their embeddings, largest first (and their chips, when asked). The
-        decoded pixels are held against the pixel budget until the faces are embedded."""
+        decoded pixels are held against the pixel budget until the faces are embedded. `timings`, when
+        given, gets the seconds the image waited on each model ("detect", "embed"), its batch included:
+        what CompreFace's `execution_time` reports."""
         sent = await self._run(self.pipeline.probe, data)
         async with self.pixels.hold(sent.decoded_pixels):
-            return await self._faces(data, sent, aligned, policy, chips)
+            return await self._faces(data, sent, aligned, policy, chips, {} if timings is None else timings)
 
-    async def _faces(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> list[EmbeddedFace]:
+    async def _faces(
+        self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool, timings: dict[str, float]
+    ) -> list[EmbeddedFace]:
         """The async driver of the pipeline's steps: model runs through the models' futures, the
         work between them on the thread pool."""
         steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips)
         while not done:
+            started, model = time.perf_counter(), "detect" if isinstance(request, Detect) else "embed"
             run = self.models.detect(request.canvas) if isinstance(request, Detect) else self.models.embed(request.crops)
-            done, request = await self._run(advance, steps, await asyncio.wrap_future(run))
+            result = await asyncio.wrap_future(run)
+            timings[model] = timings.get(model, 0.0) + time.perf_counter() - started
+            done, request = await self._run(advance, steps, result)
         return request

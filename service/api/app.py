@@ -124,6 +124,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
     app.add_middleware(Admission, limit=settings.max_inflight_requests)
-    app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS)
+    app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS, refusals=compat.KEY_REFUSALS)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

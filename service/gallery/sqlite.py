@@ -33,6 +33,7 @@ from service.core.models.manifest import EmbedderKey
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
+from service.gallery.names import name_key
 
 log = logging.getLogger("facegate.gallery")
 
@@ -75,8 +76,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         f"UPDATE faces SET crop_frame = '{LEGACY_CROP_FRAME}', crop_landmarks = '{json.dumps(TEMPLATES[LEGACY_CROP_FRAME][0].tolist())}' "
         "WHERE crop IS NOT NULL",
     ),
-    # 2: the change log worker processes sharing the file follow (op: add or remove; face_ids: JSON list).
-    ("CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, face_ids TEXT NOT NULL)",),
+    # 2: a subject created with a unique name (a CompreFace subject, a DeepStack userid) holds its
+    #    name's key (names.py), which no other subject holds. Those the compatible APIs made before,
+    #    whose id is their name, take theirs; where only case told two apart, the oldest does.
+    (
+        "ALTER TABLE subjects ADD COLUMN name_key TEXT",
+        "UPDATE subjects SET name_key = lower(id) WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
+        "row_number() OVER (PARTITION BY lower(id) ORDER BY created, id) AS n FROM subjects WHERE id = name) WHERE n = 1)",
+        "CREATE UNIQUE INDEX subjects_name_key ON subjects (name_key)",
+    ),
+    # 3: the change log worker processes sharing the file follow (op: add or remove; face_ids: JSON list).
+    ("CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, face_ids TEXT NOT NULL)",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new ones are written
@@ -116,14 +126,29 @@ def embedding_blob(embedding: np.ndarray) -> bytes:
 
 # Row layouts both stores (SQLite here, PostgreSQL in postgres.py) share; only their SQL dialects differ.
 SUBJECT_SELECT = (
-    "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s "
+    "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id), "
+    "s.name_key IS NOT NULL FROM subjects s "
 )
 FACE_SELECT = "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces "
 FACE_INSERT_COLUMNS = "subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created"
 
 
 def subject_record(row: tuple) -> Subject:
-    return Subject(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5])
+    return Subject(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], bool(row[6]))
+
+
+def subject_update(current: tuple, name: str | None, metadata: dict[str, Any] | None) -> tuple[str, str, str | None]:
+    """name, metadata and name_key of a subject's UPDATE, from its current row's: a subject holding
+    its name's key takes the new name's."""
+    renamed = name if name is not None else current[0]
+    return renamed, json.dumps(metadata) if metadata is not None else current[1], name_key(renamed) if current[2] is not None else None
+
+
+def taken(subject_id: str, name: str, name_taken: bool) -> SubjectExists:
+    """The conflict a subject's INSERT or UPDATE met: its id, or its unique name's key."""
+    if name_taken:
+        return SubjectExists(f"a subject named {name[:140]!r} already exists (a unique name, whatever its case)")
+    return SubjectExists(f"a subject with id {subject_id!r} already exists")
 
 
 def face_record(row: tuple) -> FaceRecord:
@@ -357,18 +382,18 @@ class SqliteGallery(GalleryStore):
 
     # subjects
 
-    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject:
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None, unique_name: bool = False) -> Subject:
         subject_id = subject_id or uuid.uuid4().hex
         now = time.time()
         try:
             with self._write() as db:
                 db.execute(
-                    "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, ?, ?, ?)",
-                    (subject_id, name, json.dumps(metadata), now, now),
+                    "INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES (?, ?, ?, ?, ?, ?)",
+                    (subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
                 )
-        except sqlite3.IntegrityError:
-            raise SubjectExists(f"a subject with id {subject_id!r} already exists") from None
-        return Subject(subject_id, name, metadata, now, now, 0)
+        except sqlite3.IntegrityError as exc:
+            raise taken(subject_id, name, "name_key" in str(exc)) from None
+        return Subject(subject_id, name, metadata, now, now, 0, unique_name)
 
     def _subject_rows(self, where: str, params: tuple) -> list[Subject]:
         with self._lock:
@@ -381,25 +406,40 @@ class SqliteGallery(GalleryStore):
             raise SubjectNotFound(f"no subject with id {subject_id!r}")
         return rows[0]
 
+    def subject_by_name(self, name: str) -> Subject:
+        rows = self._subject_rows("WHERE s.name_key = ?", (name_key(name),))
+        if not rows:
+            raise SubjectNotFound(f"no subject named {name[:140]!r}")
+        return rows[0]
+
+    def unique_names(self, subject_ids: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._lock:
+            for start in range(0, len(subject_ids), LOOKUP_CHUNK):
+                chunk = subject_ids[start : start + LOOKUP_CHUNK]
+                rows = self._db.execute(
+                    f"SELECT id, name FROM subjects WHERE name_key IS NOT NULL AND id IN ({','.join('?' * len(chunk))})", chunk
+                )
+                out.update(rows)
+        return out
+
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
         with self._lock:
             total = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
             return self._subject_rows("ORDER BY s.created, s.id LIMIT ? OFFSET ?", (limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
-        with self._write() as db:
-            current = db.execute("SELECT name, metadata FROM subjects WHERE id = ?", (subject_id,)).fetchone()
-            if current is None:
-                raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            db.execute(
-                "UPDATE subjects SET name = ?, metadata = ?, updated = ? WHERE id = ?",
-                (
-                    name if name is not None else current[0],
-                    json.dumps(metadata) if metadata is not None else current[1],
-                    time.time(),
-                    subject_id,
-                ),
-            )
+        try:
+            with self._write() as db:
+                current = db.execute("SELECT name, metadata, name_key FROM subjects WHERE id = ?", (subject_id,)).fetchone()
+                if current is None:
+                    raise SubjectNotFound(f"no subject with id {subject_id!r}")
+                values = subject_update(current, name, metadata)
+                db.execute(
+                    "UPDATE subjects SET name = ?, metadata = ?, name_key = ?, updated = ? WHERE id = ?", (*values, time.time(), subject_id)
+                )
+        except sqlite3.IntegrityError:
+            raise taken(subject_id, values[0], True) from None
         return self.get_subject(subject_id)
 
     def delete_subject(self, subject_id: str) -> int:
