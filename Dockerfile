@@ -20,7 +20,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
 ARG ORT_EXTRA=gpu
-# PostgreSQL's driver only: Milvus' client (pymilvus with pandas and grpcio, ~190 MB) is built in only
+# PostgreSQL's driver only: Milvus' client (pymilvus with pandas and grpcio, 109 MB) is built in only
 # for a deployment that uses it (FACEGATE_MILVUS_URI), with SERVE_EXTRAS=postgres,milvus.
 ARG SERVE_EXTRAS=postgres
 ENV PIP_NO_CACHE_DIR=1 \
