@@ -56,13 +56,15 @@ def _raise_open_file_limit() -> None:
 
 def _check_can_start(settings, host: str, port: int) -> None:
     """What would fail only after the models are loaded, said in one line before: a taken address
-    (uvicorn binds after start-up) and a PostgreSQL gallery without its driver."""
+    (uvicorn binds after start-up) and a PostgreSQL gallery or Milvus index without its client."""
     from importlib.util import find_spec
 
-    from service.gallery.factory import POSTGRES_EXTRA_MISSING
+    from service.gallery.factory import MILVUS_EXTRA_MISSING, POSTGRES_EXTRA_MISSING
 
     if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
         fail(POSTGRES_EXTRA_MISSING)
+    if settings.milvus_uri and find_spec("pymilvus") is None:
+        fail(MILVUS_EXTRA_MISSING)
     try:
         with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
@@ -156,12 +158,19 @@ def models_pull(
         Path | None,
         typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest)."),
     ] = None,
+    serving: Annotated[
+        bool, typer.Option("--serving", help="Only the detector and the embedder the settings name (FACEGATE_EMBEDDER): `make serve`.")
+    ] = False,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.core.models.files import manifest_path, pull, verify_file, version_note
     from service.core.models.manifest import Manifest
 
     settings = get_settings()
+    if serving:
+        if names:
+            fail("--serving pulls the models the settings name: give no NAME")
+        names = [settings.detector, settings.embedder]
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
     if file is not None and len(paths) != 1:
         fail("--file goes with exactly one manifest name")

@@ -59,7 +59,7 @@ class Readiness:
                 "error": (
                     "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold"
                 ),
-                "fix": f"facegate calibrate {embedder.manifest.name}.json --data ALIGNED_FOLDERS (identities it never trained on)",
+                "fix": f"facegate calibrate {embedder.manifest.name}.json (its run's held-out identities, or --data ALIGNED_FOLDERS)",
             }
         ]
 

@@ -68,11 +68,15 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://facegate@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> str:
+    def create_database(self, name: str, encoding: str = "UTF8") -> str:
+        """A new database; another `encoding` (SQL_ASCII: what some old clusters were made with) from template0."""
         import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            if encoding == "UTF8":
+                conn.execute(f'CREATE DATABASE "{name}"')
+            else:
+                conn.execute(f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
         return self.url(name)
 
 

@@ -179,9 +179,16 @@ def test_image_installs_like_the_makefile(stages, runtime):
     )
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r'pip install --quiet \$\(EDITABLE\) "\.\[\$\(1\)\$\(2\)\]"', makefile), "the Makefile's install line changed"
-    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\$\(comma\)milvus\)$", makefile, re.M), (
-        "install-serve: the onnxruntime extra, postgres (the shared gallery's driver) and milvus (the shared vector index's client) only"
+    assert re.search(
+        r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(if \$\(SERVE_EXTRAS\),\$\(comma\)\$\(SERVE_EXTRAS\)\)\)$",
+        makefile,
+        re.M,
     )
+    assert re.search(r"^SERVE_EXTRAS \?= postgres,milvus$", makefile, re.M), "make serve: postgres (the shared gallery's driver) and milvus"
+    builder_args = {i.args for i in stages[0].all("ARG")}
+    assert "SERVE_EXTRAS=postgres" in builder_args, "the image: PostgreSQL's driver, Milvus' client only when asked for"
+    for run in installs:
+        assert 'SERVE_EXTRAS="${SERVE_EXTRAS}"' in run
 
 
 def test_runtime_stage_conventions(runtime):
@@ -566,6 +573,9 @@ def test_compose_milvus_adds_the_shared_index_to_the_replicas():
     for name in ("facegate-a", "facegate-b"):
         replica = services[name]
         assert _environment(replica)["FACEGATE_MILVUS_URI"] == "http://milvus:19530"
+        assert replica["build"]["args"]["SERVE_EXTRAS"] == "postgres,milvus" and replica["image"].endswith("-milvus"), (
+            "Milvus' client built in"
+        )
         assert replica["depends_on"]["milvus"]["condition"] == "service_healthy"
         assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"  # merged, not replaced
         assert "FACEGATE_DATABASE_URL" in _environment(replica)

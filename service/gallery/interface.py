@@ -94,7 +94,10 @@ class GalleryStore(Protocol):
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def counts(self) -> dict[str, int]: ...
+    def counts(self, searchable: int | None = None) -> dict[str, int]:
+        """subjects, faces, searchable_faces (the index's size; `searchable` when the caller has just
+        read it: Milvus counts with a query) and incompatible_faces (another embedder's)."""
+        ...
 
     def index_info(self) -> dict[str, Any] | None:
         """The vector index searches run on (backend, parameters, size); None where nothing is searched."""

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
@@ -109,7 +110,9 @@ class PostgresGallery(GalleryStore):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
         the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
-        self.url = url
+        # Text as UTF-8 whatever the database's encoding: on a SQL_ASCII database psycopg would
+        # otherwise return text columns as bytes (a model name b'dlib-resnet-v1' is then "another embedder").
+        self.url = make_conninfo(url, client_encoding="UTF8")
         self.embedder = embedder
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
@@ -118,7 +121,7 @@ class PostgresGallery(GalleryStore):
         # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
         # before use, so after a database restart a stale one is replaced rather than failing a request.
         self.pool = ConnectionPool(
-            url,
+            self.url,
             min_size=1,
             max_size=pool_size,
             open=False,
@@ -136,7 +139,7 @@ class PostgresGallery(GalleryStore):
             applied = self._load_index()
             self.sync: IndexSync | None = None  # Milvus is shared: nothing to keep in step
             if isinstance(self.index, FaissIndex):
-                self.sync = IndexSync(url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS)
+                self.sync = IndexSync(self.url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS)
                 with self.pool.connection() as conn:
                     replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
                 if replayed:
@@ -404,10 +407,11 @@ class PostgresGallery(GalleryStore):
             ).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, searchable: int | None = None) -> dict[str, int]:
         with self._conn() as conn:
             subjects, faces = one_row(conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)"))
-        searchable = self.index.size if self.index is not None else 0
+        if searchable is None:
+            searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
     def index_info(self) -> dict[str, Any] | None:

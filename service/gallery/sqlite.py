@@ -551,12 +551,13 @@ class SqliteGallery(GalleryStore):
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, searchable: int | None = None) -> dict[str, int]:
         with self._lock:
             self._follow()
             subjects = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
             faces = self._db.execute("SELECT COUNT(*) FROM faces").fetchone()[0]
-        searchable = self.index.size if self.index is not None else 0
+        if searchable is None:
+            searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
     def index_info(self) -> dict[str, Any] | None:

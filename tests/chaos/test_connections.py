@@ -174,3 +174,50 @@ def test_a_malformed_request_gets_400_in_the_json_shape(server):
         s.close()
     assert head.startswith(b"HTTP/1.1 400"), head[:300]
     assert json.loads(body)["error"]["code"] == "bad_request"
+
+
+def _one_response(s: socket.socket) -> tuple[bytes, bytes]:
+    """One response read off a kept-alive connection: (head, body), by its Content-Length."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = s.recv(65536)
+        assert chunk, f"the connection closed before an answer: {answer!r}"
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head, body
+
+
+def test_a_stopping_server_answers_on_an_idle_keep_alive_connection_with_connection_close(tmp_path):
+    """Graceful shutdown without losing a proxy's request (issue 37): once stopping, the server refuses
+    new connections (a proxy retries those elsewhere, POST included) but keeps an idle keep-alive
+    connection open until its keep-alive timeout, answering a request sent on it with `Connection:
+    close`. uvicorn closed such a connection at once, losing a request the proxy sent at that moment
+    (nginx cannot resend a POST it sent)."""
+    env = {"FACEGATE_DATA_DIR": str(tmp_path / "gallery"), "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"), "FACEGATE_EMBEDDER": "none"}
+    with facegate_serve(env, tmp_path / "server.log") as (_, port, process):
+        pooled = _connect(port)
+        try:
+            pooled.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            head, _ = _one_response(pooled)
+            assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+            process.terminate()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the listening socket closes first
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except ConnectionRefusedError:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("new connections are still accepted 5 s after SIGTERM")
+            pooled.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the proxy's next request on its pooled connection
+            head, body = _one_response(pooled)
+            assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
+            assert json.loads(body) == {"status": "ok"}
+            assert _closed(pooled)
+        finally:
+            pooled.close()
+        process.wait(15)  # gone once its connections are (uvicorn re-raises the SIGTERM: exit status -15)

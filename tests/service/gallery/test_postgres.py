@@ -252,6 +252,30 @@ def test_other_models_faces_are_kept_not_searched_and_reembed_reaches_running_re
     wait_for(lambda: a.index.size == 1, "the old model's replica drops it")
 
 
+def test_a_sql_ascii_database_reads_text_as_text(postgres_server):
+    """A cluster created as SQL_ASCII (issue 37): psycopg returns its text columns as bytes unless the
+    connection asks for UTF-8, and the gallery then took its own faces for another embedder's."""
+    import uuid
+
+    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}", encoding="SQL_ASCII")
+    with psycopg.connect(url) as conn:  # what the gallery would read without asking for UTF-8
+        assert conn.execute("SHOW server_encoding").fetchone()[0] == b"SQL_ASCII"
+    writer = PostgresGallery(url, KEY, pool_size=2)
+    try:
+        writer.create_subject("Zoë Ångström", {"site": "Malmö"}, "zoe")
+        (face,) = writer.add_faces("zoe", [NewFace(unit(0))])
+    finally:
+        writer.close()
+    store = PostgresGallery(url, KEY, pool_size=2)  # a restart: the index loads from the snapshot
+    try:
+        assert store.incompatible == {} and store.counts()["incompatible_faces"] == 0
+        assert store.index.size == 1 and store.search(unit(0), 1)[0].face_id == face.id
+        subject = store.get_subject("zoe")
+        assert subject.name == "Zoë Ångström" and subject.metadata == {"site": "Malmö"}
+    finally:
+        store.close()
+
+
 def test_the_settings_choose_the_store(database_url, tmp_path):
     from pydantic import ValidationError
 
