@@ -204,20 +204,20 @@ def test_a_stopping_server_answers_on_an_idle_keep_alive_connection_with_connect
             head, _ = _one_response(pooled)
             assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
             process.terminate()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:  # the listening socket closes first
+
+            def refused() -> bool:
                 try:
                     socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 except ConnectionRefusedError:
-                    break
-                time.sleep(0.05)
-            else:
-                raise AssertionError("new connections are still accepted 5 s after SIGTERM")
+                    return True
+                return False
+
+            wait_until(refused, "new connections refused after SIGTERM (the listening socket closes first)", timeout=5)
             pooled.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the proxy's next request on its pooled connection
             head, body = _one_response(pooled)
             assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
             assert json.loads(body) == {"status": "ok"}
-            assert _closed(pooled)
+            wait_until(lambda: _gone(pooled), "the connection closed after its Connection: close answer", timeout=5)
         finally:
             pooled.close()
         process.wait(15)  # gone once its connections are (uvicorn re-raises the SIGTERM: exit status -15)
