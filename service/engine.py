@@ -72,8 +72,11 @@ class Engine:
         Stops between shapes once close() was called (a start-up that failed after it began)."""
         started = time.perf_counter()
         detector, embedder = self.pipeline.detector, self.pipeline.require_embedder()
-        runs = [partial(detector.infer, np.zeros((n, size, size, 3), np.uint8)) for size in detector.sizes for n in detector.shapes.sizes]
+        runs: list[Callable[[], Any]] = [
+            partial(detector.infer, np.zeros((n, size, size, 3), np.uint8)) for size in detector.sizes for n in detector.shapes.sizes
+        ]
         runs += [partial(embedder.embed, np.zeros((n, *embedder.size, 3), np.uint8)) for n in embedder.shapes.sizes]
+        runs += [self.pipeline.decoder.start] if self.pipeline.decoder else []
         try:
             for run in runs:
                 if self._closing.is_set():
@@ -94,6 +97,7 @@ class Engine:
             if batcher:
                 batcher.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pipeline.close()
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -113,22 +117,31 @@ class Engine:
             return (await asyncio.wrap_future(self.detect_batchers[len(canvas)].submit(canvas[None])))[0]
         return (await self._run(self._detect, canvas[None]))[0]
 
-    def _start(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> tuple[Steps, tuple[bool, Any]]:
+    def _start(
+        self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool, cancel: threading.Event
+    ) -> tuple[Steps, tuple[bool, Any]]:
         """Decode (a large JPEG reduced) and run the steps up to their first model run, on a worker thread."""
-        steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True), aligned, policy, chips, sent)
+        steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True, cancel=cancel), aligned, policy, chips, sent)
         return steps, advance(steps)
 
     async def faces(self, data: bytes, aligned: bool = False, policy: FacePolicy = "largest", chips: bool = False) -> list[EmbeddedFace]:
         """The image's faces with their embeddings, largest first (and their chips, when asked). The
-        decoded pixels are held against the pixel budget until the faces are embedded."""
-        sent = await self._run(self.pipeline.probe, data)
-        async with self.pixels.hold(sent.decoded_pixels):
-            return await self._faces(data, sent, aligned, policy, chips)
+        decoded pixels are held against the pixel budget until the faces are embedded. A request
+        cancelled meanwhile (its client gone) stops its probe or decode where it is."""
+        cancel = threading.Event()
+        try:
+            sent = await self._run(self.pipeline.probe, data, cancel)
+            async with self.pixels.hold(sent.budget_pixels):
+                return await self._faces(data, sent, aligned, policy, chips, cancel)
+        finally:
+            cancel.set()  # after an answer nothing listens; after a cancellation the decoder process is stopped
 
-    async def _faces(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> list[EmbeddedFace]:
+    async def _faces(
+        self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool, cancel: threading.Event
+    ) -> list[EmbeddedFace]:
         """The async driver of the pipeline's steps: model runs through the micro-batchers, the
         work between them on the thread pool."""
-        steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips)
+        steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips, cancel)
         while not done:
             result = await (self._detect_row(request.canvas) if isinstance(request, Detect) else self.embed_crops(request.crops))
             done, request = await self._run(advance, steps, result)
