@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
+from service.api.admission import ticket
 from service.api.compat.similarity import calibrated_similarity
 from service.api.deps import Service, ServiceDep, get_service
 from service.api.requests import MAX_FORM_FIELDS
@@ -62,6 +63,9 @@ class DeepStackRoute(APIRoute):
                 async with request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS) as form:
                     if service.keys.enabled and not service.keys.check(_presented_key(request, form)):
                         raise Unauthorized("Incorrect api key")
+                    admitted = ticket(request)
+                    if admitted is not None:  # out of the slots kept for requests whose key is not yet known
+                        await admitted.authenticated()
                     request.state.deepstack_form = form
                     return await handler(request)
             except FacegateError as exc:
@@ -199,15 +203,13 @@ async def register(request: Request, service: ServiceDep) -> dict:
 
 @router.post("/delete", summary="DeepStack: delete a userid and its faces")
 def delete(request: Request, service: ServiceDep) -> dict:
-    """Success whether or not the userid existed, as DeepStack answers."""
-    userid = _text(request.state.deepstack_form, "userid")
-    if userid is None:
-        raise InvalidParameters("userid not specified")
-    if re.fullmatch(SUBJECT_ID_PATTERN, userid):
-        try:
-            service.gallery.delete_subject(userid)
-        except SubjectNotFound:
-            pass
+    """Success whether or not the userid existed, as DeepStack answers; a userid facegate cannot
+    hold is refused as `register` refuses it (400), not reported deleted."""
+    userid = _userid(request.state.deepstack_form)
+    try:
+        service.gallery.delete_subject(userid)
+    except SubjectNotFound:
+        pass
     return _ok(request)
 
 

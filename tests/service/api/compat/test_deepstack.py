@@ -109,6 +109,16 @@ def test_deepstack_bad_input_keeps_its_shape(ds, examples):
     assert json_body.status_code == 400 and json_body.json()["success"] is False
 
 
+@pytest.mark.parametrize("userid", ["User Name", "a/b", "x" * 129, "-leading-dash"])
+def test_deepstack_delete_refuses_a_userid_as_register_does(ds, examples, userid):
+    """A userid facegate cannot hold was answered `success: true` by delete while register refused it
+    with a 400 (issue 34): a client was told something was deleted that could never exist."""
+    register = ds.post(f"{FACE}/register", files={"image": photo(examples, "obama.jpg")}, data={"userid": userid})
+    delete = ds.post(f"{FACE}/delete", data={"userid": userid})
+    assert register.status_code == delete.status_code == 400, delete.text
+    assert delete.json()["success"] is False and delete.json()["error"] == register.json()["error"]
+
+
 def test_deepstack_api_key(model_cache, tmp_path, make_client, examples):
     from service.core.settings import Settings
 
