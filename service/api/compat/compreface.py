@@ -7,7 +7,6 @@ in CompreFace's shape, `{"message", "code"}`; no face is HTTP 400 with code 28, 
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from service.core.decision import search_fars
 from service.core.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
+MAX_DELETE_IDS = 1000  # image ids one `faces/delete` takes: deleted in one statement
 
 
 class CompreFaceRoute(APIRoute):
@@ -59,6 +59,10 @@ class Options(BaseModel):
     that change an answer (the query string holds CompreFace's options)."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+class DeleteIds(RootModel[list[str]]):
+    root: list[str] = Field(max_length=MAX_DELETE_IDS)
 
 
 class SubjectBody(BaseModel):
@@ -229,19 +233,17 @@ def delete_subject_faces(request: Request, service: ServiceDep) -> dict:
     subject = _subject(request)
     if subject is None:
         raise InvalidParameters("subject is required")
-    records = service.gallery.list_faces(subject)
-    for record in records:
-        service.gallery.delete_face(record.id)
-    return {"deleted": len(records)}
+    ids = [record.id for record in service.gallery.list_faces(subject)]
+    deleted = sum(len(service.gallery.delete_faces(ids[i : i + MAX_DELETE_IDS])) for i in range(0, len(ids), MAX_DELETE_IDS))
+    return {"deleted": deleted}
 
 
-def _delete_ids(service: Service, ids: list[int]) -> list[dict]:
-    """Those of `ids` the gallery holds, whichever model made them, deleted: each with its subject."""
-    deleted = []
-    for face_id in ids:
-        with contextlib.suppress(FaceNotFound):
-            deleted.append({"image_id": str(face_id), "subject": service.gallery.delete_face(face_id)})
-    return deleted
+def _delete_ids(service: Service, raw: list[str]) -> list[dict]:
+    """Those of `raw` image ids the gallery holds, whichever model made them, deleted in one
+    statement: each with its subject, in the order asked."""
+    ids = [_face_id(i) for i in raw]
+    deleted = service.gallery.delete_faces(ids)
+    return [{"image_id": str(i), "subject": deleted[i]} for i in dict.fromkeys(ids) if i in deleted]
 
 
 def _face_id(raw: str) -> int:
@@ -288,8 +290,9 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
 
 @router.post("/recognition/faces/delete", summary="CompreFace: delete several faces")
 async def delete_faces(request: Request, service: ServiceDep) -> list[dict]:
-    ids = (await read_json_model(request, RootModel[list[str]])).root
-    return await run_in_threadpool(_delete_ids, service, [_face_id(i) for i in ids])
+    """At most MAX_DELETE_IDS ids a request; ids the gallery does not hold are left out of the answer."""
+    ids = (await read_json_model(request, DeleteIds)).root
+    return await run_in_threadpool(_delete_ids, service, ids)
 
 
 @router.post("/recognition/subjects", summary="CompreFace: create a subject")
@@ -345,13 +348,20 @@ def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray
 
 
 @router.post("/recognition/embeddings/recognize", summary="CompreFace: recognize embeddings")
-async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
+async def recognize_embeddings(request: Request, service: ServiceDep) -> JSONResponse:
     """Each embedding's top `prediction_count` subjects, with `recognition/recognize`'s calibrated
     similarity. The embeddings must come from the active embedder (facegate's /embed, or CompreFace's
     `face_plugins=calculator` on facegate)."""
     body = await read_json_model(request, EmbeddingsBody)
     count = _query_int(request, "prediction_count", 1, low=1)
-    rows = _unit(service, body.embeddings, "embeddings")
+    service.ready()
+    return await run_in_threadpool(_recognized, service, body.embeddings, count)
+
+
+def _recognized(service: Service, received: list[list[float]], count: int) -> JSONResponse:
+    """Blocking, like every step of an embeddings route: a thousand embeddings are normalized,
+    searched and echoed, and their answer rendered here (it takes seconds to serialize)."""
+    rows = _unit(service, received, "embeddings")
     if len(rows) * count > service.settings.max_identify_candidates:
         raise InvalidParameters(
             f"{len(rows)} embeddings × prediction_count {count} exceeds "
@@ -360,28 +370,33 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
     manifest = service.ready().manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
     result = []
-    for row, received in zip(rows, body.embeddings, strict=True):
-        candidates = await run_in_threadpool(service.search, row, count)
+    for row, embedding in zip(rows, received, strict=True):
+        candidates = service.search(row, count)
         fars = search_fars(manifest, service.models.cohort, row, candidates)
         similarities = [
             {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
             for c, far in zip(candidates, fars, strict=True)
         ]
-        result.append({"embedding": received, "similarities": similarities})
-    return {"result": result}
+        result.append({"embedding": embedding, "similarities": similarities})
+    return JSONResponse({"result": result})
 
 
 @router.post("/verification/embeddings/verify", summary="CompreFace: compare an embedding with others")
-async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
+async def verify_embeddings(request: Request, service: ServiceDep) -> JSONResponse:
     """`source` against each of `targets` (echoed as received), with `verification/verify`'s calibrated similarity, most similar first."""
     body = await read_json_model(request, EmbeddingsVerifyBody)
-    (source,) = _unit(service, [body.source], "source")
-    targets = _unit(service, body.targets, "targets")
+    service.ready()
+    return await run_in_threadpool(_verified, service, body.source, body.targets)
+
+
+def _verified(service: Service, source_received: list[float], received: list[list[float]]) -> JSONResponse:
+    (source,) = _unit(service, [source_received], "source")
+    targets = _unit(service, received, "targets")
     manifest = service.ready().manifest
     anchor = float(service.settings.default_far)
     result: list[dict[str, Any]] = [
-        {"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)}
-        for t, received in zip(targets, body.targets, strict=True)
+        {"embedding": embedding, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)}
+        for t, embedding in zip(targets, received, strict=True)
     ]
     result.sort(key=lambda r: r["similarity"], reverse=True)
-    return {"result": result}
+    return JSONResponse({"result": result})
