@@ -163,3 +163,43 @@ def test_a_malformed_request_gets_400_in_the_json_shape(server):
         s.close()
     assert head.startswith(b"HTTP/1.1 400"), head[:300]
     assert json.loads(body)["error"]["code"] == "bad_request"
+
+
+@pytest.fixture(scope="module")
+def patient_body_server(tmp_path_factory):
+    """A short header deadline and a long body deadline, so that which of them applies shows."""
+    tmp = tmp_path_factory.mktemp("chaos-pipelining")
+    env = {
+        "FACEGATE_DATA_DIR": str(tmp / "gallery"),
+        "FACEGATE_MODEL_CACHE": str(tmp / "cache"),
+        "FACEGATE_EMBEDDER": "none",
+        "FACEGATE_HEADER_TIMEOUT": "1",
+        "FACEGATE_BODY_TIMEOUT": "10",
+    }
+    with facegate_serve(env, tmp / "server.log") as (_, port, _):
+        yield port
+
+
+def test_a_pipelined_request_gets_the_body_deadline_for_its_body(patient_body_server):
+    """`GET /healthz` then, in the same write, a POST whose body trickles: the header deadline was
+    re-armed on the POST when the GET's answer ended, and cut its connection (issue 34, defect 7)."""
+    body = json.dumps({"id": "pipelined", "name": "P"}).encode()
+    s = _connect(patient_body_server)
+    try:
+        s.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            + b"POST /subjects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:1]
+        )
+        for i in range(1, len(body)):  # 3 s of trickling: past the header deadline, within the body's
+            time.sleep(3.0 / len(body))
+            s.sendall(body[i : i + 1])
+        s.settimeout(10)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    finally:
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 ") == 2, answer[:400]
+    assert b"HTTP/1.1 201" in answer and b'"pipelined"' in answer, answer[-400:]
