@@ -104,7 +104,11 @@ def decode_image(
     OpenCV's IMREAD_COLOR (and IMREAD_REDUCED_COLOR_n) turns grayscale, alpha, 16-bit and CMYK
     sources into 8-bit BGR and rotates by EXIF; it returns None for truncated or corrupt data.
     """
-    found = probe(data, max_bytes, max_pixels, min_side, reduce_to_side)
+    return decode_probed(data, probe(data, max_bytes, max_pixels, min_side, reduce_to_side))
+
+
+def decode_probed(data: bytes, found: Probe) -> np.ndarray:
+    """`decode_image` of data `probe` has passed (`found`): a decoder process probes once."""
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), REDUCED.get(found.reduction, cv2.IMREAD_COLOR))
     if image is None:
         raise InvalidImage("the image is truncated or corrupt and could not be decoded")

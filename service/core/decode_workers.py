@@ -37,7 +37,7 @@ import numpy as np
 
 from service.core import errors
 from service.core.cpus import available_cores
-from service.core.decode import Probe, decode_image, probe
+from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
 from service.core.settings import Settings
 
@@ -121,7 +121,7 @@ def _job(buffer: mmap.mmap, op: str, count: int, limits: Limits, memory: int) ->
         if needed > memory:
             message = f"decoding the image needs at least {needed // MB} MB; FACEGATE_DECODE_MEMORY_MB is {memory // MB}"
             return ("error", ImageTooLarge.__name__, message)
-        image = decode_image(data, *limits)
+        image = decode_probed(data, found)
         view = np.frombuffer(buffer, np.uint8, image.nbytes)
         view[:] = image.reshape(-1)
         del view  # the buffer must not stay exported
@@ -156,14 +156,19 @@ class _Worker:
         assert self.buffer is not None
         self.buffer[: len(data)] = data
         self.used = len(data)
-        started = _cpu_seconds(self.process.pid)
         self.conn.send((op, len(data), limits))
-        deadline = time.monotonic() + (timeout if started is None else WALL_FACTOR * timeout)
+        sent = time.monotonic()
+        deadline = sent + WALL_FACTOR * timeout
+        started: float | None = None  # the worker's CPU time at the first poll: most photos are done before it
         while not self.conn.poll(POLL):
             if cancel is not None and cancel.is_set():
                 raise DecodeCancelled()
             used = _cpu_seconds(self.process.pid)
-            if time.monotonic() > deadline or (started is not None and used is not None and used - started > timeout):
+            if used is None:  # no /proc: wall-clock time alone, at the CPU limit
+                deadline = min(deadline, sent + timeout)
+            elif started is None:
+                started = used - POLL  # a one-threaded worker used at most one poll's time before
+            if time.monotonic() > deadline or (used is not None and started is not None and used - started > timeout):
                 raise ImageTooComplex(
                     f"the image did not {op} within {timeout:g} s of CPU time (FACEGATE_DECODE_TIMEOUT); its decoder was stopped"
                 )
