@@ -22,6 +22,16 @@ from tests.service.api.test_server_process import free_port
 INHERITED_OFF = ("FACEGATE_API_KEYS", "FACEGATE_API_KEYS_FILE", "FACEGATE_DATABASE_URL")
 
 
+def without_models(folder: Path, **settings: str) -> dict[str, str]:
+    """A server's environment with its gallery under `folder` and no models (only the HTTP layer is under test)."""
+    return {
+        "FACEGATE_DATA_DIR": str(folder / "gallery"),
+        "FACEGATE_MODEL_CACHE": str(folder / "cache"),
+        "FACEGATE_EMBEDDER": "none",
+        **settings,
+    }
+
+
 @contextmanager
 def facegate_serve(
     env: dict[str, str], log: Path, ready: str = "/healthz", start_timeout: float = 90.0
@@ -105,28 +115,43 @@ class ProcessTree:
         return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
-class PeakMemory:
-    """Samples a ProcessTree's memory every `interval` seconds in a thread while the block runs."""
+class Background:
+    """Calls `sample()` every `interval` seconds in a thread while the block runs."""
 
-    def __init__(self, tree: ProcessTree, interval: float = 0.05):
-        self.tree, self.interval = tree, interval
-        self.base = tree.memory()
-        self.peak = self.base
+    interval = 0.05
+
+    def __init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.tree.memory())
+            self.sample()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> PeakMemory:
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class PeakMemory(Background):
+    """The peak of a ProcessTree's memory while the block runs."""
+
+    def __init__(self, tree: ProcessTree, interval: float = 0.05):
+        super().__init__()
+        self.tree, self.interval = tree, interval
+        self.base = tree.memory()
+        self.peak = self.base
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.tree.memory())
 
     @property
     def growth(self) -> int:

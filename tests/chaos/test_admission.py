@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.chaos.server import PeakMemory, ProcessTree, facegate_serve
+from tests.chaos.server import PeakMemory, ProcessTree, facegate_serve, without_models
 
 pytestmark = pytest.mark.slow
 KEY = "chaos-key"
@@ -43,14 +43,7 @@ def _answer(s: socket.socket) -> bytes:
 
 def test_trickling_unauthenticated_uploads_leave_keyed_clients_their_slots(tmp_path):
     """70 unauthenticated slow uploads to /v1/vision/face/recognize made every keyed request 503."""
-    env = {
-        "FACEGATE_DATA_DIR": str(tmp_path / "gallery"),
-        "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"),
-        "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_API_KEYS": KEY,
-        "FACEGATE_MAX_INFLIGHT_REQUESTS": str(INFLIGHT),
-        "FACEGATE_BODY_TIMEOUT": "60",
-    }
+    env = without_models(tmp_path, FACEGATE_API_KEYS=KEY, FACEGATE_MAX_INFLIGHT_REQUESTS=str(INFLIGHT), FACEGATE_BODY_TIMEOUT="60")
     with facegate_serve(env, tmp_path / "server.log") as (url, port, _):
         sockets = [_trickle(port, f"127.0.0.{2 + i % 10}") for i in range(40)]  # 10 addresses, 4 each
         sockets += [_trickle(port, "127.0.0.2") for _ in range(5)]  # one address, past its share
@@ -80,13 +73,7 @@ def test_large_json_bodies_at_once_stay_within_the_body_budget(tmp_path):
     if not Path("/proc/self/smaps_rollup").is_file():
         pytest.skip("memory is read from /proc (Linux)")
     body = json.dumps({"image": base64.b64encode(b"\x00" * 18_000_000).decode()}).encode()
-    env = {
-        "FACEGATE_DATA_DIR": str(tmp_path / "gallery"),
-        "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"),
-        "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_MAX_BODY_MEGABYTES": "50",
-        "FACEGATE_DECODE_WAIT": "120",
-    }
+    env = without_models(tmp_path, FACEGATE_MAX_BODY_MEGABYTES="50", FACEGATE_DECODE_WAIT="120")
     with facegate_serve(env, tmp_path / "server.log") as (url, _, process):
 
         def send(_: int) -> int:

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.chaos.server import facegate_serve
+from tests.chaos.server import facegate_serve, without_models
 
 pytestmark = pytest.mark.slow
 HEADER_TIMEOUT = 2.0
@@ -24,14 +24,9 @@ IDLE_SOCKETS = 600  # above uvicorn's old limit_concurrency (512), which idle so
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chaos-connections")
-    env = {
-        "FACEGATE_DATA_DIR": str(tmp / "gallery"),
-        "FACEGATE_MODEL_CACHE": str(tmp / "cache"),  # no models: only the HTTP layer is under test
-        "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
-        "FACEGATE_BODY_TIMEOUT": str(BODY_TIMEOUT),
-        "FACEGATE_MAX_INFLIGHT_REQUESTS": "2",
-    }
+    env = without_models(
+        tmp, FACEGATE_HEADER_TIMEOUT=str(HEADER_TIMEOUT), FACEGATE_BODY_TIMEOUT=str(BODY_TIMEOUT), FACEGATE_MAX_INFLIGHT_REQUESTS="2"
+    )
     with facegate_serve(env, tmp / "server.log") as (url, port, _):
         yield port, url
 
@@ -169,13 +164,7 @@ def test_a_malformed_request_gets_400_in_the_json_shape(server):
 def patient_body_server(tmp_path_factory):
     """A short header deadline and a long body deadline, so that which of them applies shows."""
     tmp = tmp_path_factory.mktemp("chaos-pipelining")
-    env = {
-        "FACEGATE_DATA_DIR": str(tmp / "gallery"),
-        "FACEGATE_MODEL_CACHE": str(tmp / "cache"),
-        "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_HEADER_TIMEOUT": "1",
-        "FACEGATE_BODY_TIMEOUT": "10",
-    }
+    env = without_models(tmp, FACEGATE_HEADER_TIMEOUT="1", FACEGATE_BODY_TIMEOUT="10")
     with facegate_serve(env, tmp / "server.log") as (_, port, _):
         yield port
 

@@ -5,50 +5,40 @@ The bound on /healthz is generous: it measures a stalled event loop, not speed. 
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.chaos.server import facegate_serve
+from tests.chaos.server import Background, facegate_serve, without_models
 
 pytestmark = pytest.mark.slow
 
 
-class HealthPings:
-    """Pings /healthz every 0.1 s from a thread while the block runs: the slowest answer."""
+class HealthPings(Background):
+    """Pings /healthz every 0.1 s while the block runs: the slowest answer."""
+
+    interval = 0.1
 
     def __init__(self, url: str):
-        self.url, self.slowest, self.count = url, 0.0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._ping, daemon=True)
+        super().__init__()
+        self.client = httpx.Client(base_url=url, timeout=60)
+        self.slowest, self.count = 0.0, 0
 
-    def _ping(self) -> None:
-        with httpx.Client(timeout=60) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                assert client.get(f"{self.url}/healthz").status_code == 200
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.count += 1
-                self._stop.wait(0.1)
-
-    def __enter__(self) -> HealthPings:
-        self._thread.start()
-        return self
+    def sample(self) -> None:
+        started = time.monotonic()
+        assert self.client.get("/healthz").status_code == 200
+        self.slowest = max(self.slowest, time.monotonic() - started)
+        self.count += 1
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
+        self.client.close()
 
 
 def test_large_json_bodies_are_refused_without_holding_the_event_loop(tmp_path):
-    env = {
-        "FACEGATE_DATA_DIR": str(tmp_path / "gallery"),
-        "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"),
-        "FACEGATE_EMBEDDER": "none",
-    }
+    env = without_models(tmp_path)
     metadata = b'{"id": "big", "name": "x", "metadata": {"list": [' + b"0," * 10_000_000 + b"0]}}"
     ids = b"[" + b'"7",' * 4_000_000 + b'"7"]'
     with facegate_serve(env, tmp_path / "server.log") as (url, _, _):

@@ -6,18 +6,14 @@ the store) leaves nothing half done: rows are served with what cannot be carried
 from __future__ import annotations
 
 import pytest
-from pydantic import SecretStr
 
 from service.core.errors import SubjectNotFound
 from tests.service.api.test_routes import error
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def client(request, api_settings, make_client):
-    settings = api_settings
-    if request.param == "postgres":
-        settings = settings.model_copy(update={"database_url": SecretStr(request.getfixturevalue("database_url"))})
-    client = make_client(settings)
+@pytest.fixture
+def client(store_settings, make_client):
+    client = make_client(store_settings)
     assert client.post("/subjects", json={"id": "known", "name": "Known", "metadata": {"k": "v"}}).status_code == 201
     return client
 

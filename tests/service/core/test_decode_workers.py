@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import cv2
 import numpy as np
@@ -50,6 +51,17 @@ def workers():
     pool.close()
 
 
+@contextmanager
+def one_worker(memory_mb: int = 1024, timeout: float = 60.0):
+    """A pool of one worker, started, closed at the end of the block."""
+    pool = DecodeWorkers(1, memory_mb, timeout, *LIMITS[:2])
+    try:
+        pool.start()
+        yield pool
+    finally:
+        pool.close()
+
+
 def _worker_pids(pool: DecodeWorkers) -> set[int]:
     return {w.process.pid for w in pool._workers}
 
@@ -80,16 +92,12 @@ def test_typed_errors_come_back_and_the_worker_stays(workers, data, error):
 
 
 def test_a_decode_past_its_cpu_deadline_is_stopped_and_its_worker_replaced():
-    pool = DecodeWorkers(1, 1024, 0.3, *LIMITS[:2])
-    try:
-        pool.start()
+    with one_worker(timeout=0.3) as pool:
         (first,) = _worker_pids(pool)
         with pytest.raises(ImageTooComplex, match="FACEGATE_DECODE_TIMEOUT"):
             pool.decode(SLOW, *LIMITS)
         assert first not in _worker_pids(pool)
         assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)  # a fresh worker took the slot
-    finally:
-        pool.close()
 
 
 def _rotated_jpeg(side: int) -> bytes:
@@ -105,12 +113,8 @@ def _rotated_jpeg(side: int) -> bytes:
 
 def test_a_decode_whose_known_cost_exceeds_the_memory_limit_is_refused_before_decoding():
     """6000×6000 in separate scans: 216 MB of coefficients and 108 MB of pixels, past a 128 MB limit."""
-    pool = DecodeWorkers(1, 128, 30.0, *LIMITS[:2])
-    try:
-        with pytest.raises(ImageTooLarge, match="needs at least 324 MB; FACEGATE_DECODE_MEMORY_MB is 128"):
-            pool.decode(separate_scans(6000, 6000), *LIMITS)
-    finally:
-        pool.close()
+    with one_worker(memory_mb=128) as pool, pytest.raises(ImageTooLarge, match="needs at least 324 MB; FACEGATE_DECODE_MEMORY_MB is 128"):
+        pool.decode(separate_scans(6000, 6000), *LIMITS)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory limit is RLIMIT_DATA, enforced on Linux")
@@ -118,24 +122,16 @@ def test_a_decode_past_the_memory_limit_fails_in_its_worker_only():
     """3650×3650 (40 MB of pixels, under a 64 MB limit) rotated by EXIF: the rotation's second 40 MB
     is refused by the worker's RLIMIT_DATA; a larger limit decodes it."""
     data = _rotated_jpeg(3650)
-    pool = DecodeWorkers(1, 64, 30.0, *LIMITS[:2])
-    try:
+    with one_worker(memory_mb=64) as pool:
         with pytest.raises(ImageTooLarge, match="more than FACEGATE_DECODE_MEMORY_MB"):
             pool.decode(data, *LIMITS)
         assert pool.decode(_encoded()[".png"], *LIMITS).shape == (240, 320, 3)
-    finally:
-        pool.close()
-    roomy = DecodeWorkers(1, 256, 30.0, *LIMITS[:2])
-    try:
+    with one_worker(memory_mb=256) as roomy:
         assert roomy.decode(data, *LIMITS).shape == (3650, 3650, 3)
-    finally:
-        roomy.close()
 
 
 def test_a_cancelled_caller_stops_its_worker_at_once():
-    pool = DecodeWorkers(1, 1024, 60.0, *LIMITS[:2])
-    try:
-        pool.start()
+    with one_worker() as pool:
         (worker,) = pool._workers
         cancel = threading.Event()
         threading.Timer(0.5, cancel.set).start()
@@ -145,21 +141,15 @@ def test_a_cancelled_caller_stops_its_worker_at_once():
         assert time.monotonic() - started < 0.5 + 2.0  # the decode alone takes several CPU seconds
         assert not worker.process.is_alive()
         assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)
-    finally:
-        pool.close()
 
 
 def test_a_worker_that_dies_takes_only_its_image():
-    pool = DecodeWorkers(1, 1024, 60.0, *LIMITS[:2])
-    try:
-        pool.start()
+    with one_worker() as pool:
         (worker,) = pool._workers
         threading.Timer(0.5, os.kill, (worker.process.pid, signal.SIGKILL)).start()  # as a decoder crash would
         with pytest.raises(InvalidImage, match="decoder process failed"):
             pool.decode(SLOW, *LIMITS)
         assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)
-    finally:
-        pool.close()
 
 
 def test_workers_start_on_demand_up_to_the_pool_size(workers):

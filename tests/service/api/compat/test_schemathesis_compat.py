@@ -111,37 +111,16 @@ def test_every_compat_route_has_an_operation():
 def compat(tmp_path_factory, model_cache, embedder_manifest):
     """One app for every operation (a fresh one each would multiply the start-up): a subject with a
     face so that lookups can hit, as the native fuzzer's `known` subject."""
-    import warnings
+    from tests.conftest import aligned_crop_png, settings_for, started_client
+    from tests.service.api.test_schemathesis import without_lifespan
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
-        from fastapi.testclient import TestClient
-    from service.api.app import create_app
-    from service.core.settings import Settings
-    from tests.conftest import REPO, aligned_crop_png
-
-    settings = Settings(
-        models_dir=REPO / "models",
-        model_cache=model_cache,
-        embedder=str(embedder_manifest),
-        device="cpu",
-        data_dir=tmp_path_factory.mktemp("compat-fuzz"),
-        api_keys=SecretStr(KEY),
-    )
-    with TestClient(create_app(settings)) as client:
-        assert client.app.state.service.readiness.warmed.wait(120)
+    settings = settings_for(model_cache, embedder_manifest, data_dir=tmp_path_factory.mktemp("compat-fuzz"), api_keys=SecretStr(KEY))
+    with started_client(settings) as client:
         assert client.post("/subjects", json={"id": "known", "name": "Known"}, headers=HEADERS).status_code == 201
         added = client.post("/subjects/known/faces", files={"image": aligned_crop_png(0)}, data={"aligned": "true"}, headers=HEADERS)
         assert added.status_code == 201, added.text
-        app = client.app
-
-        async def without_lifespan(scope, receive, send):
-            if scope["type"] == "lifespan":
-                raise RuntimeError("the lifespan is run by the test client")
-            await app(scope, receive, send)
-
         schema = schemathesis.openapi.from_dict(compat_schema())
-        schema.app = without_lifespan
+        schema.app = without_lifespan(client.app)
         yield schema
 
 
