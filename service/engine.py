@@ -96,8 +96,8 @@ class Engine:
         for batcher in (self.embed_batcher, *self.detect_batchers.values()):
             if batcher:
                 batcher.close()
+        self.pipeline.close()  # first: a decode in flight ends now, not at its deadline
         self.executor.shutdown(wait=True, cancel_futures=True)
-        self.pipeline.close()
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

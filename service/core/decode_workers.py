@@ -74,20 +74,24 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def _data_bytes() -> int:
-    """This process's data segment (heap and private mappings) in bytes, as RLIMIT_DATA counts it."""
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+def _data_bytes() -> int | None:
+    """This process's data segment (heap and private mappings) in bytes, as RLIMIT_DATA counts it;
+    None where /proc does not say."""
+    try:
+        with open("/proc/self/status") as status:
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:")), None)
+    except OSError:
+        return None
 
 
 def _limit_memory(extra: int) -> None:
     """Let the heap grow `extra` bytes beyond what it holds now (Linux; elsewhere no limit)."""
     import resource
 
-    try:
-        soft = _data_bytes() + extra
-    except OSError:
+    now = _data_bytes()
+    if now is None:
         return
+    soft = now + extra
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
@@ -142,10 +146,13 @@ class _Worker:
         self.process.start()
         child.close()
         self.buffer: mmap.mmap | None = None
-        if not self.conn.poll(START_TIMEOUT):
+        try:
+            if not self.conn.poll(START_TIMEOUT):
+                raise TimeoutError(f"no answer within {START_TIMEOUT:g} s")
+            fd = recv_handle(self.conn)
+        except (OSError, EOFError) as exc:  # TimeoutError is an OSError
             self.kill()
-            raise RuntimeError(f"a decode worker did not start within {START_TIMEOUT:g} s")
-        fd = recv_handle(self.conn)
+            raise RuntimeError(f"a decode worker did not start: {exc}") from exc
         self.buffer = mmap.mmap(fd, size)
         os.close(fd)
         self.used = 0  # bytes of the buffer the last job touched
