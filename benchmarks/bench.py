@@ -155,6 +155,7 @@ def run_pipeline_bench(
     elif pipeline.embedder is None:
         console.print("[yellow]no embedder loaded (FACEGATE_EMBEDDER): embed stage skipped[/yellow]")
     console.print(table)
+    console.print(decoding_in_workers(pipeline, blobs, seconds))
 
 
 def _paired_rates(bare, piped, seconds: float, items: int) -> tuple[float, float]:
@@ -229,6 +230,40 @@ def detect_scaling(pipeline: FacePipeline, decoded: list[np.ndarray], batches: t
                 dpx = max(dpx, float(np.abs(fa.box - fb.box).max()), float(np.abs(fa.landmarks - fb.landmarks).max()))
                 dscore = max(dscore, abs(fa.score - fb.score))
         table.add_row(str(batch), f"{rate:.1f}", f"{ms:.2f}", f"{dpx:.4f}", f"{dscore:.2e}", str(differ))
+    return table
+
+
+def decoding_in_workers(pipeline: FacePipeline, blobs: list[bytes], seconds: float) -> Table:
+    """What the service pays to decode in a decoder process (`service.core.decode_workers`: a probe
+    and a decode, each a round trip, the pixels copied back) over decoding in this thread, on the
+    same photos: the two timed alternately, each from its median call."""
+    from service.core.decode import decode_image, probe
+    from service.core.decode_workers import DecodeWorkers
+
+    s = pipeline.settings
+    limits = (s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side)
+    workers = DecodeWorkers(1, s.decode_memory_mb, s.decode_timeout, s.max_image_bytes, s.max_image_pixels)
+    turn = iter(range(10**9))
+
+    def in_place() -> None:
+        blob = blobs[next(turn) % len(blobs)]
+        probe(blob, *limits)
+        decode_image(blob, *limits)
+
+    def in_worker() -> None:
+        blob = blobs[next(turn) % len(blobs)]
+        workers.probe(blob, *limits)
+        workers.decode(blob, *limits)
+
+    try:
+        workers.start()
+        here, there = _paired_rates(in_place, in_worker, seconds, 1)
+    finally:
+        workers.close()
+    megapixels = np.mean([probe(b, *limits).decoded_pixels for b in blobs]) / 1e6
+    table = Table("probe + decode", "ms/image (median)", title=f"decoding in a decoder process ({megapixels:.2f} MP decoded, mean)")
+    table.add_row("in this thread", f"{1000 / here:.2f}")
+    table.add_row("in a decoder process", f"{1000 / there:.2f} ({1000 / there - 1000 / here:+.2f} ms, {100 * here / there - 100:+.0f}%)")
     return table
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,13 +55,27 @@ class Engine:
         return {**self.models.describe(), "worker_threads": self.workers, "cores": available_cores(), "pid": os.getpid()}
 
     def start_warm_up(self, done: Callable[[str | None], None]) -> None:
-        self.models.start_warm_up(done)
+        self.models.start_warm_up(self._with_decoder(done))
 
     def warm_up(self, done: Callable[[str | None], None]) -> None:
-        self.models.warm_up(done)
+        self.models.warm_up(self._with_decoder(done))
+
+    def _with_decoder(self, done: Callable[[str | None], None]) -> Callable[[str | None], None]:
+        """`done`, once the decoder processes have started too: ready means an image can be decoded."""
+
+        def finish(error: str | None) -> None:
+            if error is None and self.pipeline.decoder is not None:
+                try:
+                    self.pipeline.decoder.start()
+                except Exception as exc:  # reported by /readyz like a model's warm-up
+                    error = f"{type(exc).__name__}: {exc}"
+            done(error)
+
+        return finish
 
     def close(self) -> None:
         self.models.close()
+        self.pipeline.close()  # a decode in flight ends now, not at its deadline
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     async def _run(self, fn, *args):
@@ -69,9 +84,11 @@ class Engine:
     async def embed_crops(self, crops: np.ndarray) -> np.ndarray:
         return await asyncio.wrap_future(self.models.embed(crops))
 
-    def _start(self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool) -> tuple[Steps, tuple[bool, Any]]:
+    def _start(
+        self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool, cancel: threading.Event
+    ) -> tuple[Steps, tuple[bool, Any]]:
         """Decode (a large JPEG reduced) and run the steps up to their first model run, on a worker thread."""
-        steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True), aligned, policy, chips, sent)
+        steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True, cancel=cancel), aligned, policy, chips, sent)
         return steps, advance(steps)
 
     async def faces(
@@ -85,17 +102,29 @@ class Engine:
         """The image's faces with their embeddings, largest first (and their chips, when asked). The
         decoded pixels are held against the pixel budget until the faces are embedded. `timings`, when
         given, gets the seconds the image waited on each model ("detect", "embed"), its batch included:
-        what CompreFace's `execution_time` reports."""
-        sent = await self._run(self.pipeline.probe, data)
-        async with self.pixels.hold(sent.decoded_pixels):
-            return await self._faces(data, sent, aligned, policy, chips, {} if timings is None else timings)
+        what CompreFace's `execution_time` reports. A request cancelled meanwhile (its client gone)
+        stops its probe or decode where it is."""
+        cancel = threading.Event()
+        try:
+            sent = await self._run(self.pipeline.probe, data, cancel)
+            async with self.pixels.hold(sent.budget_pixels):
+                return await self._faces(data, sent, aligned, policy, chips, {} if timings is None else timings, cancel)
+        finally:
+            cancel.set()  # after an answer nothing listens; after a cancellation the decoder process is stopped
 
     async def _faces(
-        self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool, timings: dict[str, float]
+        self,
+        data: bytes,
+        sent: Probe,
+        aligned: bool,
+        policy: FacePolicy,
+        chips: bool,
+        timings: dict[str, float],
+        cancel: threading.Event,
     ) -> list[EmbeddedFace]:
         """The async driver of the pipeline's steps: model runs through the models' futures, the
         work between them on the thread pool."""
-        steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips)
+        steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips, cancel)
         while not done:
             started, model = time.perf_counter(), "detect" if isinstance(request, Detect) else "embed"
             run = self.models.detect(request.canvas) if isinstance(request, Detect) else self.models.embed(request.crops)

@@ -6,6 +6,7 @@ the reason when it is unset, and fail under FACEGATE_REQUIRE_TEST_DATA=1 (.ci/ru
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -111,11 +112,16 @@ def embedder_manifest(tmp_path_factory) -> Path:
     return write_test_embedder(tmp_path_factory.mktemp("embedder"))
 
 
-@pytest.fixture
-def settings(model_cache, embedder_manifest):
+def settings_for(model_cache: Path, embedder_manifest: Path, **extra):
+    """Settings with the tests' models (the detector and the test embedder) on the CPU."""
     from service.core.settings import Settings
 
-    return Settings(models_dir=REPO / "models", model_cache=model_cache, embedder=str(embedder_manifest), device="cpu")
+    return Settings(models_dir=REPO / "models", model_cache=model_cache, embedder=str(embedder_manifest), device="cpu", **extra)
+
+
+@pytest.fixture
+def settings(model_cache, embedder_manifest):
+    return settings_for(model_cache, embedder_manifest)
 
 
 @pytest.fixture
@@ -152,9 +158,20 @@ def api_settings(settings, tmp_path):
     return settings.model_copy(update={"data_dir": tmp_path / "gallery"})
 
 
-@pytest.fixture
-def make_client():
-    """Build a TestClient (lifespan run) for given Settings; closed at teardown."""
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_settings(request, api_settings):
+    """`api_settings` on each gallery store in turn: SQLite, then a fresh PostgreSQL database."""
+    if request.param == "postgres":
+        from pydantic import SecretStr
+
+        return api_settings.model_copy(update={"database_url": SecretStr(request.getfixturevalue("database_url"))})
+    return api_settings
+
+
+@contextmanager
+def started_client(settings):
+    """A TestClient of an app for `settings`, its lifespan run and its models warmed up (they warm up
+    in the background, 503 meanwhile: tests of a loaded app start once it is ready)."""
     import warnings
 
     with warnings.catch_warnings():
@@ -162,20 +179,17 @@ def make_client():
         from fastapi.testclient import TestClient
     from service.api.app import create_app
 
-    clients = []
-
-    def make(settings):
-        client = TestClient(create_app(settings))
-        client.__enter__()
-        # Models warm up in the background (503 meanwhile); tests of a loaded app start once it is ready.
+    with TestClient(create_app(settings)) as client:
         readiness = client.app.state.service.readiness
         assert not readiness.loaded or readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
-        clients.append(client)
-        return client
+        yield client
 
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
+
+@pytest.fixture
+def make_client():
+    """Build a TestClient (lifespan run) for given Settings; closed at teardown."""
+    with ExitStack() as clients:
+        yield lambda settings: clients.enter_context(started_client(settings))
 
 
 @pytest.fixture

@@ -494,7 +494,7 @@ def test_image_command_serves_with_the_compose_environment(runtime, model_cache,
     assert [src for src, target in map(_volume, service["volumes"]) if target == data_dir][0] in compose["volumes"]
     key = "test-key-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16]
     keys_file = tmp_path / "api_keys"
-    keys_file.write_text(f"# written by the test\nsha256:{hashlib.sha256(key.encode()).hexdigest()}  # client\n")
+    keys_file.write_text(f"# written by the test\n# client\nsha256:{hashlib.sha256(key.encode()).hexdigest()}\n")
     assert [s for s in service["secrets"] if env["FACEGATE_API_KEYS_FILE"] == f"/run/secrets/{s}"], "the keys file is a compose secret"
     models_dir = env["FACEGATE_MODELS_DIR"]
     assert f"COPY models {models_dir}" in (REPO / "Dockerfile").read_text()

@@ -14,11 +14,14 @@ from fastapi.openapi.utils import get_openapi
 
 from service import __version__
 from service.api import access_log, compat, docs_ui, error_handlers
+from service.api.admission import Admission
 from service.api.auth import ApiKeys
 from service.api.compat import deepstack
 from service.api.deps import Service
-from service.api.middleware import PUBLIC_PATHS, Admission, ApiKeyAuth, BodyLimit, RequestMetrics
+from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, CancelOnDisconnect, RequestMetrics
 from service.api.routes import ROUTERS
+from service.budget import BodyBudget
+from service.core.decode_workers import DecodeWorkers
 from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
@@ -87,7 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
-        engine = Engine(settings, FacePipeline(settings, models), metrics, hosted) if readiness.loaded else None
+        pipeline = FacePipeline(settings, models, DecodeWorkers.for_settings(settings)) if readiness.loaded else None
+        engine = Engine(settings, pipeline, metrics, hosted) if pipeline is not None else None
         if engine:
             readiness.serving = engine.describe
             # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done;
@@ -122,8 +126,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in ROUTERS + compat.ROUTERS:
         app.include_router(router)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
-    app.add_middleware(Admission, limit=settings.max_inflight_requests)
+    app.add_middleware(
+        Admission,
+        limit=settings.max_inflight_requests,
+        unauthenticated=settings.max_unauthenticated_requests,
+        per_client=settings.max_unauthenticated_per_client,
+        bodies=BodyBudget(settings.max_body_megabytes, settings.decode_wait),
+        max_body=settings.max_request_bytes,
+    )
     app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS, refusals=compat.KEY_REFUSALS)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

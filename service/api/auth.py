@@ -1,7 +1,13 @@
 """Optional API keys: only sha256 hashes are held, and a presented key is compared against every
 one of them in constant time, so neither timing nor a memory dump reveals a key. The key file is
 re-read on SIGHUP (key rotation without a restart); a file that cannot be used is refused with
-the reason, never silently read as "no keys", which would turn authentication off."""
+the reason, never silently read as "no keys", which would turn authentication off.
+
+The key file's one rule: UTF-8 (a byte-order mark is allowed), one key or `sha256:<hex>` a line, a
+line whose first non-blank character is `#` is a comment, blank lines are skipped, and the rest of a
+line, less the blanks around it, is the key: a `#` inside a key is part of it. A key is printable
+ASCII without spaces (what an X-API-Key header carries unchanged), so a line holding anything else
+— `key  # a comment` included — is refused at start with its line number, never silently cut."""
 
 from __future__ import annotations
 
@@ -9,11 +15,13 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 from pathlib import Path
 
 from service.core.settings import Settings
 
 HASH_PREFIX = "sha256:"
+KEY = re.compile(r"[!-~]+")  # printable ASCII, no space
 log = logging.getLogger("facegate.auth")
 
 
@@ -34,18 +42,18 @@ def _hash(entry: str) -> bytes:
 def _read_entries(settings: Settings) -> list[str]:
     """Every configured key or hash; a key file must exist, parse, and hold at least one key."""
     entries = [k.strip() for k in settings.api_keys.get_secret_value().split(",") if k.strip()]
-    for entry in entries:
-        _checked(entry, "FACEGATE_API_KEYS")
+    for n, entry in enumerate(entries, 1):
+        _checked(entry, f"FACEGATE_API_KEYS entry {n}")
     path = settings.api_keys_file
     if path:
         try:
-            lines = Path(path).read_text().splitlines()
+            lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise KeyConfigError(
                 f"FACEGATE_API_KEYS_FILE {path} cannot be read: {exc.strerror if isinstance(exc, OSError) else exc}"
             ) from None
-        found = [(n, line.split("#", 1)[0].strip()) for n, line in enumerate(lines, 1)]
-        found = [(n, entry) for n, entry in found if entry]
+        found = [(n, line.strip()) for n, line in enumerate(lines, 1)]
+        found = [(n, entry) for n, entry in found if entry and not entry.startswith("#")]
         for n, entry in found:
             _checked(entry, f"FACEGATE_API_KEYS_FILE {path} line {n}")
         if not found and not settings.allow_anonymous:
@@ -58,6 +66,12 @@ def _read_entries(settings: Settings) -> list[str]:
 
 
 def _checked(entry: str, where: str) -> str:
+    """`entry`, if it is a key the rule can carry (never named in the error: it may be a secret)."""
+    if not KEY.fullmatch(entry):
+        raise KeyConfigError(
+            f"{where}: a key is printable ASCII without spaces (a '#' starts a comment only at the start of a line, "
+            "so nothing may follow a key on its line)"
+        )
     try:
         _hash(entry)
     except ValueError:

@@ -1,9 +1,8 @@
-"""Pure ASGI middleware, outermost first: request metrics, API-key check, admission control, body
-size limit and deadline.
+"""Pure ASGI middleware, outermost first: request metrics, API-key check, admission control
+(`service.api.admission`), body size limit and deadline, and cancellation of a request whose client
+went away.
 
-Admission counts requests being served, not open connections (an idle or slow socket costs a
-file descriptor, nothing more, and `service.api.server` closes it at its header deadline), and
-never refuses /healthz, /readyz or /metrics. The body limit refuses a declared Content-Length
+The body limit refuses a declared Content-Length
 above the limit before reading anything, caps the bytes actually streamed (chunked uploads
 declare nothing), and gives the whole body FACEGATE_BODY_TIMEOUT seconds to arrive."""
 
@@ -17,13 +16,14 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.admission import AUTHENTICATED
 from service.api.auth import ApiKeys
 from service.api.error_handlers import error_response
-from service.core.errors import BodyTooLarge, Overloaded, RequestTimeout, Unauthorized
+from service.core.errors import BodyTooLarge, RequestTimeout, Unauthorized
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}
-ALWAYS_ADMITTED = PUBLIC_PATHS | {"/metrics"}
+ABANDONED = "facegate.abandoned"  # scope key: the client went away before its answer (metrics count a 499)
 # Metric label values come from closed sets: anyone can invent a method or a path.
 METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
@@ -47,6 +47,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_status)
         finally:
+            status = 499 if scope.get(ABANDONED) else status  # nginx's "client closed request"
             route = scope.get("route")
             label = getattr(route, "path", "unmatched")  # the template, never the raw path: bounded label values
             method = scope["method"] if scope["method"] in METHODS else "other"
@@ -56,8 +57,10 @@ class RequestMetrics:
 
 class ApiKeyAuth:
     """`body_key_paths`: routes whose clients send the key in the body (DeepStack's `api_key` form
-    field); their route class checks it, header or field, once the body is read. `refusals`: under a
-    path prefix, the answer to a missing or empty (False) or wrong (True) key in a foreign API's shape."""
+    field); their route class checks it, header or field, once the body is read. A request whose
+    key checked out here (or that needs none) is marked `AUTHENTICATED` for admission control.
+    `refusals`: under a path prefix, the answer to a missing or empty (False) or wrong (True) key in
+    a foreign API's shape."""
 
     def __init__(
         self,
@@ -69,37 +72,18 @@ class ApiKeyAuth:
         self.app, self.keys, self.body_key_paths, self.refusals = app, keys, body_key_paths, refusals or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path")
-        if scope["type"] == "http" and self.keys.enabled and path not in PUBLIC_PATHS and path not in self.body_key_paths:
-            presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
-            # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
-            if len(presented) != 1 or not self.keys.check(presented[0].decode("latin-1")):
-                refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)
-                response = refuse(any(presented)) if refuse else error_response(Unauthorized("a valid X-API-Key header is required"))
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-class Admission:
-    """At most `limit` requests in the app at once (the event loop is single-threaded: a plain
-    counter is exact); beyond it a JSON 503 `overloaded` with Retry-After, at once."""
-
-    def __init__(self, app: ASGIApp, limit: int, retry_after: int = 1):
-        self.app, self.limit, self.retry_after = app, limit, retry_after
-        self.inflight = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.inflight >= self.limit:
-            error = Overloaded(f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {self.retry_after} s")
-            response = error_response(error, headers={"Retry-After": str(self.retry_after)})
+        presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
+        # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
+        valid = not self.keys.enabled or (len(presented) == 1 and self.keys.check(presented[0].decode("latin-1")))
+        path = scope.get("path")
+        if not valid and path not in PUBLIC_PATHS and path not in self.body_key_paths:
+            refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)
+            response = refuse(any(presented)) if refuse else error_response(Unauthorized("a valid X-API-Key header is required"))
             return await response(scope, receive, send)
-        self.inflight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.inflight -= 1
+        scope[AUTHENTICATED] = valid
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:
@@ -142,3 +126,51 @@ class BodyLimit:
             return message
 
         await self.app(scope, capped, send)
+
+
+class CancelOnDisconnect:
+    """Stops a request's work when its client goes away before the answer. Once the app has read
+    the whole body, the next message can only be a disconnect: a watcher waits for it and cancels
+    the request (the engine then stops its decoder process: `Engine.faces`). Starlette does not do
+    this for ordinary responses, so an abandoned image would be decoded and embedded to the end."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body_read = asyncio.Event()
+        answered = False
+        request = asyncio.current_task()
+        assert request is not None
+
+        async def receive_body() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def send_answer(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async def watch() -> None:
+            await body_read.wait()
+            if (await receive())["type"] == "http.disconnect" and not answered:
+                scope[ABANDONED] = True
+                request.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await self.app(scope, receive_body, send_answer)
+        except asyncio.CancelledError:
+            if not scope.get(ABANDONED):
+                raise
+            uncancel = getattr(request, "uncancel", None)  # Python 3.11+: the cancellation was ours, and is handled
+            if uncancel:
+                uncancel()
+        finally:
+            watcher.cancel()

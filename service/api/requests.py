@@ -4,7 +4,8 @@ the same options model and raw image bytes (`read_image_request`, the opening ev
 shares), and `request_body` documents both in the OpenAPI schema. Every JSON body, image or
 gallery, is parsed by `parse_json` (`read_json_model` for the gallery's), so malformed or absurdly
 nested JSON is one 400 everywhere, and a field given twice is refused rather than silently
-overwritten."""
+overwritten. Parsing and validation both run on a worker thread: a body of up to
+FACEGATE_MAX_REQUEST_BYTES never holds the event loop (and /healthz) while it is read into models."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import base64
 import binascii
 import json
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -28,6 +31,12 @@ MAX_FORM_FIELDS = 64  # text fields in one multipart body: every route takes a h
 # count too; base64 has none). The largest legitimate body, metadata at its limit, holds far fewer;
 # millions of `{}` would cost seconds and hundreds of MB to parse.
 MAX_JSON_CONTAINERS = 10_000
+# Values (numbers, strings, …) in one JSON body, bounded before parsing by its commas: a flat list is
+# one container, and millions of its items cost seconds to validate. The largest legitimate body,
+# CompreFace's 1,000 embeddings of 512 numbers, holds about half of it.
+MAX_JSON_VALUES = 1_000_000
+# An escaped UTF-16 surrogate (\ud800–\udfff): paired it is one character, alone it is not text.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 IMAGE = "An image (JPEG, PNG, WebP, BMP, GIF, TIFF): a file part, or base64 in a JSON body."
 Options = TypeVar("Options", bound=BaseModel)
 Model = TypeVar("Model", bound=BaseModel)
@@ -65,28 +74,42 @@ def _finite(text: str) -> float:
 
 def parse_json(raw: bytes) -> Any:
     """The one JSON parser for request bodies: UTF-8 only, no NaN/Infinity or float overflow, at most
-    MAX_JSON_CONTAINERS objects and arrays. Nesting deep enough to exhaust the parser's recursion
-    (a few hundred levels) and integers past Python's digit limit are malformed input here, not
-    server errors. Blocking: routes call it through `parse_json_off_loop`."""
-    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_CONTAINERS:
+    MAX_JSON_CONTAINERS objects and arrays and MAX_JSON_VALUES values, no unpaired surrogate (422:
+    no store can hold it, and no answer could carry it). Nesting deep enough to exhaust the parser's
+    recursion (a few hundred levels) and integers past Python's digit limit are malformed input
+    here, not server errors. Blocking: routes call it off the event loop."""
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > MAX_JSON_CONTAINERS:
         raise InvalidJson(f"the JSON body holds more than {MAX_JSON_CONTAINERS} objects and arrays")
+    if raw.count(b",") + containers > MAX_JSON_VALUES:
+        raise InvalidJson(f"the JSON body holds more than {MAX_JSON_VALUES} values")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidJson("the JSON body is not UTF-8") from None
     try:
-        return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant, parse_float=_finite)
+        parsed = json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant, parse_float=_finite)
     except json.JSONDecodeError as exc:
         raise InvalidJson(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidJson("the JSON body is nested too deeply") from None
     except ValueError:  # an integer of more than sys.get_int_max_str_digits() digits
         raise InvalidJson("the JSON body holds a number too long to read") from None
+    if SURROGATE_ESCAPE.search(raw) and _unpaired_surrogate(parsed):
+        raise InvalidParameters(
+            "the JSON body holds an unpaired UTF-16 surrogate (an escape in \\ud800–\\udfff without its pair): "
+            "that is not text, and cannot be stored"
+        )
+    return parsed
 
 
-async def parse_json_off_loop(raw: bytes) -> Any:
-    """`parse_json` on a worker thread: a large body must not hold the event loop (and /healthz)."""
-    return await run_in_threadpool(parse_json, raw)
+def _unpaired_surrogate(value: Any) -> bool:
+    """Whether any string of a parsed body, key or value, holds a lone surrogate (UTF-8 refuses it)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _media(request: Request) -> str:
@@ -97,13 +120,26 @@ def _is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def read_json_model(request: Request, model: type[Model]) -> Model:
-    """A JSON object body (no content type is read as JSON, as curl without -H sends) as `model`."""
+async def read_json_model(request: Request, model: type[Model], check: Callable[[Model], None] | None = None) -> Model:
+    """A JSON body (no content type is read as JSON, as curl without -H sends) as `model`, then
+    `check`ed (a route's own limits): parsed, validated and checked on a worker thread."""
     media = _media(request)
     if media and not _is_json(media):
         raise UnsupportedMediaType(f"unsupported content type {media!r}; send application/json")
+    return await run_in_threadpool(_json_model, await request.body(), model, check)
+
+
+def _json_model(raw: bytes, model: type[Model], check: Callable[[Model], None] | None) -> Model:
+    body = validated(model, parse_json(raw))
+    if check is not None:
+        check(body)
+    return body
+
+
+def validated(model: type[Model], value: Any) -> Model:
+    """`value` as `model`, or 422 invalid_parameters saying what is wrong. Blocking for a large value."""
     try:
-        return model.model_validate(await parse_json_off_loop(await request.body()))
+        return model.model_validate(value)
     except ValidationError as exc:
         raise InvalidParameters(validation_message(exc)) from None
 
@@ -173,11 +209,7 @@ async def _parse(request: Request, options: type[Options], images: tuple[str, ..
         fields, found, many = await run_in_threadpool(_json_fields, await request.body(), images, multi)
     else:
         raise UnsupportedMediaType(f"unsupported content type {media or '(none)'!r}; send multipart/form-data or application/json")
-    try:
-        parsed = options.model_validate(fields)
-    except ValidationError as exc:
-        raise InvalidParameters(validation_message(exc)) from None
-    return parsed, found, many
+    return await run_in_threadpool(validated, options, fields), found, many
 
 
 def _json_fields(raw: bytes, images: tuple[str, ...], multi: str | None) -> tuple[dict[str, Any], dict[str, bytes], list[bytes]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, overload
 
@@ -18,6 +19,7 @@ INT64_MAX = 2**63 - 1  # SQLite's and FAISS's id range: larger numbers are bad i
 SUBJECT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
 # A name holds no NUL: PostgreSQL refuses it in text where SQLite stored it (ids: SubjectIdPath).
 NAME_PATTERN = r"^[^\x00]+$"
+SURROGATE = re.compile("[\ud800-\udfff]")  # in a str only unpaired (a pair decodes to one character)
 
 FarField = Field(
     None,
@@ -214,6 +216,12 @@ def _time(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, timezone.utc)
 
 
+def _servable(text: str) -> str:
+    """`text` with any unpaired surrogate (a name stored before they were refused) as U+FFFD: no
+    JSON answer can carry one, and one row must not fail a whole page."""
+    return SURROGATE.sub("\ufffd", text)
+
+
 class SubjectOut(BaseModel):
     id: str
     name: str
@@ -236,7 +244,7 @@ class SubjectOut(BaseModel):
             withheld += "; PATCH the subject's metadata to replace it"
         return cls(
             id=s.id,
-            name=s.name,
+            name=_servable(s.name),
             metadata={} if withheld else s.metadata,
             metadata_withheld=withheld,
             face_count=s.face_count,

@@ -5,7 +5,9 @@ uvicorn times out idle keep-alive connections but not a client that opens a sock
 nothing, or trickles its headers a byte at a time: each such socket would be held forever. Here a
 connection whose next request's headers are not complete within `FACEGATE_HEADER_TIMEOUT` seconds
 (from the connection, or from the end of its previous response) is closed. The body has its own
-deadline (`FACEGATE_BODY_TIMEOUT`, service.api.middleware.BodyLimit).
+deadline (`FACEGATE_BODY_TIMEOUT`, service.api.middleware.BodyLimit). A pipelined request, whose
+headers arrived before the previous response ended, is already under way when that response ends:
+it gets the body deadline only.
 
 h11 checks its size limit only while a header block is incomplete: a larger block that arrives in
 one read was parsed and served. Here a parsed block is measured again before the app sees it, and
@@ -45,8 +47,10 @@ class HeaderDeadlineProtocol(H11Protocol):
         self._arm_header_deadline()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm_header_deadline()
+        answered = self.cycle
+        super().on_response_complete()  # starts a pipelined request whose headers are already here
+        if self.cycle is answered:
+            self._arm_header_deadline()
 
     def _arm_header_deadline(self) -> None:
         # A new request replaces self.cycle: the deadline fires on the cycle it was armed with.

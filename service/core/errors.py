@@ -115,6 +115,14 @@ class ImageTooSmall(FacegateError):
     code, status = "image_too_small", 422
 
 
+class ImageTooComplex(FacegateError):
+    """An image whose decoding would cost far more than its pixels: a JPEG with more than 100 scans
+    or 1,000 marker segments, or any image still decoding after FACEGATE_DECODE_TIMEOUT seconds
+    (its decoder process is then stopped)."""
+
+    code, status = "image_too_complex", 422
+
+
 class InvalidCrop(FacegateError):
     """An image sent as already aligned does not have the template's size."""
 

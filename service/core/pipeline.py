@@ -5,6 +5,7 @@ async one runs them through its micro-batchers, with everything between on its t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 from service.core.alignment import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
 from service.core.batch_shapes import default_sizes
 from service.core.decode import Probe, decode_image, probe
+from service.core.decode_workers import DecodeWorkers
 from service.core.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.core.models.detector import Face, FaceDetector
 from service.core.models.embedder import FaceEmbedder
@@ -76,11 +78,13 @@ def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:
 
 
 class FacePipeline:
-    def __init__(self, settings: Settings, models: ModelSet):
-        """Needs the detector; the embedder may be missing (detect-only use)."""
+    def __init__(self, settings: Settings, models: ModelSet, decoder: DecodeWorkers | None = None):
+        """Needs the detector; the embedder may be missing (detect-only use). `decoder`: worker
+        processes that probe and decode (the service's requests); None decodes in this thread."""
         if models.detector is None:
             raise ModelError("the face pipeline needs a detector, and none is loaded")
         self.settings = settings
+        self.decoder = decoder
         self.detector_model = models.detector
         self.embedder_model = models.embedder
         self.detector = FaceDetector(
@@ -110,17 +114,25 @@ class FacePipeline:
         alignment = self.embedder_model.manifest.alignment if self.embedder_model else None
         return alignment or "arcface_112"  # an embedder's manifest always names one (Manifest checks it)
 
-    def probe(self, data: bytes) -> Probe:
+    def probe(self, data: bytes, cancel: threading.Event | None = None) -> Probe:
         """Format, size and the reduction `decode(data, reduced=True)` applies, with the limits
-        checked (nothing decoded)."""
+        checked (nothing decoded). `cancel`: as for `decode`."""
         s = self.settings
-        return probe(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side)
+        limits = (s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side)
+        return self.decoder.probe(data, *limits, cancel=cancel) if self.decoder else probe(data, *limits)
 
-    def decode(self, data: bytes, reduced: bool = False) -> np.ndarray:
+    def decode(self, data: bytes, reduced: bool = False, cancel: threading.Event | None = None) -> np.ndarray:
         """Full size (training, evaluation, the CLI), or a large JPEG at the reduction FACEGATE_JPEG_REDUCE_TO_SIDE
-        allows (requests: `service.engine`, which reports faces in the image's pixels as sent)."""
+        allows (requests: `service.engine`, which reports faces in the image's pixels as sent).
+        `cancel`: set by a caller that gave up, it stops the decoder process (DecodeCancelled)."""
         s = self.settings
-        return decode_image(data, s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side if reduced else 0)
+        limits = (s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side if reduced else 0)
+        return self.decoder.decode(data, *limits, cancel=cancel) if self.decoder else decode_image(data, *limits)
+
+    def close(self) -> None:
+        """Stop the decoder processes, if any."""
+        if self.decoder is not None:
+            self.decoder.close()
 
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         return self.detector.detect(image_bgr)

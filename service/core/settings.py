@@ -95,7 +95,22 @@ class Settings(BaseSettings):
         ),
     )
     decode_wait: float = Field(
-        60.0, ge=0, description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS; then 503 overloaded."
+        60.0,
+        ge=0,
+        description="Seconds an image waits for room in FACEGATE_MAX_DECODED_MEGAPIXELS, and a request body for room in "
+        "FACEGATE_MAX_BODY_MEGABYTES; then 503 overloaded.",
+    )
+    decode_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="CPU seconds one image may take to be probed or decoded in its decoder process (and 5× that in wall-clock "
+        "time); then the process is killed (and replaced) and the request gets 422 image_too_complex.",
+    )
+    decode_memory_mb: int = Field(
+        1024,
+        ge=64,
+        description="Memory a decoder process may allocate for one image (RLIMIT_DATA above its idle size, Linux); "
+        "an image that needs more gets 413 image_too_large. It must hold a decode at FACEGATE_MAX_IMAGE_PIXELS (docs/sizing.md).",
     )
 
     # detection
@@ -225,6 +240,13 @@ class Settings(BaseSettings):
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")
     api_keys_file: Path | None = Field(None, description="File of API keys or sha256:<hex> hashes, one a line ('#' comments).")
     max_request_bytes: int = Field(25_000_000, ge=1, description="Request bodies above this size get 413 before they are read.")
+    max_body_megabytes: float = Field(
+        200.0,
+        gt=0,
+        description="Request bodies held at once across requests, in MB (10⁶ bytes): each from before it is read until its answer "
+        "(its Content-Length; FACEGATE_MAX_REQUEST_BYTES when chunked); a body that does not fit waits (FACEGATE_DECODE_WAIT), "
+        "then 503 overloaded. The memory bound of docs/sizing.md.",
+    )
     max_faces: int = Field(
         32, ge=1, description="Most faces one image may hold where every face is embedded (/embed, /identify faces=all)."
     )
@@ -250,6 +272,15 @@ class Settings(BaseSettings):
         ge=1,
         description="Requests served at once, /healthz, /readyz and /metrics aside (they are never refused); "
         "beyond it 503 overloaded with Retry-After. Open connections are not counted.",
+    )
+    max_unauthenticated_requests: int = Field(
+        16,
+        ge=1,
+        description="Requests served at once whose key is not known until their body is read (DeepStack's api_key form field); "
+        "they never take one of FACEGATE_MAX_INFLIGHT_REQUESTS until it checks out. Beyond it 503 overloaded.",
+    )
+    max_unauthenticated_per_client: int = Field(
+        4, ge=1, description="Of FACEGATE_MAX_UNAUTHENTICATED_REQUESTS, the most from one client address."
     )
     h11_max_incomplete_event_size: int = Field(
         16_384, ge=1024, description="Largest request line + headers, in bytes (the h11 parser's limit)."

@@ -357,6 +357,20 @@ class PostgresGallery(GalleryStore):
         self._unshare([face_id])
         return row[0]
 
+    def delete_faces(self, face_ids: list[int]) -> dict[int, str]:
+        """Delete those of `face_ids` the gallery holds, in one statement; {face id: subject id}."""
+        ids = list(dict.fromkeys(face_ids))
+        if not ids:
+            return {}
+        with self._conn() as conn:
+            rows = conn.execute("DELETE FROM faces WHERE id = ANY(%s) RETURNING id, subject_id", (ids,)).fetchall()
+            deleted = [r[0] for r in rows]
+            seq = record_change(conn, "remove", deleted) if deleted else None
+        if seq and self.sync:
+            self.sync.wrote(seq, "remove", deleted)
+        self._unshare(deleted)
+        return dict(rows)
+
     def _unshare(self, face_ids: list[int]) -> None:
         """Take committed deletes out of a shared index (Milvus). If it cannot be reached the vectors
         stay, never answered: search looks every candidate up in the database first."""

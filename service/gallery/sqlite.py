@@ -489,6 +489,20 @@ class SqliteGallery(GalleryStore):
             self._wrote(seq, "remove", [face_id])
         return row[0]
 
+    def delete_faces(self, face_ids: list[int]) -> dict[int, str]:
+        """Delete those of `face_ids` the gallery holds, in one statement; {face id: subject id}."""
+        ids = list(dict.fromkeys(face_ids))
+        if not ids:
+            return {}
+        with self._lock:
+            with self._write() as db:
+                marks = ",".join("?" * len(ids))
+                rows = db.execute(f"DELETE FROM faces WHERE id IN ({marks}) RETURNING id, subject_id", ids).fetchall()
+                seq = self._record(db, "remove", [r[0] for r in rows]) if rows else 0
+            if rows:
+                self._wrote(seq, "remove", [r[0] for r in rows])
+        return dict(rows)
+
     def _unindex(self, face_ids: list[int]) -> None:
         """Take committed deletes out of the index. A shared index that cannot be reached keeps the
         vectors, which are never answered: search looks every candidate up here first."""

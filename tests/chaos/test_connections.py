@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import select
 import socket
+import time
 
 import httpx
 import pytest
 
-from tests.chaos.server import facegate_serve
+from tests.chaos.server import facegate_serve, without_models
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
@@ -24,14 +25,9 @@ IDLE_SOCKETS = 600  # above uvicorn's old limit_concurrency (512), which idle so
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chaos-connections")
-    env = {
-        "FACEGATE_DATA_DIR": str(tmp / "gallery"),
-        "FACEGATE_MODEL_CACHE": str(tmp / "cache"),  # no models: only the HTTP layer is under test
-        "FACEGATE_EMBEDDER": "none",
-        "FACEGATE_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
-        "FACEGATE_BODY_TIMEOUT": str(BODY_TIMEOUT),
-        "FACEGATE_MAX_INFLIGHT_REQUESTS": "2",
-    }
+    env = without_models(
+        tmp, FACEGATE_HEADER_TIMEOUT=str(HEADER_TIMEOUT), FACEGATE_BODY_TIMEOUT=str(BODY_TIMEOUT), FACEGATE_MAX_INFLIGHT_REQUESTS="2"
+    )
     with facegate_serve(env, tmp / "server.log") as (url, port, _):
         yield port, url
 
@@ -221,3 +217,37 @@ def test_a_stopping_server_answers_on_an_idle_keep_alive_connection_with_connect
         finally:
             pooled.close()
         process.wait(15)  # gone once its connections are (uvicorn re-raises the SIGTERM: exit status -15)
+
+
+@pytest.fixture(scope="module")
+def patient_body_server(tmp_path_factory):
+    """A short header deadline and a long body deadline, so that which of them applies shows."""
+    tmp = tmp_path_factory.mktemp("chaos-pipelining")
+    env = without_models(tmp, FACEGATE_HEADER_TIMEOUT="1", FACEGATE_BODY_TIMEOUT="10")
+    with facegate_serve(env, tmp / "server.log") as (_, port, _):
+        yield port
+
+
+def test_a_pipelined_request_gets_the_body_deadline_for_its_body(patient_body_server):
+    """`GET /healthz` then, in the same write, a POST whose body trickles: the header deadline was
+    re-armed on the POST when the GET's answer ended, and cut its connection (issue 34, defect 7)."""
+    body = json.dumps({"id": "pipelined", "name": "P"}).encode()
+    s = _connect(patient_body_server)
+    try:
+        s.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            + b"POST /subjects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:1]
+        )
+        for i in range(1, len(body)):  # 3 s of trickling: past the header deadline, within the body's
+            time.sleep(3.0 / len(body))
+            s.sendall(body[i : i + 1])
+        s.settimeout(10)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    finally:
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 ") == 2, answer[:400]
+    assert b"HTTP/1.1 201" in answer and b'"pipelined"' in answer, answer[-400:]

@@ -20,7 +20,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, RootModel, StrictFloat
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictFloat
 from starlette.concurrency import run_in_threadpool
 
 from service.api.compat import subjects
@@ -38,6 +38,7 @@ PREFIX = "/api/v1"
 NO_FACE_CODE, MISSING_KEY_CODE, UNKNOWN_KEY_CODE = 28, 20, 10
 # What Spring reads as a Boolean query parameter (`status`); anything else is a 400.
 TRUE_WORDS, FALSE_WORDS = {"true", "on", "yes", "1"}, {"false", "off", "no", "0", ""}
+MAX_DELETE_IDS = 1000  # image ids one `faces/delete` takes: deleted in one statement
 
 
 class CompreFaceRoute(APIRoute):
@@ -76,6 +77,10 @@ class Options(BaseModel):
     that change an answer (the query string holds CompreFace's options)."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+class DeleteIds(RootModel[list[str]]):
+    root: list[str] = Field(max_length=MAX_DELETE_IDS)
 
 
 class SubjectBody(BaseModel):
@@ -276,14 +281,13 @@ def delete_subject_faces(request: Request, service: ServiceDep) -> dict:
         return {"deleted": 0}
 
 
-def _delete_ids(service: Service, ids: list[int]) -> list[dict]:
-    """Those of `ids` the gallery holds, whichever model made them, deleted: each with its subject."""
-    deleted = []
-    for face_id in ids:
-        with contextlib.suppress(FaceNotFound):
-            deleted.append((face_id, service.gallery.delete_face(face_id)))
-    names = subjects.labels(service.gallery, [owner for _, owner in deleted])
-    return [{"image_id": str(face_id), "subject": names[owner]} for face_id, owner in deleted]
+def _delete_ids(service: Service, raw: list[str]) -> list[dict]:
+    """Those of `raw` image ids the gallery holds, whichever model made them, deleted in one
+    statement: each with its subject's name, in the order asked."""
+    ids = [_face_id(i) for i in raw]
+    deleted = service.gallery.delete_faces(ids)
+    names = subjects.labels(service.gallery, list(deleted.values()))
+    return [{"image_id": str(i), "subject": names[deleted[i]]} for i in dict.fromkeys(ids) if i in deleted]
 
 
 def _face_id(raw: str) -> int:
@@ -334,8 +338,9 @@ async def verify_face(image_id: str, request: Request, service: ServiceDep) -> d
 
 @router.post("/recognition/faces/delete", summary="CompreFace: delete several faces")
 async def delete_faces(request: Request, service: ServiceDep) -> list[dict]:
-    ids = (await read_json_model(request, RootModel[list[str]])).root
-    return await run_in_threadpool(_delete_ids, service, [_face_id(i) for i in ids])
+    """At most MAX_DELETE_IDS ids a request; ids the gallery does not hold are left out of the answer."""
+    ids = (await read_json_model(request, DeleteIds)).root
+    return await run_in_threadpool(_delete_ids, service, ids)
 
 
 @router.post("/recognition/subjects", summary="CompreFace: create a subject")
@@ -396,13 +401,20 @@ def _unit(service: Service, vectors: list[list[float]], name: str) -> np.ndarray
 
 
 @router.post("/recognition/embeddings/recognize", summary="CompreFace: recognize embeddings")
-async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
+async def recognize_embeddings(request: Request, service: ServiceDep) -> JSONResponse:
     """Each embedding's top `prediction_count` subjects, with `recognition/recognize`'s calibrated
     similarity. The embeddings must come from the active embedder (facegate's /embed, or CompreFace's
     `face_plugins=calculator` on facegate)."""
     body = await read_json_model(request, EmbeddingsBody)
     count = _query_int(request, "prediction_count", 1, low=1)
-    rows = _unit(service, body.embeddings, "embeddings")
+    service.ready()
+    return await run_in_threadpool(_recognized, service, body.embeddings, count)
+
+
+def _recognized(service: Service, received: list[list[float]], count: int) -> JSONResponse:
+    """Blocking, like every step of an embeddings route: a thousand embeddings are normalized,
+    searched and echoed, and their answer rendered here (it takes seconds to serialize)."""
+    rows = _unit(service, received, "embeddings")
     if len(rows) * count > service.settings.max_identify_candidates:
         raise InvalidParameters(
             f"{len(rows)} embeddings × prediction_count {count} exceeds "
@@ -410,32 +422,34 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
         )
     manifest = service.ready().manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
-    found = []
-    for row in rows:
-        candidates = await run_in_threadpool(service.search, row, count)
-        found.append((candidates, search_fars(manifest, service.models.cohort, row, candidates)))
-    names = await run_in_threadpool(subjects.labels, service.gallery, [c.subject_id for candidates, _ in found for c in candidates])
+    found = [(candidates := service.search(row, count), search_fars(manifest, service.models.cohort, row, candidates)) for row in rows]
+    names = subjects.labels(service.gallery, [c.subject_id for candidates, _ in found for c in candidates])
     result = []
-    for (candidates, fars), received in zip(found, body.embeddings, strict=True):
+    for (candidates, fars), embedding in zip(found, received, strict=True):
         similarities = [
             {"subject": names[c.subject_id], "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
             for c, far in zip(candidates, fars, strict=True)
         ]
-        result.append({"embedding": received, "similarities": similarities})
-    return {"result": result}
+        result.append({"embedding": embedding, "similarities": similarities})
+    return JSONResponse({"result": result})
 
 
 @router.post("/verification/embeddings/verify", summary="CompreFace: compare an embedding with others")
-async def verify_embeddings(request: Request, service: ServiceDep) -> dict:
+async def verify_embeddings(request: Request, service: ServiceDep) -> JSONResponse:
     """`source` against each of `targets` (echoed as received), with `verification/verify`'s calibrated similarity, most similar first."""
     body = await read_json_model(request, EmbeddingsVerifyBody)
-    (source,) = _unit(service, [body.source], "source")
-    targets = _unit(service, body.targets, "targets")
+    service.ready()
+    return await run_in_threadpool(_verified, service, body.source, body.targets)
+
+
+def _verified(service: Service, source_received: list[float], received: list[list[float]]) -> JSONResponse:
+    (source,) = _unit(service, [source_received], "source")
+    targets = _unit(service, received, "targets")
     manifest = service.ready().manifest
     anchor = float(service.settings.default_far)
     result: list[dict[str, Any]] = [
-        {"embedding": received, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)}
-        for t, received in zip(targets, body.targets, strict=True)
+        {"embedding": embedding, "similarity": calibrated_similarity(manifest.far_at(float(source @ t)), anchor)}
+        for t, embedding in zip(targets, received, strict=True)
     ]
     result.sort(key=lambda r: r["similarity"], reverse=True)
-    return {"result": result}
+    return JSONResponse({"result": result})

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
+from service.api.admission import ticket
 from service.api.compat import subjects
 from service.api.compat.similarity import calibrated_similarity
 from service.api.deps import Service, ServiceDep, get_service
@@ -64,6 +65,9 @@ class DeepStackRoute(APIRoute):
                 async with request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS) as form:
                     if service.keys.enabled and not service.keys.check(_presented_key(request, form)):
                         raise Unauthorized("Incorrect api key")
+                    admitted = ticket(request)
+                    if admitted is not None:  # out of the slots kept for requests whose key is not yet known
+                        await admitted.authenticated()
                     request.state.deepstack_form = form
                     return await handler(request)
             except FacegateError as exc:
@@ -190,15 +194,10 @@ async def register(request: Request, service: ServiceDep) -> dict:
 
 @router.post("/delete", summary="DeepStack: delete a userid and its faces")
 def delete(request: Request, service: ServiceDep) -> dict:
-    """Success whether or not the userid existed, as DeepStack answers any userid: one no subject
-    could hold (over the length limit, a control character) deletes nothing."""
-    userid = _text(request.state.deepstack_form, "userid")
-    if userid is None:
-        raise InvalidParameters("userid not specified")
-    try:
-        found = subjects.find(service.gallery, subjects.checked(userid, "userid"))
-    except InvalidParameters:  # no subject holds such a name
-        found = None
+    """Success whether or not the userid existed, as DeepStack answers; a userid no subject could
+    hold (over the length limit, a control character) is refused as `register` refuses it (400),
+    not reported deleted."""
+    found = subjects.find(service.gallery, _userid(request.state.deepstack_form))
     if found is not None:
         with contextlib.suppress(SubjectNotFound):  # deleted meanwhile
             service.gallery.delete_subject(found.id)

@@ -1,5 +1,6 @@
 """/subjects: the people in the gallery. Every write is committed before its 2xx, and only after
-its metadata passed the limits (`service.api.metadata`); a page is bounded in bytes."""
+its metadata passed the limits (`service.api.metadata`); a page is bounded in bytes. Bodies are read,
+checked, written and answered on worker threads: nothing of their size runs on the event loop."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ def _json_body(model: type[BaseModel]) -> dict:
 )
 async def create_subject(request: Request, service: ServiceDep) -> SubjectOut:
     """Create a subject (a person); faces are enrolled with POST /subjects/{id}/faces."""
-    body = await read_json_model(request, SubjectIn)
-    metadata.check(body.metadata, service.settings)
-    created = await run_in_threadpool(service.gallery.create_subject, body.name, body.metadata, body.id)
-    return SubjectOut.of(created, service.settings)
+    body = await read_json_model(request, SubjectIn, lambda b: metadata.check(b.metadata, service.settings))
+
+    def create() -> SubjectOut:
+        return SubjectOut.of(service.gallery.create_subject(body.name, body.metadata, body.id), service.settings)
+
+    return await run_in_threadpool(create)
 
 
 @router.get("/subjects", response_model=SubjectPage, responses=error_responses(401, 422), dependencies=[StrictQuery])
@@ -75,10 +78,12 @@ async def update_subject(subject_id: SubjectIdPath, request: Request, service: S
     """Rename a subject and/or replace its metadata. A subject made through the CompreFace or
     DeepStack API is found there by its name (docs/compat.md): renamed, it is found by the new one,
     which no other such subject may hold (409 subject_exists)."""
-    body = await read_json_model(request, SubjectPatch)
-    metadata.check(body.metadata, service.settings)
-    updated = await run_in_threadpool(service.gallery.update_subject, subject_id, body.name, body.metadata)
-    return SubjectOut.of(updated, service.settings)
+    body = await read_json_model(request, SubjectPatch, lambda b: metadata.check(b.metadata, service.settings))
+
+    def update() -> SubjectOut:
+        return SubjectOut.of(service.gallery.update_subject(subject_id, body.name, body.metadata), service.settings)
+
+    return await run_in_threadpool(update)
 
 
 @router.delete("/subjects/{subject_id}", status_code=204, response_class=Response, responses=error_responses(401, 404))

@@ -100,3 +100,48 @@ def test_unauthenticated_requests_with_invented_methods_add_no_metric_series(api
     text = client.get("/metrics", headers={"X-API-Key": "s3cret"}).text
     assert "INVENTED" not in text and "/nowhere" not in text
     assert 'method="other"' in text
+
+
+# The key file's one rule (issue 34, defect 6): '#' starts a comment only at the start of a line.
+
+
+def test_a_hash_sign_inside_a_key_is_part_of_it(tmp_path, settings):
+    """`ab#cd` was read as the key `ab`: a shorter key than the one handed out, silently."""
+    path = tmp_path / "keys"
+    path.write_text("# ops team\n  # indented comment\nab#cd-rest-of-the-key\n#not-a-key\n")
+    keys = ApiKeys.from_settings(_settings_with_file(settings, path))
+    assert keys.check("ab#cd-rest-of-the-key")
+    assert not keys.check("ab") and not keys.check("#not-a-key") and not keys.check("not-a-key")
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path, settings):
+    """Windows editors start UTF-8 files with a BOM: it made the first key unusable."""
+    path = tmp_path / "keys"
+    path.write_bytes("\ufefffirst-key\nsecond-key\n".encode())
+    keys = ApiKeys.from_settings(_settings_with_file(settings, path))
+    assert keys.check("first-key") and keys.check("second-key")
+    path.write_bytes("\ufeff# a comment first\nthe-key\n".encode())
+    assert ApiKeys.from_settings(_settings_with_file(settings, path)).check("the-key")
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["sha256:" + "ab" * 32 + "  # the ops team", "key with spaces", "tab\there", "clé-non-ascii", "ctrl\x07char"],
+)
+def test_a_key_the_rule_cannot_carry_is_refused_with_its_line(tmp_path, settings, line):
+    """An inline comment (the old rule) or any character an X-API-Key header would not carry as
+    written: refused at start, with the line, never cut or kept silently."""
+    from service.api.auth import KeyConfigError
+
+    path = tmp_path / "keys"
+    path.write_text(f"good-key\n# comment\n{line}\n", encoding="utf-8")
+    with pytest.raises(KeyConfigError, match="line 3: a key is printable ASCII without spaces") as caught:
+        ApiKeys.from_settings(_settings_with_file(settings, path))
+    assert line not in str(caught.value)  # a key is never echoed
+
+
+def test_environment_keys_follow_the_same_characters(settings):
+    from service.api.auth import KeyConfigError
+
+    with pytest.raises(KeyConfigError, match="FACEGATE_API_KEYS entry 2"):
+        ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr("good, has space")}))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from tests.conftest import REPO, aligned_crop_png
+from tests.conftest import REPO, aligned_crop_png, settings_for, started_client
 
 KEY = "corpus-key"
 AUTH = {"X-API-Key": KEY}
@@ -183,25 +183,9 @@ CORPUS = [
 @pytest.fixture(scope="module")
 def corpus_api(tmp_path_factory, model_cache, embedder_manifest):
     """One started app for the whole corpus, with a subject holding one face."""
-    import warnings
-
-    from service.api.app import create_app
-    from service.core.settings import Settings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
-        from fastapi.testclient import TestClient
-    settings = Settings(
-        models_dir=REPO / "models",
-        model_cache=model_cache,
-        embedder=str(embedder_manifest),
-        device="cpu",
-        data_dir=tmp_path_factory.mktemp("corpus") / "gallery",
-        api_keys=SecretStr(KEY),
-        max_request_bytes=MAX_REQUEST_BYTES,
-    )
-    with TestClient(create_app(settings)) as client:
-        assert client.app.state.service.readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
+    data_dir = tmp_path_factory.mktemp("corpus") / "gallery"
+    settings = settings_for(model_cache, embedder_manifest, data_dir=data_dir, api_keys=SecretStr(KEY), max_request_bytes=MAX_REQUEST_BYTES)
+    with started_client(settings) as client:
         assert client.post("/subjects", json={"id": "known", "name": "Known", "metadata": {"badge": 7}}, headers=AUTH).status_code == 201
         response = client.post("/subjects/known/faces", files={"image": CROP}, data={"aligned": "true"}, headers=AUTH)
         assert response.status_code == 201, response.text

@@ -5,15 +5,11 @@ a 404 (it names no subject), in a body's id, name or metadata a 422, on SQLite a
 from __future__ import annotations
 
 import pytest
-from pydantic import SecretStr
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def client(request, api_settings, make_client):
-    settings = api_settings
-    if request.param == "postgres":
-        settings = settings.model_copy(update={"database_url": SecretStr(request.getfixturevalue("database_url"))})
-    client = make_client(settings)
+@pytest.fixture
+def client(store_settings, make_client):
+    client = make_client(store_settings)
     assert client.post("/subjects", json={"id": "known", "name": "Known"}).status_code == 201
     return client
 

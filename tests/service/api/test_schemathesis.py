@@ -45,14 +45,18 @@ def live_schema(api_settings, make_client):
     make_client's; schemathesis' ASGI client is refused a second one, so both reach one service."""
     client = make_client(api_settings.model_copy(update={"api_keys": SecretStr(KEY)}))
     assert client.post("/subjects", json={"id": "known", "name": "Known"}, headers=HEADERS).status_code == 201
-    app = client.app
+    return schemathesis.openapi.from_asgi("/openapi.json", without_lifespan(client.app), headers=HEADERS)
 
-    async def without_lifespan(scope, receive, send):
+
+def without_lifespan(app):
+    """`app` for schemathesis' ASGI client, which is refused a second lifespan: the test client ran it."""
+
+    async def serve(scope, receive, send):
         if scope["type"] == "lifespan":
             raise RuntimeError("the lifespan is run by the test client")
         await app(scope, receive, send)
 
-    return schemathesis.openapi.from_asgi("/openapi.json", without_lifespan, headers=HEADERS)
+    return serve
 
 
 # What the app answers that the schema leaves out, so that the fuzzer never sees it; each with why.

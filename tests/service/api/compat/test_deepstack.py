@@ -86,7 +86,7 @@ def test_deepstack_round_trip(ds, examples):
 
 def test_deepstack_userids_are_names(ds, examples):
     """Issue 36, items 1, 2 and 7: Home Assistant's teach_face with a real name; one userid whatever
-    its case, answered as registered; delete answers success for any userid, as DeepStack does."""
+    its case, answered as registered; delete answers success for any userid a subject could hold, as DeepStack does."""
     obama = photo(examples, "knn_examples/train/obama/obama.jpg")
     first = ds.post(f"{FACE}/register", files={"image": obama}, data={"userid": "Barack Obama"})
     assert first.status_code == 200 and first.json()["message"] == "face added", first.text
@@ -102,9 +102,9 @@ def test_deepstack_userids_are_names(ds, examples):
     (prediction,) = ds.post(f"{FACE}/recognize", files={"image": photo(examples, "knn_examples/test/obama1.jpg")}).json()["predictions"]
     assert prediction["userid"] == "Barack Obama" and prediction["confidence"] >= 0.5, prediction
 
-    for invalid in ("x" * 257, "a\x00b", "   "):  # no subject can hold it: nothing deleted, success
+    for invalid in ("x" * 257, "a\x00b", "   "):  # no subject can hold it: the 400 register answers, nothing deleted
         answer = ds.post(f"{FACE}/delete", data={"userid": invalid})
-        assert answer.status_code == 200 and answer.json()["success"] is True, answer.text
+        assert answer.status_code == 400 and answer.json()["success"] is False, answer.text
     assert ds.post(f"{FACE}/delete", data={"userid": "Nobody"}).json()["success"] is True
     assert len(ds.post(f"{FACE}/list").json()["faces"]) == 2
     assert ds.post(f"{FACE}/delete", data={"userid": "BARACK OBAMA"}).json()["success"] is True
@@ -137,6 +137,16 @@ def test_deepstack_bad_input_keeps_its_shape(ds, examples):
     assert ds.post(f"{FACE}/list").json()["faces"] == []  # nothing was half-registered
     json_body = ds.post(f"{FACE}/recognize", json={"image": "aGVsbG8="})
     assert json_body.status_code == 400 and json_body.json()["success"] is False
+
+
+@pytest.mark.parametrize("userid", ["x" * 257, "a\x00b", "   "])  # no subject's name can be these
+def test_deepstack_delete_refuses_a_userid_as_register_does(ds, examples, userid):
+    """A userid facegate cannot hold was answered `success: true` by delete while register refused it
+    with a 400 (issue 34): a client was told something was deleted that could never exist."""
+    register = ds.post(f"{FACE}/register", files={"image": photo(examples, "obama.jpg")}, data={"userid": userid})
+    delete = ds.post(f"{FACE}/delete", data={"userid": userid})
+    assert register.status_code == delete.status_code == 400, delete.text
+    assert delete.json()["success"] is False and delete.json()["error"] == register.json()["error"]
 
 
 def test_deepstack_api_key(model_cache, tmp_path, make_client, examples):

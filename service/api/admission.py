@@ -1,0 +1,145 @@
+"""Admission control: how many requests are served at once, and how much of their bodies is held.
+
+Requests are admitted in two classes, so that a client without a key cannot take a keyed client's
+place. A request whose key is known to be good (`ApiKeyAuth` checked its X-API-Key header, or no keys
+are configured) takes one of FACEGATE_MAX_INFLIGHT_REQUESTS slots. A request whose key is not known
+yet — DeepStack's routes, whose clients send the key as a form field that is read with the body —
+takes one of FACEGATE_MAX_UNAUTHENTICATED_REQUESTS slots, at most FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT
+from one client address, and moves to a keyed slot once its key checks out (`Ticket.authenticated`).
+However many anonymous uploads trickle, keyed clients keep their slots. Beyond either limit: a JSON
+503 `overloaded` with Retry-After, at once.
+
+A keyed request's body is held against FACEGATE_MAX_BODY_MEGABYTES (`service.budget.BodyBudget`) from
+before it is read until its answer: its Content-Length, or FACEGATE_MAX_REQUEST_BYTES when it is
+chunked; one that does not fit waits up to FACEGATE_DECODE_WAIT seconds, then 503. An unauthenticated
+request's body is bounded by its class (its slots × FACEGATE_MAX_REQUEST_BYTES) and enters the budget
+with its key.
+
+Counts not open connections (an idle socket costs a file descriptor, and `service.api.server` closes
+it at its header deadline), and never refuses /healthz, /readyz or /metrics. The event loop is
+single-threaded: plain counters are exact."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.api.error_handlers import error_response
+from service.budget import BodyBudget
+from service.core.errors import FacegateError, Overloaded
+
+ALWAYS_ADMITTED = {"/healthz", "/readyz", "/metrics"}
+AUTHENTICATED = "facegate.authenticated"  # scope key set by ApiKeyAuth: the request's key checked out (or none is needed)
+TICKET = "facegate.admission"  # scope key: the request's Ticket
+
+
+class Ticket:
+    """One admitted request's slot and body share, released when it ends."""
+
+    def __init__(self, admission: Admission, keyed: bool, client: str, body: int):
+        self.admission, self.keyed, self.client, self.body = admission, keyed, client, body
+        self.held = 0  # bytes of the body budget taken
+
+    async def authenticated(self) -> None:
+        """The key read from the body checked out: move to a keyed slot and into the body budget
+        (503 overloaded when the keyed slots are full, or the budget stays spent)."""
+        if self.keyed:
+            return
+        admission = self.admission
+        admission.leave_unauthenticated(self.client)
+        self.keyed = True
+        admission.inflight += 1
+        if admission.inflight > admission.limit:
+            raise Overloaded(admission.full_message())
+        self.held = await admission.bodies.acquire(self.body)
+
+    async def release(self) -> None:
+        if self.keyed:
+            self.admission.inflight -= 1
+            if self.held:
+                await self.admission.bodies.release(self.held)
+        else:
+            self.admission.leave_unauthenticated(self.client)
+
+
+def ticket(request: Request) -> Ticket | None:
+    """The request's admission ticket (None on a path never refused)."""
+    found: Ticket | None = request.scope.get(TICKET)
+    return found
+
+
+class Admission:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        unauthenticated: int,
+        per_client: int,
+        bodies: BodyBudget,
+        max_body: int,
+        retry_after: int = 1,
+    ):
+        self.app, self.limit, self.unauthenticated, self.per_client = app, limit, unauthenticated, per_client
+        self.bodies, self.max_body, self.retry_after = bodies, max_body, retry_after
+        self.inflight = 0
+        self.waiting_for_key: Counter[str] = Counter()  # unauthenticated requests by client address
+
+    def full_message(self) -> str:
+        return f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {self.retry_after} s"
+
+    def leave_unauthenticated(self, client: str) -> None:
+        self.waiting_for_key[client] -= 1
+        if self.waiting_for_key[client] <= 0:
+            del self.waiting_for_key[client]  # the counter stays as small as the requests in flight
+
+    def _body_size(self, scope: Scope) -> int:
+        """What a request's body will hold: its declared length (0 above the limit: BodyLimit refuses
+        it unread), the limit when chunked, else nothing."""
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            return int(declared) if declared.isdigit() and int(declared) <= self.max_body else 0
+        return self.max_body if b"chunked" in headers.get(b"transfer-encoding", b"").lower() else 0
+
+    def _refusal(self, scope: Scope) -> str | None:
+        if scope.get(AUTHENTICATED):
+            return self.full_message() if self.inflight >= self.limit else None
+        client = (scope.get("client") or ("unknown",))[0]
+        if sum(self.waiting_for_key.values()) >= self.unauthenticated:
+            return (
+                f"{self.unauthenticated} requests whose key is not yet known are being served "
+                f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {self.retry_after} s"
+            )
+        if self.waiting_for_key[client] >= self.per_client:
+            return (
+                f"{self.per_client} requests whose key is not yet known are being served for this client "
+                f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {self.retry_after} s"
+            )
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED:
+            return await self.app(scope, receive, send)
+        headers = {"Retry-After": str(self.retry_after)}
+        refusal = self._refusal(scope)
+        if refusal:
+            return await error_response(Overloaded(refusal), headers=headers)(scope, receive, send)
+        keyed = bool(scope.get(AUTHENTICATED))
+        client = (scope.get("client") or ("unknown",))[0]
+        admitted = Ticket(self, keyed, client, self._body_size(scope))
+        if keyed:
+            self.inflight += 1
+        else:
+            self.waiting_for_key[client] += 1
+        scope[TICKET] = admitted
+        try:
+            if keyed:
+                try:
+                    admitted.held = await self.bodies.acquire(admitted.body)
+                except FacegateError as exc:
+                    return await error_response(exc, headers=headers)(scope, receive, send)
+            await self.app(scope, receive, send)
+        finally:
+            await admitted.release()

@@ -1,0 +1,213 @@
+"""Admission control and the middleware around it, driven as ASGI directly (issue 34): requests whose
+key is not yet known have slots of their own, per client too, so they cannot take a keyed client's
+place (defect 4); request bodies are held against a budget (defect 8); a request whose client went
+away is cancelled (defect 2: its decode stops)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from service.api.admission import AUTHENTICATED, Admission, ticket
+from service.api.middleware import ABANDONED, CancelOnDisconnect
+from service.budget import BodyBudget
+from service.core.errors import Overloaded
+
+
+class Held:
+    """An app whose requests stay in flight until released, answering 200."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, scope, receive, send):
+        self.entered += 1
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _scope(client: str = "10.0.0.1", keyed: bool = True, length: int | None = None, chunked: bool = False) -> dict:
+    headers = [(b"content-length", str(length).encode())] if length is not None else []
+    headers += [(b"transfer-encoding", b"chunked")] if chunked else []
+    return {"type": "http", "path": "/v1/vision/face/recognize", "headers": headers, "client": (client, 5000), AUTHENTICATED: keyed}
+
+
+async def _call(app, scope) -> tuple[int, dict]:
+    """Run one request to its answer: (status, JSON body)."""
+    answer: dict = {}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            answer["body"] = json.loads(message["body"])
+
+    await app(scope, receive, send)
+    return answer["status"], answer["body"]
+
+
+def _admission(app, limit=2, unauthenticated=3, per_client=2, megabytes=100.0, wait=0.2, max_body=10_000_000) -> Admission:
+    return Admission(app, limit, unauthenticated, per_client, BodyBudget(megabytes, wait), max_body)
+
+
+def test_requests_whose_key_is_unknown_cannot_take_a_keyed_clients_place():
+    """70 unauthenticated slow DeepStack uploads made every keyed request 503: they counted against
+    the one admission limit before their key (a form field) was read."""
+
+    async def scenario():
+        held = Held()
+        admission = _admission(held)
+        anonymous = [asyncio.create_task(_call(admission, _scope(f"10.0.0.{i % 2}", keyed=False))) for i in range(4)]
+        await asyncio.sleep(0.05)
+        assert held.entered == 3  # the fourth is past FACEGATE_MAX_UNAUTHENTICATED_REQUESTS
+        status, body = await anonymous[3]
+        assert status == 503 and "FACEGATE_MAX_UNAUTHENTICATED_REQUESTS" in body["error"]["message"]
+        per_client = await _call(admission, _scope("10.0.0.0", keyed=False))  # that client already has its 2
+        assert per_client[0] == 503
+        keyed = [asyncio.create_task(_call(admission, _scope("10.0.0.9"))) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert held.entered == 5  # both keyed requests are in, beside three anonymous ones
+        third = await _call(admission, _scope("10.0.0.9"))
+        assert third[0] == 503 and "FACEGATE_MAX_INFLIGHT_REQUESTS" in third[1]["error"]["message"]
+        held.release.set()
+        assert [(await t)[0] for t in anonymous[:3] + keyed] == [200] * 5
+        assert admission.inflight == 0 and not admission.waiting_for_key
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_key_checks_out_moves_to_a_keyed_slot():
+    async def scenario():
+        moved = asyncio.Event()
+
+        async def app(scope, receive, send):
+            admitted = scope["facegate.admission"]
+            try:
+                await admitted.authenticated()
+            except Overloaded:
+                moved.set()
+                raise
+            moved.set()
+            await asyncio.sleep(0.1)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        admission = _admission(app, limit=1)
+        first = asyncio.create_task(_call(admission, _scope(keyed=False, length=1000)))
+        await moved.wait()
+        assert admission.inflight == 1 and not admission.waiting_for_key and admission.bodies.free == 100_000_000 - 1000
+        moved.clear()
+        with pytest.raises(Overloaded):  # the keyed slot is taken: refused like any keyed request
+            await _call(admission, _scope("10.0.0.2", keyed=False))
+        assert (await first)[0] == 200 and admission.inflight == 0 and admission.bodies.free == 100_000_000
+
+    asyncio.run(scenario())
+
+
+def test_request_bodies_are_held_against_their_budget():
+    """32 × 24 MB base64 bodies added 1.44 GB: no budget counted them."""
+
+    async def scenario():
+        held = Held()
+        admission = _admission(held, limit=10, megabytes=50.0, max_body=25_000_000)
+        first = [asyncio.create_task(_call(admission, _scope(length=24_000_000))) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert held.entered == 2 and admission.bodies.free == 2_000_000
+        status, body = await _call(admission, _scope(length=24_000_000))  # waits 0.2 s for room, then 503
+        assert status == 503 and "FACEGATE_MAX_BODY_MEGABYTES" in body["error"]["message"]
+        small = asyncio.create_task(_call(admission, _scope(length=1_000_000)))
+        await asyncio.sleep(0.05)
+        assert held.entered == 3  # a body that fits goes in
+        chunked = asyncio.create_task(_call(admission, _scope(chunked=True)))  # no length: the largest a body may be
+        await asyncio.sleep(0.05)
+        assert held.entered == 3
+        held.release.set()
+        assert [(await t)[0] for t in [*first, small, chunked]] == [200] * 4
+        assert admission.bodies.free == 50_000_000
+        assert (await _call(admission, _scope(length=99_000_000)))[
+            0
+        ] == 200  # over FACEGATE_MAX_REQUEST_BYTES: BodyLimit's 413, nothing held
+
+    asyncio.run(scenario())
+
+
+def test_unauthenticated_bodies_stay_out_of_the_budget_until_their_key_checks_out():
+    async def scenario():
+        held = Held()
+        admission = _admission(held, megabytes=10.0)
+        waiting = asyncio.create_task(_call(admission, _scope(keyed=False, length=9_000_000)))
+        await asyncio.sleep(0.05)
+        assert held.entered == 1 and admission.bodies.free == 10_000_000
+        held.release.set()
+        await waiting
+
+    asyncio.run(scenario())
+
+
+def _receive_then(messages: list[dict], after: asyncio.Event):
+    queue = list(messages)
+
+    async def receive():
+        if queue:
+            return queue.pop(0)
+        await after.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def test_a_request_whose_client_goes_away_is_cancelled():
+    async def scenario():
+        stopped = asyncio.Event()
+
+        async def slow(scope, receive, send):
+            await receive()  # the body
+            try:
+                await asyncio.sleep(60)  # an image decoding
+            except asyncio.CancelledError:
+                stopped.set()
+                raise
+
+        gone = asyncio.Event()
+        scope = {"type": "http"}
+        task = asyncio.create_task(CancelOnDisconnect(slow)(scope, _receive_then([{"type": "http.request", "body": b"x"}], gone), _sink))
+        await asyncio.sleep(0.05)
+        gone.set()
+        await asyncio.wait_for(task, 5)  # returns: the cancellation was its own
+        assert stopped.is_set() and scope[ABANDONED]
+
+    asyncio.run(scenario())
+
+
+def test_an_answered_request_is_not_cancelled_by_the_disconnect_after_it():
+    async def scenario():
+        async def quick(scope, receive, send):
+            await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            await asyncio.sleep(0.1)  # after the answer (a background task): runs to its end
+
+        done = asyncio.Event()
+        done.set()
+        scope = {"type": "http"}
+        await CancelOnDisconnect(quick)(scope, _receive_then([{"type": "http.request", "body": b""}], done), _sink)
+        assert ABANDONED not in scope
+
+    asyncio.run(scenario())
+
+
+async def _sink(message):
+    return None
+
+
+def test_the_ticket_is_reachable_from_a_request():
+    from starlette.requests import Request
+
+    assert ticket(Request({"type": "http", "headers": []})) is None

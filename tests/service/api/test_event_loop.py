@@ -1,0 +1,101 @@
+"""Nothing slow on the event loop (issue 34, defect 3): a body is parsed, validated and checked on a
+worker thread, its values are capped before parsing (a flat list is one container), CompreFace's bulk
+delete is bounded and one statement, and the embedding routes compute and render off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from service.api.requests import MAX_JSON_VALUES
+from tests.service.api.test_routes import error, new_subject
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture
+def loop_calls(monkeypatch):
+    """Wraps functions to record, each time one runs, whether it ran on the event loop."""
+    seen: list[tuple[str, bool]] = []
+
+    def watch(module, name: str) -> None:
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            seen.append((name, _on_loop()))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    return watch, seen
+
+
+def test_subject_bodies_are_validated_and_checked_off_the_loop(api, loop_calls):
+    from service.api import metadata
+
+    watch, seen = loop_calls
+    watch(metadata, "problem")
+    assert api.post("/subjects", json={"id": "a", "name": "A", "metadata": {"k": [1, 2, 3]}}).status_code == 201
+    assert api.patch("/subjects/a", json={"metadata": {"k": "v"}}).status_code == 200
+    assert len(seen) == 4 and not any(on_loop for _, on_loop in seen), seen  # each body's check, and its answer's
+
+
+def test_a_json_body_of_more_values_than_the_cap_is_refused_before_parsing(api):
+    flat = json.dumps({"id": "big", "name": "x", "metadata": {"list": [0] * (MAX_JSON_VALUES + 1)}})
+    message = error(api.post("/subjects", content=flat, headers={"content-type": "application/json"}), 400, "invalid_json")
+    assert f"more than {MAX_JSON_VALUES} values" in message
+    assert api.get("/subjects").json()["total"] == 0
+
+
+def test_a_metadata_list_under_the_value_cap_is_refused_by_its_size(api):
+    message = error(api.post("/subjects", json={"id": "big", "name": "x", "metadata": {"list": [0] * 500_000}}), 422, "invalid_parameters")
+    assert "FACEGATE_MAX_METADATA_BYTES" in message
+
+
+def _faces(api, lfw_faces, count: int) -> list[str]:
+    from tests.conftest import LFW_PEOPLE
+
+    new_subject(api, "bush")
+    image = lfw_faces[LFW_PEOPLE[0]][0]
+    return [str(api.post("/subjects/bush/faces", files={"image": image}).json()["face_id"]) for _ in range(count)]
+
+
+def test_compreface_bulk_delete_is_bounded_and_one_statement(api, lfw_faces):
+    from service.api.compat.compreface import MAX_DELETE_IDS
+
+    ids = _faces(api, lfw_faces, 3)
+    too_many = [str(i) for i in range(1, MAX_DELETE_IDS + 2)]
+    refused = api.post("/api/v1/recognition/faces/delete", json=too_many)
+    assert refused.status_code == 422 and f"at most {MAX_DELETE_IDS}" in refused.json()["message"], refused.text  # CompreFace's shape
+    assert len(api.get("/subjects/bush/faces").json()["faces"]) == 3
+
+    statements: list[str] = []
+    api.app.state.service.gallery._db.set_trace_callback(statements.append)
+    answer = api.post("/api/v1/recognition/faces/delete", json=[ids[0], "999999", ids[2], ids[0]])
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == [{"image_id": ids[0], "subject": "bush"}, {"image_id": ids[2], "subject": "bush"}]
+    assert len([s for s in statements if s.lstrip().upper().startswith("DELETE")]) == 1, statements
+    assert [f["face_id"] for f in api.get("/subjects/bush/faces").json()["faces"]] == [int(ids[1])]
+
+
+def test_compreface_embedding_routes_compute_off_the_loop(api, loop_calls):
+    from service.api.compat import compreface
+
+    watch, seen = loop_calls
+    watch(compreface, "_unit")
+    dim = api.app.state.service.models.embedder.manifest.embedding_dim
+    rows = np.random.default_rng(0).normal(size=(3, dim)).round(6).tolist()
+    recognized = api.post("/api/v1/recognition/embeddings/recognize", json={"embeddings": rows})
+    assert recognized.status_code == 200 and [r["embedding"] for r in recognized.json()["result"]] == rows
+    verified = api.post("/api/v1/verification/embeddings/verify", json={"source": rows[0], "targets": rows})
+    assert verified.status_code == 200 and len(verified.json()["result"]) == 3
+    assert seen and not any(on_loop for _, on_loop in seen), seen

@@ -1,0 +1,164 @@
+"""Decoding in worker processes (issue 34): the same pixels and the same typed errors as decoding in
+place, and what no header can tell bounded the same way for every format — a decode past its CPU
+deadline or memory limit is a 4xx and its worker is replaced, a cancelled caller stops its worker at
+once, and a worker that dies takes only its image with it."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.core.decode import decode_image, probe
+from service.core.decode_workers import DecodeCancelled, DecodeWorkers
+from service.core.errors import ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
+from tests.jpeg_bombs import many_scans, separate_scans
+from tests.requirements import need
+
+LIMITS = (10_000_000, 40_000_000, 16, 4000)
+SLOW = many_scans(6000, 6000, 99)  # under the scan cap; seconds of CPU to decode
+
+
+def _photo(width: int = 320, height: int = 240) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    return cv2.GaussianBlur(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), (5, 5), 0)
+
+
+def _encoded() -> dict[str, bytes]:
+    image = _photo()
+    found = {ext: cv2.imencode(ext, image)[1].tobytes() for ext in (".jpg", ".png", ".webp", ".bmp", ".tiff")}
+    out = io.BytesIO()
+    Image.fromarray(image[..., ::-1]).save(out, "JPEG", progressive=True)
+    found["progressive"] = out.getvalue()
+    out = io.BytesIO()
+    Image.fromarray(image[..., ::-1]).save(out, "GIF")
+    found[".gif"] = out.getvalue()
+    return found
+
+
+@pytest.fixture(scope="module")
+def workers():
+    pool = DecodeWorkers(2, 1024, 30.0, *LIMITS[:2])
+    yield pool
+    pool.close()
+
+
+@contextmanager
+def one_worker(memory_mb: int = 1024, timeout: float = 60.0):
+    """A pool of one worker, started, closed at the end of the block."""
+    pool = DecodeWorkers(1, memory_mb, timeout, *LIMITS[:2])
+    try:
+        pool.start()
+        yield pool
+    finally:
+        pool.close()
+
+
+def _worker_pids(pool: DecodeWorkers) -> set[int]:
+    return {w.process.pid for w in pool._workers}
+
+
+@pytest.mark.parametrize("name, data", list(_encoded().items()))
+def test_the_same_pixels_and_probe_as_in_place(workers, name, data):
+    assert workers.probe(data, *LIMITS) == probe(data, *LIMITS)
+    assert np.array_equal(workers.decode(data, *LIMITS), decode_image(data, *LIMITS))
+
+
+@pytest.mark.parametrize(
+    "data, error",
+    [
+        (b"", InvalidImage),
+        (b"not an image at all" * 50, InvalidImage),
+        (cv2.imencode(".png", np.zeros((8, 8, 3), np.uint8))[1].tobytes(), ImageTooSmall),
+        (separate_scans(16000, 11000), ImageTooLarge),
+        (many_scans(4000, 4000, 1000), ImageTooComplex),
+        (b"\xff" * (LIMITS[0] + 1), ImageTooLarge),
+    ],
+)
+def test_typed_errors_come_back_and_the_worker_stays(workers, data, error):
+    before = _worker_pids(workers)
+    with pytest.raises(error):
+        workers.decode(data, *LIMITS)
+    assert _worker_pids(workers) <= before | _worker_pids(workers)  # an answered error kills no worker
+    assert workers.decode(_encoded()[".png"], *LIMITS).shape == (240, 320, 3)
+
+
+def test_a_decode_past_its_cpu_deadline_is_stopped_and_its_worker_replaced():
+    with one_worker(timeout=0.3) as pool:
+        (first,) = _worker_pids(pool)
+        with pytest.raises(ImageTooComplex, match="FACEGATE_DECODE_TIMEOUT"):
+            pool.decode(SLOW, *LIMITS)
+        assert first not in _worker_pids(pool)
+        assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)  # a fresh worker took the slot
+
+
+def _rotated_jpeg(side: int) -> bytes:
+    """A JPEG with EXIF orientation 6: OpenCV decodes it, then rotates it into a second buffer, a
+    cost its header does not show."""
+    image = Image.fromarray(np.tile(np.arange(side, dtype=np.uint8)[:, None, None], (1, side, 3)))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    image.save(out, "JPEG", exif=exif.tobytes(), quality=50)
+    return out.getvalue()
+
+
+def test_a_decode_whose_known_cost_exceeds_the_memory_limit_is_refused_before_decoding():
+    """6000×6000 in separate scans: 216 MB of coefficients and 108 MB of pixels, past a 128 MB limit."""
+    with one_worker(memory_mb=128) as pool, pytest.raises(ImageTooLarge, match="needs at least 324 MB; FACEGATE_DECODE_MEMORY_MB is 128"):
+        pool.decode(separate_scans(6000, 6000), *LIMITS)
+
+
+def test_a_decode_past_the_memory_limit_fails_in_its_worker_only():
+    """3650×3650 (40 MB of pixels, under a 64 MB limit) rotated by EXIF: the rotation's second 40 MB
+    is refused by the worker's RLIMIT_DATA; a larger limit decodes it."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "the memory limit is RLIMIT_DATA, enforced on Linux")
+    data = _rotated_jpeg(3650)
+    with one_worker(memory_mb=64) as pool:
+        with pytest.raises(ImageTooLarge, match="more than FACEGATE_DECODE_MEMORY_MB"):
+            pool.decode(data, *LIMITS)
+        assert pool.decode(_encoded()[".png"], *LIMITS).shape == (240, 320, 3)
+    with one_worker(memory_mb=256) as roomy:
+        assert roomy.decode(data, *LIMITS).shape == (3650, 3650, 3)
+
+
+def test_a_cancelled_caller_stops_its_worker_at_once():
+    with one_worker() as pool:
+        (worker,) = pool._workers
+        cancel = threading.Event()
+        threading.Timer(0.5, cancel.set).start()
+        started = time.monotonic()
+        with pytest.raises(DecodeCancelled):
+            pool.decode(SLOW, *LIMITS, cancel=cancel)
+        assert time.monotonic() - started < 0.5 + 2.0  # the decode alone takes several CPU seconds
+        assert not worker.process.is_alive()
+        assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)
+
+
+def test_a_worker_that_dies_takes_only_its_image():
+    with one_worker() as pool:
+        (worker,) = pool._workers
+        threading.Timer(0.5, os.kill, (worker.process.pid, signal.SIGKILL)).start()  # as a decoder crash would
+        with pytest.raises(InvalidImage, match="decoder process failed"):
+            pool.decode(SLOW, *LIMITS)
+        assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)
+
+
+def test_workers_start_on_demand_up_to_the_pool_size(workers):
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(workers.decode(_encoded()[".png"], *LIMITS).shape)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [(240, 320, 3)] * 6 and 1 <= len(workers._workers) <= 2
