@@ -1,5 +1,7 @@
 """The SQLite gallery store: SQLite is the source of truth (WAL, synchronous=FULL, committed before any 2xx);
-an in-memory vector index mirrors the faces made by the active embedder and is rebuilt at start-up.
+an in-memory vector index mirrors the faces made by the active embedder and is rebuilt at start-up,
+and beside it the open-set roster (service/core/open_set.py: subjects, faces, the guard's
+leave-one-out scores), built and changed with it.
 
 One lock serializes the connection and keeps the index in step with the database: a face enters
 the index only after its row is committed, and leaves it as soon as its delete is.
@@ -24,6 +26,7 @@ import numpy as np
 from service.core.alignment import TEMPLATES, FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
+from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -157,10 +160,13 @@ def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKe
 
 
 class SqliteGallery(GalleryStore):
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None):
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True):
         """`index` says which index mirrors the embedder's faces for search; None where nothing is
-        searched (no embedder loaded, or a CLI maintenance command)."""
+        searched (no embedder loaded, or a CLI maintenance command). `guard`: keep the open-set
+        guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster."""
         self.path = Path(path)
+        self.guard = guard
+        self.roster: Roster | LeaveOneOut | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder
         self.index_config = index
@@ -237,6 +243,7 @@ class SqliteGallery(GalleryStore):
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
+            self.roster = self._roster(self.embedder)
             if self.index_config.shared:  # Milvus: nothing to load
                 self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
                 return
@@ -266,12 +273,20 @@ class SqliteGallery(GalleryStore):
                 save_index(self.index_config, index, sha, {"faces": fingerprint})
         log.info("gallery %s: %d faces searchable (%s)", self.path, index.size, index.spec)
 
+    def _roster(self, embedder: EmbedderKey) -> Roster | LeaveOneOut:
+        """The open-set roster of the embedder's faces as the database holds them."""
+        rows = self._db.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = ?", (embedder.sha256,)).fetchall()
+        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), embedder.dim)
+        return follow(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors, self.guard)
+
     @classmethod
-    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
+    def open(
+        cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None, guard: bool = True
+    ) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
         another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
         config = index or IndexConfig()
-        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None)
+        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard)
 
     # subjects
 
@@ -346,6 +361,8 @@ class SqliteGallery(GalleryStore):
                     self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             if self.index is not None and not self.index.shared:  # after the commit: only committed faces are searched
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
+            if self.roster is not None:
+                self.roster.add(np.array(ids, np.int64), [subject_id] * len(ids), np.stack([f.embedding for f in faces]))
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
@@ -368,6 +385,8 @@ class SqliteGallery(GalleryStore):
     def _unindex(self, face_ids: list[int]) -> None:
         """Take committed deletes out of the index. A shared index that cannot be reached keeps the
         vectors, which are never answered: search looks every candidate up here first."""
+        if self.roster is not None:
+            self.roster.remove(np.array(face_ids, np.int64))
         if self.index is None:
             return
         try:
@@ -432,6 +451,9 @@ class SqliteGallery(GalleryStore):
 
     def index_info(self) -> dict[str, Any] | None:
         return self.index.describe() if self.index is not None else None
+
+    def shape(self) -> GalleryShape:
+        return self.roster.shape() if self.roster is not None else GalleryShape(0, 0)
 
     def replication(self) -> None:
         return None  # one process owns the file: nothing to keep in step
