@@ -25,7 +25,7 @@ from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
 from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
-from service.core.decision import search_fars
+from service.core.decision import Decision, decide_search
 from service.core.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
 
 NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
@@ -135,21 +135,32 @@ def _ms(start: float) -> dict:
     return {"detector": round((time.perf_counter() - start) * 1000), "calculator": 0}
 
 
+async def _search_decision(service: Service) -> Decision:
+    """facegate's default FPIR decision for the gallery as it is: what a search's similarities are calibrated by."""
+    gallery = await run_in_threadpool(service.gallery.shape)
+    return decide_search(service.ready().manifest, None, None, None, gallery, service.settings.default_fpir, service.models.cohort)
+
+
+def _similarities(service: Service, decision: Decision, probe: np.ndarray, candidates: list) -> list[float]:
+    """Each candidate's calibrated similarity: the FPIR of the score the decision holds it to, 0.5 at the default."""
+    anchor = service.settings.default_fpir
+    return [calibrated_similarity(decision.rate(float(score)), anchor) for score in decision.scores(probe, candidates)]
+
+
 @router.post("/recognition/recognize", summary="CompreFace: recognize faces in an image")
 async def recognize(request: Request, service: ServiceDep) -> dict:
     start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     count = _query_int(request, "prediction_count", 1, low=1)
     manifest = service.ready().manifest
-    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
+    decision = await _search_decision(service)
     result = []
     for face in await _found(service, body.images["file"], request):
-        candidates = await run_in_threadpool(service.search, face.embedding, count)
-        fars = search_fars(manifest, service.models.cohort, face.embedding, candidates)
+        candidates = await run_in_threadpool(service.search, face.embedding, max(count, decision.candidates_needed))
         subjects = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
-            for c, far in zip(candidates, fars, strict=True)
-        ]
+            {"subject": c.subject_id, "similarity": similarity}
+            for c, similarity in zip(candidates, _similarities(service, decision, face.embedding, candidates), strict=True)
+        ][:count]
         result.append(_with_embedding({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)}, face, request))
     return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
 
@@ -357,16 +368,14 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
             f"{len(rows)} embeddings × prediction_count {count} exceeds "
             f"FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})"
         )
-    manifest = service.ready().manifest
-    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
+    decision = await _search_decision(service)
     result = []
     for row, received in zip(rows, body.embeddings, strict=True):
-        candidates = await run_in_threadpool(service.search, row, count)
-        fars = search_fars(manifest, service.models.cohort, row, candidates)
+        candidates = await run_in_threadpool(service.search, row, max(count, decision.candidates_needed))
         similarities = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
-            for c, far in zip(candidates, fars, strict=True)
-        ]
+            {"subject": c.subject_id, "similarity": similarity}
+            for c, similarity in zip(candidates, _similarities(service, decision, row, candidates), strict=True)
+        ][:count]
         result.append({"embedding": received, "similarities": similarities})
     return {"result": result}
 
