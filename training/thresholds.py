@@ -23,6 +23,7 @@ look-alikes: among the default model's 3,441 training identities it left out 120
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.core.fileio import replacing
 from service.core.models.cohort import as_norm
 from service.core.models.embedder import l2_normalize
 from service.core.models.manifest import FarCurve, Manifest, far_key
@@ -131,7 +133,7 @@ def same_person_pairs(
     return pairs, {"identity_pairs": len(pairs), "impostor_pairs": int(sum(sizes[a] * sizes[b] for a, b in pairs))}
 
 
-def _just_above(boundary: float) -> float:
+def just_above(boundary: float) -> float:
     """The threshold rounded up to DIGITS decimals, strictly above `boundary` (which it rejects) also
     in float32, the precision scores are compared at (NumPy compares a float32 array with a Python
     float in float32): a 6-decimal threshold can round onto the boundary score there."""
@@ -156,7 +158,7 @@ def far_curve(impostor: np.ndarray) -> dict:
         allowed = math.floor(far * n + 1e-9)
         if allowed < MIN_FALSE_ACCEPTS:
             break
-        threshold = _just_above(float(top[allowed]))  # the (allowed+1)-th highest score is rejected
+        threshold = just_above(float(top[allowed]))  # the (allowed+1)-th highest score is rejected
         if points and threshold < points[-1][1]:
             threshold = points[-1][1]
         points.append((float(f"{far:.6g}"), threshold))
@@ -186,7 +188,7 @@ def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
         return None
     # the (allowed+1)-th highest score must be rejected: t goes strictly above it
     boundary = float(np.partition(np.asarray(impostor, np.float64), len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
-    return _just_above(boundary)
+    return just_above(boundary)
 
 
 def calibrate_scores(
@@ -233,6 +235,32 @@ def heldout_source(manifest: Manifest, data: Path | None):
 def embed_source(embedder, source) -> tuple[np.ndarray, np.ndarray]:
     """(unit embeddings, labels) of every aligned crop of `source`, embedded as the service embeds."""
     return l2_normalize(embedder.raw(np.stack([source.load(i)[0] for i in range(len(source))]))), np.asarray(source.labels)
+
+
+def cached_embeddings(embedder, source, origin: str, cache: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """`embed_source`, kept in `cache` (a folder; None: not kept) under the model file's sha256 and a
+    digest of the source (`origin`, its images' paths where it has them, its labels), so a second
+    calibration of one model on one folder reads 22k embeddings instead of computing them for minutes."""
+    if cache is None:
+        return embed_source(embedder, source)
+    inner = getattr(source, "source", source)  # a Subset's images are some of its source's
+    paths = getattr(inner, "paths", [])
+    names = [str(paths[i]) for i in getattr(source, "indices", range(len(paths)))]
+    key = "\n".join([origin, *names]).encode() + np.asarray(source.labels).tobytes()
+    digest = hashlib.sha256(key).hexdigest()[:16]
+    path = Path(cache).expanduser() / f"{embedder.model.manifest.file.sha256[:16]}-{digest}.npz"
+    if path.is_file():
+        with np.load(path) as data:
+            return data["embeddings"], data["labels"]
+    embeddings, labels = embed_source(embedder, source)
+    with replacing(path, suffix=".npz", durable=False) as tmp:
+        np.savez(tmp, embeddings=embeddings, labels=labels)
+    return embeddings, labels
+
+
+def one_person_pairs(embeddings: np.ndarray, labels: np.ndarray) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """`same_person_pairs` against these identities' own impostor pairs (as `calibrate` leaves them out)."""
+    return same_person_pairs(embeddings, labels, pair_scores(embeddings, labels)[1])
 
 
 def calibrate(manifest_path: Path, settings: Settings, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:
