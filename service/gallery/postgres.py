@@ -243,11 +243,11 @@ class PostgresGallery(GalleryStore):
                 started = time.monotonic()
                 index, loaded = open_index(self.index_config, key.dim, sha, count, current, sample, batches)
                 self.index = index
-                # the roster as of this snapshot: a persisted index replays the changes since it was saved,
-                # which the roster takes as no-ops up to here (an add it has, a remove it lacks)
                 faces = conn.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = %s", (sha,)).fetchall()
-                vectors = np.frombuffer(b"".join(r[2] for r in faces), dtype="<f4").reshape(len(faces), key.dim)
-                self.roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
+        # the roster as of this snapshot, computed outside its transaction; a persisted index replays the
+        # changes since it was saved, which the roster takes as no-ops up to here (an add it has, a remove it lacks)
+        vectors = np.frombuffer(b"".join(r[2] for r in faces), dtype="<f4").reshape(len(faces), key.dim)
+        self.roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
         applied = loaded["sequence"] if loaded else seq
         log.info(
             "gallery database: %d faces searchable at change %d (%s in %.1f s)",
