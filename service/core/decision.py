@@ -89,12 +89,6 @@ class Decision:
             return self.cohort.normalize(probe, np.stack([c.embedding for c in candidates]), cosines.astype(np.float32))
         return cosines
 
-    def best_match(self, probe: np.ndarray, candidates: list[Candidate]) -> Candidate | None:
-        """The best-ranked candidate when its score (`scores`) reaches the threshold."""
-        if candidates and self.scores(probe, candidates)[0] >= self.threshold:
-            return candidates[0]
-        return None
-
     def rate(self, score: float) -> float:
         """The FPIR a score stands for in this gallery (how often a stranger's best scores this high):
         what the compatibility routes' calibrated similarity is made of. A cosine's or an AS-norm
