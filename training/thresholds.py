@@ -47,6 +47,7 @@ CURVE_TOP_FAR = 0.1
 TAIL_SCORES = 1000  # the highest impostor scores the exponential tail is fitted to
 SAME_PERSON_FAR = 1e-4
 SAME_PERSON_SHARE = 0.5
+SAME_PERSON_MIN_PAIRS = 3  # cross pairs above the threshold the genuine-share rule (`of_genuine`) needs at least
 
 
 @dataclass
@@ -112,24 +113,39 @@ def _blocks(e: np.ndarray, chunk: int):
 
 
 def same_person_pairs(
-    embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024
+    embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024, of_genuine: float | None = None
 ) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """(label pairs, report): identity pairs at least SAME_PERSON_SHARE of whose cross pairs reach
-    the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines."""
+    the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines. `of_genuine`: also pairs with at
+    least SAME_PERSON_MIN_PAIRS cross pairs there, whose share reaches `of_genuine` times the share of
+    genuine pairs (two photos of one identity) that do: two names whose photos match each other
+    nearly as often as one person's photos match themselves."""
     labels = np.asarray(labels)
     allowed = math.floor(SAME_PERSON_FAR * len(impostor))
     if not allowed:
         return [], {"identity_pairs": 0, "impostor_pairs": 0}
     threshold = float(np.partition(impostor, len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
     above: dict[tuple[int, int], int] = {}
+    genuine = [0, 0]  # genuine pairs above the threshold, genuine pairs
     for start, rows, scores, later in _blocks(np.asarray(embeddings, np.float32), chunk):
+        if of_genuine is not None:
+            same = later & (labels[start : start + len(rows), None] == labels[None, start + 1 :])
+            genuine[0] += int((same & (scores > threshold)).sum())
+            genuine[1] += int(same.sum())
         r, c = np.nonzero(later & (scores > threshold))
         a, b = labels[start + r], labels[start + 1 + c]
         keys, counts = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)])[:, a != b], axis=1, return_counts=True)
         for (x, y), n in zip(keys.T.tolist(), counts.tolist(), strict=True):
             above[(x, y)] = above.get((x, y), 0) + n
     sizes = dict(zip(*np.unique(labels, return_counts=True), strict=True))
-    pairs = sorted(k for k, n in above.items() if n >= SAME_PERSON_SHARE * sizes[k[0]] * sizes[k[1]])
+    share = SAME_PERSON_SHARE
+    if of_genuine is not None and genuine[1]:
+        share = min(share, of_genuine * genuine[0] / genuine[1])
+    pairs = sorted(
+        k
+        for k, n in above.items()
+        if n >= SAME_PERSON_SHARE * sizes[k[0]] * sizes[k[1]] or (n >= SAME_PERSON_MIN_PAIRS and n >= share * sizes[k[0]] * sizes[k[1]])
+    )
     return pairs, {"identity_pairs": len(pairs), "impostor_pairs": int(sum(sizes[a] * sizes[b] for a, b in pairs))}
 
 
@@ -258,9 +274,11 @@ def cached_embeddings(embedder, source, origin: str, cache: Path | None) -> tupl
     return embeddings, labels
 
 
-def one_person_pairs(embeddings: np.ndarray, labels: np.ndarray) -> tuple[list[tuple[int, int]], dict[str, int]]:
-    """`same_person_pairs` against these identities' own impostor pairs (as `calibrate` leaves them out)."""
-    return same_person_pairs(embeddings, labels, pair_scores(embeddings, labels)[1])
+def one_person_pairs(
+    embeddings: np.ndarray, labels: np.ndarray, of_genuine: float | None = None
+) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """`same_person_pairs` against these identities' own impostor pairs."""
+    return same_person_pairs(embeddings, labels, pair_scores(embeddings, labels)[1], of_genuine=of_genuine)
 
 
 def calibrate(manifest_path: Path, settings: Settings, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:
