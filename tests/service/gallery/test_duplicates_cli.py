@@ -4,16 +4,12 @@ other, checked against every face's leave-one-out score computed here by brute f
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 
 from service.core.models.manifest import EmbedderKey, Manifest, OpenSetRows, OpenSetTable
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
-from tests.conftest import REPO
 
 
 def margin(cosines: list[float]) -> float:
@@ -22,7 +18,10 @@ def margin(cosines: list[float]) -> float:
     return s[0] + 0.5 * (s[0] - sum(s[1 : k + 1]) / k)
 
 
-def test_duplicates_lists_the_pairs_identify_would_confuse(tmp_path, embedder_manifest, model_cache):
+def test_duplicates_lists_the_pairs_identify_would_confuse(tmp_path, embedder_manifest, cli_env, monkeypatch):
+    from service import cli
+    from service.core.settings import get_settings
+
     manifest = Manifest.load(embedder_manifest)
     manifest.open_set = OpenSetTable(
         fpirs=[0.1, 0.01, 0.001],
@@ -40,16 +39,11 @@ def test_duplicates_lists_the_pairs_identify_would_confuse(tmp_path, embedder_ma
         gallery.add_faces(f"p{i}", [NewFace(vector)])
     gallery.close()
 
-    env = {**os.environ, "FACEGATE_DATA_DIR": str(tmp_path), "FACEGATE_EMBEDDER": str(with_table), "FACEGATE_MODEL_CACHE": str(model_cache)}
-    result = subprocess.run(
-        [sys.executable, "-c", "from service.cli import app; app()", "gallery", "duplicates", "--json", "--limit", "1000"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv("FACEGATE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FACEGATE_EMBEDDER", str(with_table))
+    get_settings.cache_clear()
+    result = cli_env(cli.app, "gallery", "duplicates", "--json", "--limit", "1000")
+    assert result.exit_code == 0, result.output
     pairs = [json.loads(line) for line in result.stdout.splitlines()]
     assert {pairs[0]["subject_id"], pairs[0]["other_subject_id"]} == {"p3", "p7"} and pairs[0]["name"] in ("Person 3", "Person 7")
     threshold = pairs[0]["threshold"]
