@@ -11,7 +11,8 @@ score could do with a perfectly calibrated threshold, the ceiling of the calibra
 The decision is the service's: the margin score when the manifest has its open-set table (and no
 cohort is given), AS-norm with a cohort, else the best cosine; `cosine_rows` repeat the cosine
 decision (what /identify did before the margin score) for comparison. `sizes` measure smaller
-galleries too: seeded draws of that many enrolled people, the others' photos joining the strangers.
+galleries too, both ways: seeded draws of that many enrolled people, the others' photos joining the
+strangers.
 """
 
 from __future__ import annotations
@@ -163,30 +164,38 @@ def report(
     people = np.unique(p.gallery_labels)
     rng = np.random.default_rng(seed)
     for size in (s for s in sizes if s < len(people)):
-        pooled: dict[float, list[np.ndarray]] = {}
+        pooled: dict[tuple[bool, float], list[tuple[float, float, float, int]]] = {}
         for _ in range(repeats):
             chosen = rng.choice(people, size, replace=False)
             enrolled, probing = np.isin(p.gallery_labels, chosen), np.isin(p.known_labels, chosen)
             outsiders = np.concatenate([strangers, gallery[~enrolled], known[~probing]])  # the others' photos are strangers now
             drawn = (gallery[enrolled], p.gallery_labels[enrolled], known[probing], p.known_labels[probing], outsiders)
-            for row in _rows(manifest, rates, *drawn, default_fpir, cohort, False)[0]:
-                pooled.setdefault(row["fpir"], []).append(np.array([row["realized_fpir"], row["dir"], row["threshold"], len(outsiders)]))
+            for cosine_only in (False, True):
+                for row in _rows(manifest, rates, *drawn, default_fpir, cohort, cosine_only)[0]:
+                    runs = pooled.setdefault((cosine_only, row["fpir"]), [])
+                    runs.append((row["realized_fpir"], row["dir"], row["threshold"], len(outsiders)))
         result["by_size"].append(
             {
                 "subjects": int(size),
                 "repeats": repeats,
-                "rows": [
-                    {
-                        "fpir": rate,
-                        "realized_fpir": float(np.average([r[0] for r in runs], weights=[r[3] for r in runs])),
-                        "dir": float(np.mean([r[1] for r in runs])),
-                        "threshold": float(np.mean([r[2] for r in runs])),
-                    }
-                    for rate, runs in pooled.items()
-                ],
+                **{
+                    key: [_pooled(rate, pooled[(cosine_only, rate)]) for rate in rates]
+                    for key, cosine_only in (("rows", False), ("cosine_rows", True))
+                },
             }
         )
     return result
+
+
+def _pooled(rate: float, runs: list[tuple[float, float, float, int]]) -> dict:
+    """One rate's draws together: strangers passed over all of them, enrolled people found and the threshold on average."""
+    realized, found, threshold, strangers = (np.array(column, np.float64) for column in zip(*runs, strict=True))
+    return {
+        "fpir": rate,
+        "realized_fpir": float(np.average(realized, weights=strangers)),
+        "dir": float(found.mean()),
+        "threshold": float(threshold.mean()),
+    }
 
 
 def det_png(result: dict, path: Path, title: str) -> None:

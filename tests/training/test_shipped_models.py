@@ -21,7 +21,7 @@ from training.verification import verification_metrics
 DLIB = REPO / "models" / "dlib-resnet-v1.json"
 SMALL = REPO / "models" / "facegate-default.json"
 FARS = {"1e-2", "1e-3", "1e-4", "1e-5"}
-DLIB_LFW_DIR = 0.55  # known people found on LFW's open set at the default FPIR (docs/models/dlib-resnet-v1.md), less a margin
+DLIB_LFW_DIR = 0.57  # known people found on LFW's open set at the default FPIR (59.1 %: docs/models/dlib-resnet-v1.md), issue 35's floor
 
 
 def _thresholds_ordered(manifest: Manifest) -> bool:

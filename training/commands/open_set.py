@@ -101,10 +101,14 @@ def eval_open_set(
     if result["by_size"]:
         rates = [row["fpir"] for row in result["by_size"][0]["rows"]]
         table = Table(
-            "enrolled", *(f"fpir {r:g}: realized / DIR" for r in rates), title=f"{result['score']} scores, {repeats} draws per size"
+            "enrolled",
+            *(f"fpir {r:g}: realized / DIR" for r in rates),
+            *(f"cosine, fpir {r:g}" for r in rates),
+            title=f"{result['score']} scores (and cosine), {repeats} draws per size",
         )
         for entry in result["by_size"]:
-            table.add_row(f"{entry['subjects']:,}", *(f"{row['realized_fpir']:.4f} / {row['dir']:.3f}" for row in entry["rows"]))
+            cells = [f"{row['realized_fpir']:.4f} / {row['dir']:.3f}" for key in ("rows", "cosine_rows") for row in entry[key]]
+            table.add_row(f"{entry['subjects']:,}", *cells)
         console.print(table)
     if det is not None:
         det_png(
