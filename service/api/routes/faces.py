@@ -4,6 +4,7 @@ before its 2xx."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated
 
 import numpy as np
@@ -31,6 +32,7 @@ from service.core.open_set import GalleryShape
 from service.gallery.interface import FaceRecord, NewFace
 
 router = APIRouter(tags=["gallery"])
+log = logging.getLogger("facegate.api.faces")
 
 
 @router.get("/subjects/{subject_id}/faces", response_model=FacePage, responses=error_responses(401, 404, 422), dependencies=[StrictQuery])
@@ -71,14 +73,17 @@ async def prepare_face(service: Service, data: bytes, options: EnrollOptions) ->
 def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray) -> DuplicateOut | None:
     """The other subject /identify would answer for this face at the default fpir if its own
     subject were not enrolled: the face is a stranger's probe against the other N − 1 subjects
-    (its leave-one-out score, as the guard scores every enrolled face). One search."""
-    gallery = service.gallery.shape()
-    others = GalleryShape(max(gallery.subjects - 1, 1), max(gallery.faces - 1, 1), gallery.tail)
+    (its leave-one-out score, as the guard scores every enrolled face). One search, after the face
+    is committed: a gallery that cannot be searched just then (or a model with no FPIR curve) gives
+    null rather than failing an enrollment that succeeded."""
     try:
+        gallery = service.gallery.shape()
+        others = GalleryShape(max(gallery.subjects - 1, 1), max(gallery.faces - 1, 1), gallery.tail)
         decision = decide_search(service.ready().manifest, None, None, None, others, service.settings.default_fpir, service.models.cohort)
-    except FacegateError:  # a model without a calibrated curve: no FPIR decision to flag with
+        found = [c for c in service.search(embedding, decision.candidates_needed + 1) if c.subject_id != subject_id]
+    except FacegateError as exc:
+        log.warning("enrollment into %s: no duplicate check (%s)", subject_id, exc.message)
         return None
-    found = [c for c in service.search(embedding, decision.candidates_needed + 1) if c.subject_id != subject_id]
     if not found:
         return None
     score = float(decision.scores(embedding, found[: decision.candidates_needed])[0])
