@@ -201,9 +201,10 @@ def test_small_model_lfw_fold_accuracy_holds(small_manifest, pipeline_with, lfw,
 def test_shipped_embedders_carry_an_open_set_table(name, largest, source):
     """/identify's margin score decides with each shipped embedder's table: calibrated on people the
     model never trained on (never LFW), for one face per subject and for three, at FPIR 1e-1, 1e-2,
-    1e-3 at least, each size from 200,000 stranger scores."""
+    1e-3 at least, each size from about 200,000 stranger scores (those whose only subject was their
+    other name are not scored)."""
     table = Manifest.load(REPO / "models" / f"{name}.json").open_set
     assert table is not None and [rows.faces_per_subject for rows in table.tables] == [1, 3]
     assert {0.1, 0.01, 0.001} <= set(table.fpirs) and table.tables[0].subjects[0] == 1 and table.tables[0].subjects[-1] == largest
-    assert all(count >= 200_000 for rows in table.tables for count in rows.samples)
+    assert all(count >= 199_000 for rows in table.tables for count in rows.samples)
     assert source in table.calibration["source"] and "lfw" not in table.calibration["source"].lower() and table.calibration["seed"] == 0

@@ -73,14 +73,15 @@ async def prepare_face(service: Service, data: bytes, options: EnrollOptions) ->
 def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray) -> DuplicateOut | None:
     """The other subject /identify would answer for this face at the default fpir if its own
     subject were not enrolled: the face is a stranger's probe against the other N − 1 subjects
-    (its leave-one-out score, as the guard scores every enrolled face). One search, after the face
-    is committed: a gallery that cannot be searched just then (or a model with no FPIR curve) gives
-    null rather than failing an enrollment that succeeded."""
+    (its leave-one-out score, as the guard scores every enrolled face). One search (not counted in
+    facegate_gallery_search_seconds, which times identification), after the face is committed: a
+    gallery that cannot be searched just then (or a model with no FPIR curve) gives null rather than
+    failing an enrollment that succeeded."""
     try:
         gallery = service.gallery.shape()
         others = GalleryShape(max(gallery.subjects - 1, 1), max(gallery.faces - 1, 1), gallery.tail)
         decision = decide_search(service.ready().manifest, None, None, None, others, service.settings.default_fpir, service.models.cohort)
-        found = [c for c in service.search(embedding, decision.candidates_needed + 1) if c.subject_id != subject_id]
+        found = [c for c in service.gallery.search(embedding, decision.candidates_needed + 1) if c.subject_id != subject_id]
     except FacegateError as exc:
         log.warning("enrollment into %s: no duplicate check (%s)", subject_id, exc.message)
         return None

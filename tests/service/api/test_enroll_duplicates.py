@@ -32,7 +32,7 @@ def test_a_search_failing_after_the_commit_leaves_the_enrollment_answered(api, m
     def down(*_args):
         raise GalleryUnavailable("the gallery database is unavailable: test")
 
-    monkeypatch.setattr(service, "search", down)
+    monkeypatch.setattr(service.gallery, "search", down)
     answer = enroll(api, "b", 1)
     assert answer["possible_duplicate_of"] is None and answer["face_id"] > 0
     monkeypatch.undo()
