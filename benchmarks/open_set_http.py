@@ -64,7 +64,7 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
                 f"{platform.node()} ({platform.processor() or platform.machine()}), {url}: {sum(enrolled)} enrolled "
                 f"({len(enrolled) - sum(enrolled)} photos with no face found), {len(p.known)} known probes, {len(p.strangers)} strangers"
             )
-            print("decision        threshold  far           realized FPIR  DIR")
+            print("decision        score   threshold  far           realized FPIR  DIR")
             for fpir in [None, *fpirs]:
                 known = list(pool.map(lambda path: identify(path, fpir), p.known))
                 others = list(pool.map(lambda path: identify(path, fpir), p.strangers))
@@ -76,7 +76,8 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
                 shown = next(r for r in others if r is not None)
                 label = f"fpir={shown['fpir']:g}" + (" (default)" if fpir is None else "")
                 print(
-                    f"{label:<15} {shown['threshold']:.6f}  {shown['far']:<12}  {matched / len(others):.4f} ({matched})   "
+                    f"{label:<15} {shown['score']:<7} {shown['threshold']:.6f}  {shown['far'] or '—':<12}  "
+                    f"{matched / len(others):.4f} ({matched})   "
                     f"{found / len(known):.4f} ({found})"
                 )
             known = list(pool.map(compreface, p.known))

@@ -23,6 +23,7 @@ look-alikes: among the default model's 3,441 training identities it left out 120
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.core.fileio import replacing
 from service.core.models.cohort import as_norm
 from service.core.models.embedder import l2_normalize
 from service.core.models.manifest import FarCurve, Manifest, far_key
@@ -48,6 +50,7 @@ SAME_PERSON_SHARE = 0.5
 # Fewer people than this and the thresholds rest on the look of a handful of faces: `calibrate` says so
 # (docs/training.md: calibration wants a few dozen people the model never trained on).
 FEW_IDENTITIES = 30
+SAME_PERSON_MIN_PAIRS = 3  # cross pairs above the threshold the genuine-share rule (`of_genuine`) needs at least
 
 
 @dataclass
@@ -113,28 +116,43 @@ def _blocks(e: np.ndarray, chunk: int):
 
 
 def same_person_pairs(
-    embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024
+    embeddings: np.ndarray, labels: np.ndarray, impostor: np.ndarray, chunk: int = 1024, of_genuine: float | None = None
 ) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """(label pairs, report): identity pairs at least SAME_PERSON_SHARE of whose cross pairs reach
-    the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines."""
+    the FAR-SAME_PERSON_FAR threshold of the `impostor` cosines. `of_genuine`: also pairs with at
+    least SAME_PERSON_MIN_PAIRS cross pairs there, whose share reaches `of_genuine` times the share of
+    genuine pairs (two photos of one identity) that do: two names whose photos match each other
+    nearly as often as one person's photos match themselves."""
     labels = np.asarray(labels)
     allowed = math.floor(SAME_PERSON_FAR * len(impostor))
     if not allowed:
         return [], {"identity_pairs": 0, "impostor_pairs": 0}
     threshold = float(np.partition(impostor, len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
     above: dict[tuple[int, int], int] = {}
+    genuine = [0, 0]  # genuine pairs above the threshold, genuine pairs
     for start, rows, scores, later in _blocks(np.asarray(embeddings, np.float32), chunk):
+        if of_genuine is not None:
+            same = later & (labels[start : start + len(rows), None] == labels[None, start + 1 :])
+            genuine[0] += int((same & (scores > threshold)).sum())
+            genuine[1] += int(same.sum())
         r, c = np.nonzero(later & (scores > threshold))
         a, b = labels[start + r], labels[start + 1 + c]
         keys, counts = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)])[:, a != b], axis=1, return_counts=True)
         for (x, y), n in zip(keys.T.tolist(), counts.tolist(), strict=True):
             above[(x, y)] = above.get((x, y), 0) + n
     sizes = dict(zip(*np.unique(labels, return_counts=True), strict=True))
-    pairs = sorted(k for k, n in above.items() if n >= SAME_PERSON_SHARE * sizes[k[0]] * sizes[k[1]])
+    share = SAME_PERSON_SHARE
+    if of_genuine is not None and genuine[1]:
+        share = min(share, of_genuine * genuine[0] / genuine[1])
+    pairs = sorted(
+        k
+        for k, n in above.items()
+        if n >= SAME_PERSON_SHARE * sizes[k[0]] * sizes[k[1]] or (n >= SAME_PERSON_MIN_PAIRS and n >= share * sizes[k[0]] * sizes[k[1]])
+    )
     return pairs, {"identity_pairs": len(pairs), "impostor_pairs": int(sum(sizes[a] * sizes[b] for a, b in pairs))}
 
 
-def _just_above(boundary: float) -> float:
+def just_above(boundary: float) -> float:
     """The threshold rounded up to DIGITS decimals, strictly above `boundary` (which it rejects) also
     in float32, the precision scores are compared at (NumPy compares a float32 array with a Python
     float in float32): a 6-decimal threshold can round onto the boundary score there."""
@@ -159,7 +177,7 @@ def far_curve(impostor: np.ndarray) -> dict:
         allowed = math.floor(far * n + 1e-9)
         if allowed < MIN_FALSE_ACCEPTS:
             break
-        threshold = _just_above(float(top[allowed]))  # the (allowed+1)-th highest score is rejected
+        threshold = just_above(float(top[allowed]))  # the (allowed+1)-th highest score is rejected
         if points and threshold < points[-1][1]:
             threshold = points[-1][1]
         points.append((float(f"{far:.6g}"), threshold))
@@ -189,7 +207,7 @@ def threshold_for_far(impostor: np.ndarray, far: float) -> float | None:
         return None
     # the (allowed+1)-th highest score must be rejected: t goes strictly above it
     boundary = float(np.partition(np.asarray(impostor, np.float64), len(impostor) - allowed - 1)[len(impostor) - allowed - 1])
-    return _just_above(boundary)
+    return just_above(boundary)
 
 
 def calibrate_scores(
@@ -236,6 +254,34 @@ def heldout_source(manifest: Manifest, data: Path | None):
 def embed_source(embedder, source) -> tuple[np.ndarray, np.ndarray]:
     """(unit embeddings, labels) of every aligned crop of `source`, embedded as the service embeds."""
     return l2_normalize(embedder.raw(np.stack([source.load(i)[0] for i in range(len(source))]))), np.asarray(source.labels)
+
+
+def cached_embeddings(embedder, source, origin: str, cache: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """`embed_source`, kept in `cache` (a folder; None: not kept) under the model file's sha256 and a
+    digest of the source (`origin`, its images' paths where it has them, its labels), so a second
+    calibration of one model on one folder reads 22k embeddings instead of computing them for minutes."""
+    if cache is None:
+        return embed_source(embedder, source)
+    inner = getattr(source, "source", source)  # a Subset's images are some of its source's
+    paths = getattr(inner, "paths", [])
+    names = [str(paths[i]) for i in getattr(source, "indices", range(len(paths)))]
+    key = "\n".join([origin, *names]).encode() + np.asarray(source.labels).tobytes()
+    digest = hashlib.sha256(key).hexdigest()[:16]
+    path = Path(cache).expanduser() / f"{embedder.model.manifest.file.sha256[:16]}-{digest}.npz"
+    if path.is_file():
+        with np.load(path) as data:
+            return data["embeddings"], data["labels"]
+    embeddings, labels = embed_source(embedder, source)
+    with replacing(path, suffix=".npz", durable=False) as tmp:
+        np.savez(tmp, embeddings=embeddings, labels=labels)
+    return embeddings, labels
+
+
+def one_person_pairs(
+    embeddings: np.ndarray, labels: np.ndarray, of_genuine: float | None = None
+) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """`same_person_pairs` against these identities' own impostor pairs."""
+    return same_person_pairs(embeddings, labels, pair_scores(embeddings, labels)[1], of_genuine=of_genuine)
 
 
 def calibrate(manifest_path: Path, settings: Settings, data: Path | None = None, fars=FARS, write: bool = True) -> tuple[Calibration, str]:

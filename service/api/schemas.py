@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, overload
 from pydantic import BaseModel, Field
 
 from service.api import metadata
+from service.core.decision import Margin
 from service.core.models.detector import Face
 from service.core.models.manifest import Manifest
 from service.core.settings import Settings
@@ -161,27 +162,59 @@ class IdentifyResult(BaseModel):
     face: FaceOut | None
     candidates: list[CandidateOut] = Field(description="Best subjects first, each once (its best face's similarity).")
     match: CandidateOut | None = Field(description="The best candidate if it reaches the threshold, else null: the person is unknown.")
+    best_score: float | None = Field(
+        None,
+        description="The best candidate's score, which `threshold` applies to (of the kind `score` names); null without candidates.",
+    )
+
+
+class OpenSetOut(BaseModel):
+    """How a margin decision's threshold came about (docs/api.md, "Identify decisions")."""
+
+    subjects: int = Field(description="Enrolled subjects searched (N).")
+    faces_per_subject: float = Field(description="Searchable faces per subject, on average: the table is read for it.")
+    table_threshold: float = Field(description="T_sim(N, fpir): the model's calibrated table, read for this gallery.")
+    guard_threshold: float | None = Field(
+        description="T_LOSO(2 · fpir) from the gallery's own faces, each scored against the other subjects (from 100 subjects; else null)."
+    )
+
+    @classmethod
+    def of(cls, margin: Margin | None) -> OpenSetOut | None:
+        if margin is None:
+            return None
+        guard = margin.detail.guard
+        return cls(
+            subjects=margin.gallery.subjects,
+            faces_per_subject=round(margin.gallery.faces_per_subject, 3),
+            table_threshold=round(margin.detail.table, 6),
+            guard_threshold=None if guard is None else round(guard, 6),
+        )
 
 
 class IdentifyResponse(IdentifyResult):
     threshold: float = Field(description="The score the best candidate must reach to be the match.")
-    score: Literal["cosine", "as-norm"] = Field(
+    score: Literal["cosine", "as-norm", "margin"] = Field(
         "cosine",
         description=(
-            "What `threshold` applies to: the best candidate's cosine, "
-            "or with a cohort (FACEGATE_COHORT) and an FPIR decision its AS-norm score."
+            "What `threshold` applies to: for an FPIR decision the margin score (the best candidate's cosine and how far it stands "
+            "above the next subjects') when the model has its open-set table, with a cohort (FACEGATE_COHORT) the AS-norm score, "
+            "else the cosine; for an explicit far or threshold the cosine."
         ),
     )
     far: str | None = Field(
         description=(
-            "The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); null for an explicit threshold."
+            "The per-comparison FAR the threshold stands for (from the FPIR and the gallery's size); "
+            "null for an explicit threshold and for a margin decision."
         )
     )
     fpir: float | None = Field(description="The false-positive identification rate promised; null when far or threshold was given.")
     gallery_faces: int | None = Field(description="The number of searchable faces the FPIR was turned into a threshold for.")
     extrapolated: bool = Field(
-        False, description="True when that FAR lies below the model's calibrated points: its threshold comes from the fitted tail."
+        False,
+        description="True when the threshold comes from beyond the calibrated points: the cosine curve's fitted tail, "
+        "or the open-set table read beyond its gallery sizes, FPIRs or faces per subject.",
     )
+    open_set: OpenSetOut | None = Field(None, description="For a margin decision: the gallery it was made for and its table and guard.")
     model: ModelOut
     results: list[IdentifyResult] | None = Field(
         None, description="With faces=all: one result per face, largest first (the top-level fields repeat the first)."
@@ -291,9 +324,27 @@ class StoredFaceOut(BaseModel):
         )
 
 
+class DuplicateOut(BaseModel):
+    """Another subject the new face would be identified as."""
+
+    subject_id: str
+    name: str
+    similarity: float = Field(description="The face's cosine with that subject's best face.")
+    score: float = Field(description="The face's margin score against the other subjects, which reached `threshold`.")
+    threshold: float = Field(description="The default fpir's threshold for a gallery of the other subjects.")
+
+
+class EnrolledFaceOut(StoredFaceOut):
+    possible_duplicate_of: DuplicateOut | None = Field(
+        None,
+        description="Another subject that /identify, at the default fpir, would answer for this photo if its own subject were not "
+        "enrolled: perhaps one person under two ids (`facegate gallery duplicates` lists them all). Null when none.",
+    )
+
+
 class EnrollItem(BaseModel):
     index: int = Field(description="Position of the image in `images`.")
-    face: StoredFaceOut | None = None
+    face: EnrolledFaceOut | None = None
     error: ErrorBody | None = None
 
 

@@ -8,9 +8,13 @@ match) and turns it into the per-comparison FAR of the number of faces searched,
 FAR = 1 − (1 − FPIR)^(1/N), whose threshold the manifest's calibrated curve gives. Verifying against
 a subject with k faces is the same search with N = k.
 
-With a cohort (FACEGATE_COHORT, service/core/models/cohort.py) an FPIR decision holds the best candidate's
-AS-norm score, not its cosine, to the cohort's own calibrated curve: the same FPIR, fewer known people
-missed. Explicit `far` and `threshold` stay per-comparison cosine decisions.
+A model whose manifest has an open-set table (`facegate calibrate-open-set`) decides an FPIR on the
+margin score instead (service/core/open_set.py): the best subject's cosine and how far it stands
+above the next ones, held to a threshold for the gallery's number of subjects, guarded from 100
+subjects up by the gallery's own leave-one-out scores: fewer known people missed at the same FPIR.
+With a cohort (FACEGATE_COHORT, service/core/models/cohort.py) an FPIR decision holds the best
+candidate's AS-norm score to the cohort's own calibrated curve instead. Explicit `far` and
+`threshold` stay per-comparison cosine decisions.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import numpy as np
 
 from service.core.errors import InvalidParameters, UnknownFar
 from service.core.models.cohort import Cohort
-from service.core.models.manifest import Manifest, far_key
+from service.core.models.manifest import Manifest, OpenSetTable, far_key
+from service.core.open_set import GalleryShape, K, MarginThreshold, candidate_scores, margin_rate, margin_threshold
 
 
 @dataclass(frozen=True)
@@ -37,28 +42,65 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Margin:
+    """A margin-score decision's table, the gallery it was read for, and how its threshold came about."""
+
+    table: OpenSetTable
+    gallery: GalleryShape
+    detail: MarginThreshold
+
+
+@dataclass(frozen=True)
 class Decision:
     threshold: float
-    far: str | None  # None when the caller gave an explicit threshold
+    far: str | None  # None when the caller gave an explicit threshold, or for a margin decision (no per-comparison FAR)
     fpir: float | None = None  # the promise of a search decided by FPIR
     gallery_faces: int | None = None  # the number of faces that promise was computed for
-    extrapolated: bool = False  # the threshold comes from the fitted tail beyond the calibrated points
+    extrapolated: bool = False  # the threshold comes from beyond the calibrated points (a fitted tail, a larger gallery)
     cohort: Cohort | None = None  # set when the threshold applies to AS-norm scores against it
+    margin: Margin | None = field(default=None, compare=False)  # set when it applies to the margin score
+    curve: Manifest | None = field(default=None, compare=False, repr=False)  # the cosine curve a cosine FPIR decision read
 
     @property
     def score(self) -> str:
         """What `threshold` applies to."""
-        return "cosine" if self.cohort is None else "as-norm"
+        return "margin" if self.margin else "as-norm" if self.cohort else "cosine"
+
+    @property
+    def candidates_needed(self) -> int:
+        """Subjects a search must return for this decision's score: the margin's best and its k next."""
+        return K + 1 if self.margin else 1
 
     def matches(self, similarity: float) -> bool:
         """A cosine decision (an explicit far or threshold, /verify)."""
         return similarity >= self.threshold
 
-    def best_match(self, probe: np.ndarray, candidates: list[Candidate]) -> Candidate | None:
-        """The best-ranked candidate when its score (`search_scores`) reaches the threshold."""
-        if candidates and search_scores(self.cohort, probe, candidates[:1])[0] >= self.threshold:
-            return candidates[0]
-        return None
+    def scores(self, probe: np.ndarray, candidates: list[Candidate]) -> np.ndarray:
+        """What this decision holds to its threshold, per candidate (best first, as a search ranks
+        them): the cosine; with a cohort the AS-norm score (the probe's cohort statistics computed
+        once for all); for the margin, each one's cosine against the same next subjects
+        (`candidate_scores`: the best one's is its S)."""
+        cosines = np.array([c.similarity for c in candidates], np.float64)
+        if not candidates:
+            return cosines
+        if self.margin:
+            return candidate_scores(cosines, self.margin.gallery.subjects)
+        if self.cohort:
+            return self.cohort.normalize(probe, np.stack([c.embedding for c in candidates]), cosines.astype(np.float32))
+        return cosines
+
+    def rate(self, score: float) -> float:
+        """The FPIR a score stands for in this gallery (how often a stranger's best scores this high):
+        what the compatibility routes' calibrated similarity is made of. A cosine's or an AS-norm
+        score's calibrated per-comparison FAR over the faces searched, 1 − (1 − FAR)^N; a margin
+        score's, the FPIR whose threshold it is."""
+        if self.margin:
+            return margin_rate(self.margin.table, self.margin.gallery, score)
+        curve = self.cohort or self.curve
+        if curve is None:
+            raise ValueError("an explicit far or threshold decision has no FPIR curve")
+        far = min(curve.far_at(score), 1 - 1e-12)
+        return -math.expm1(max(self.gallery_faces or 1, 1) * math.log1p(-far))
 
 
 def decide(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str) -> Decision:
@@ -89,13 +131,14 @@ def decide_search(
     fpir: float | None,
     far: float | str | None,
     threshold: float | None,
-    gallery_faces: int,
+    gallery: GalleryShape | int,
     default_fpir: float,
     cohort: Cohort | None = None,
 ) -> Decision:
     """/identify's decision: an explicit threshold or per-comparison FAR when given, else the FPIR
-    (the request's, else FACEGATE_DEFAULT_FPIR) over the `gallery_faces` searched, on AS-norm scores
-    when a cohort is given."""
+    (the request's, else FACEGATE_DEFAULT_FPIR) for this gallery (its subjects, faces and
+    leave-one-out tail; an int: that many subjects of one face each): on AS-norm scores with a
+    cohort, else on the margin score when the manifest has its table, else on cosines."""
     if sum(x is not None for x in (fpir, far, threshold)) > 1:
         raise InvalidParameters("give one of fpir, far or threshold")
     if far is not None or threshold is not None:
@@ -103,7 +146,18 @@ def decide_search(
     rate = default_fpir if fpir is None else fpir
     if not 1e-9 <= rate < 1.0:
         raise InvalidParameters(f"fpir must be in [1e-9, 1), got {rate}")
-    return at_rate(manifest, rate, gallery_faces, cohort)
+    shape = gallery if isinstance(gallery, GalleryShape) else GalleryShape(gallery, gallery)
+    if cohort is None and manifest.open_set is not None:
+        detail = margin_threshold(manifest.open_set, shape, rate)
+        return Decision(
+            round(detail.threshold, 6),
+            None,
+            fpir=rate,
+            gallery_faces=shape.faces,
+            extrapolated=detail.extrapolated,
+            margin=Margin(manifest.open_set, shape, detail),
+        )
+    return at_rate(manifest, rate, shape.faces, cohort)
 
 
 def decide_subject(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str, faces: int) -> Decision:
@@ -124,21 +178,11 @@ def at_rate(manifest: Manifest, rate: float, faces: int, cohort: Cohort | None =
     except KeyError as exc:
         raise UnknownFar(f"the model has no calibrated FAR curve: {exc.args[0]}; pass far or threshold") from None
     return Decision(
-        round(threshold, 6), far_key(per), fpir=rate, gallery_faces=faces, extrapolated=curve.beyond_calibration(per), cohort=cohort
+        round(threshold, 6),
+        far_key(per),
+        fpir=rate,
+        gallery_faces=faces,
+        extrapolated=curve.beyond_calibration(per),
+        cohort=cohort,
+        curve=None if cohort else manifest,
     )
-
-
-def search_scores(cohort: Cohort | None, probe: np.ndarray, candidates: list[Candidate]) -> np.ndarray:
-    """What an FPIR decision holds to its threshold, per candidate: the cosine, or with a cohort the
-    AS-norm score (the probe's cohort statistics computed once for all of them)."""
-    cosines = np.array([c.similarity for c in candidates], np.float32)
-    if cohort is None or not candidates:
-        return cosines
-    return cohort.normalize(probe, np.stack([c.embedding for c in candidates]), cosines)
-
-
-def search_fars(manifest: Manifest, cohort: Cohort | None, probe: np.ndarray, candidates: list[Candidate]) -> list[float]:
-    """The calibrated per-comparison FAR of each search candidate's score, on the curve that score
-    is calibrated by (the cohort's or the manifest's)."""
-    curve = cohort or manifest
-    return [curve.far_at(float(score)) for score in search_scores(cohort, probe, candidates)]

@@ -133,6 +133,14 @@ class Settings(BaseSettings):
             "A cohort manifest (`facegate calibrate-cohort`): /identify's FPIR decisions then use AS-norm scores against it (docs/api.md)."
         ),
     )
+    open_set_guard: bool = Field(
+        True,
+        description=(
+            "Keep every enrolled face's leave-one-out margin score, which tightens /identify's threshold from 100 subjects up when "
+            "the gallery's own faces say strangers would pass too often (docs/api.md). It holds the embeddings once more in memory, "
+            "costs one product with every face per enrollment and one search per face at start-up; false: the table alone decides."
+        ),
+    )
 
     # gallery
     data_dir: Path = Field(Path("data"), description="Folder of the gallery's SQLite database (the source of truth).")

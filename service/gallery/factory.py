@@ -31,7 +31,7 @@ def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: b
         return open_postgres(settings, embedder, searchable)
     from service.gallery.sqlite import SqliteGallery
 
-    return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings))
+    return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings), settings.open_set_guard)
 
 
 def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> PostgresGallery:
@@ -45,7 +45,15 @@ def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: 
     url = settings.database_url.get_secret_value()
     if settings.database_password_file is not None:
         url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
-    return PostgresGallery(url, embedder, searchable, settings.database_pool_size, index_config(settings), settings.database_pool_timeout)
+    return PostgresGallery(
+        url,
+        embedder,
+        searchable,
+        settings.database_pool_size,
+        index_config(settings),
+        settings.database_pool_timeout,
+        settings.open_set_guard,
+    )
 
 
 def index_config(settings: Settings) -> IndexConfig:

@@ -12,6 +12,7 @@ import numpy as np
 
 from service.core.alignment import FaceChip
 from service.core.decision import Candidate
+from service.core.open_set import GalleryShape
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ class GalleryStore(Protocol):
 
     def index_info(self) -> dict[str, Any] | None:
         """The vector index searches run on (backend, parameters, size); None where nothing is searched."""
+        ...
+
+    def shape(self) -> GalleryShape:
+        """The subjects and faces searches run on, and the open-set guard's leave-one-out tail
+        (service/core/open_set.py): what an FPIR decision is made for."""
         ...
 
     def replication(self) -> dict[str, int | bool] | None:

@@ -7,6 +7,12 @@ replica that wrote applies the change to its index before answering. Another rep
 within its propagation delay (its /readyz shows how far behind it is). A search looks up the faces
 the index found in the database, so a face whose delete was acknowledged by any replica is never
 answered by any, even by one whose index has not applied the delete yet.
+
+Beside its index each replica keeps the open-set roster (subjects, faces and the guard's
+leave-one-out scores, service/core/open_set.py), loaded from the same snapshot and changed by the
+same changes: derived state, like the index, so every replica that has applied change N holds the
+same guard and decides as the others do at N. With Milvus (no change log followed) a replica reads
+the subject and face counts from the database instead, and keeps no guard.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
+from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -57,6 +64,7 @@ MIGRATION_LOCK = 0x66616365_67617465  # pg_advisory_xact_lock key: replicas star
 NAME_KEY_INDEX = "subjects_name_key"  # migrations/0002_subject_names.sql
 LOAD_BATCH = 50_000  # rows per fetch while loading the index
 SYNC_POLL_SECONDS = 1.0  # catch-up interval when no notification arrives (one should always arrive)
+COUNTS_SECONDS = 10.0  # with Milvus, how long the subject and face counts an open-set decision reads are reused
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -106,14 +114,19 @@ class PostgresGallery(GalleryStore):
         pool_size: int = 8,
         index: IndexConfig | None = None,
         pool_timeout: float = 1.0,
+        guard: bool = True,
     ):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
-        the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
+        the change log instead of being rebuilt. Fails at once when the database cannot be reached.
+        `guard`: keep the open-set guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster."""
         # Text as UTF-8 whatever the database's encoding: on a SQL_ASCII database psycopg would
         # otherwise return text columns as bytes (a model name b'dlib-resnet-v1' is then "another embedder").
         self.url = make_conninfo(url, client_encoding="UTF8")
         self.embedder = embedder
+        self.guard = guard
+        self.roster: Roster | LeaveOneOut | None = None
+        self._counts: tuple[float, GalleryShape] | None = None  # with Milvus: (when read, what)
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
         self.index: FaissIndex | MilvusIndex | None = None
@@ -139,7 +152,9 @@ class PostgresGallery(GalleryStore):
             applied = self._load_index()
             self.sync: IndexSync | None = None  # Milvus is shared: nothing to keep in step
             if isinstance(self.index, FaissIndex):
-                self.sync = IndexSync(self.url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS)
+                self.sync = IndexSync(
+                    self.url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS, self.roster
+                )
                 with self.pool.connection() as conn:
                     replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
                 if replayed:
@@ -236,6 +251,11 @@ class PostgresGallery(GalleryStore):
                 started = time.monotonic()
                 index, loaded = open_index(self.index_config, key.dim, sha, count, current, sample, batches)
                 self.index = index
+                faces = conn.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = %s", (sha,)).fetchall()
+        # the roster as of this snapshot, computed outside its transaction; a persisted index replays the
+        # changes since it was saved, which the roster takes as no-ops up to here (an add it has, a remove it lacks)
+        vectors = np.frombuffer(b"".join(r[2] for r in faces), dtype="<f4").reshape(len(faces), key.dim)
+        self.roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
         applied = loaded["sequence"] if loaded else seq
         log.info(
             "gallery database: %d faces searchable at change %d (%s in %.1f s)",
@@ -336,7 +356,7 @@ class PostgresGallery(GalleryStore):
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             seq = record_change(conn, "add", ids)
         if self.sync:
-            self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))
+            self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]), [subject_id] * len(ids))
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
@@ -430,6 +450,23 @@ class PostgresGallery(GalleryStore):
 
     def index_info(self) -> dict[str, Any] | None:
         return self.index.describe() if self.index is not None else None
+
+    def shape(self) -> GalleryShape:
+        """The roster's, kept in step with this replica's index; with Milvus, the database's counts
+        of the embedder's subjects and faces (read at most every COUNTS_SECONDS), and no guard."""
+        if self.roster is not None:
+            return self.roster.shape()
+        if self.index is None:
+            return GalleryShape(0, 0)
+        now = time.monotonic()
+        if self._counts is None or now - self._counts[0] > COUNTS_SECONDS:
+            sha = required_embedder(self.embedder).sha256
+            with self._conn() as conn:
+                subjects, faces = one_row(
+                    conn.execute("SELECT COUNT(DISTINCT subject_id), COUNT(*) FROM faces WHERE model_sha256 = %s", (sha,))
+                )
+            self._counts = (now, GalleryShape(subjects, faces))
+        return self._counts[1]
 
     def replication(self) -> dict[str, int | bool] | None:
         if self.sync is None:

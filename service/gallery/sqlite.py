@@ -1,5 +1,7 @@
 """The SQLite gallery store: SQLite is the source of truth (WAL, synchronous=FULL, committed before any 2xx);
-an in-memory vector index mirrors the faces made by the active embedder and is rebuilt at start-up.
+an in-memory vector index mirrors the faces made by the active embedder and is rebuilt at start-up,
+and beside it the open-set roster (service/core/open_set.py: subjects, faces, the guard's
+leave-one-out scores), built and changed with it.
 
 One lock serializes the connection and keeps the index in step with the database: a face enters
 the index only after its row is committed, and leaves it as soon as its delete is.
@@ -30,6 +32,7 @@ import numpy as np
 from service.core.alignment import TEMPLATES, FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
+from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -191,10 +194,13 @@ def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKe
 
 
 class SqliteGallery(GalleryStore):
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None):
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True):
         """`index` says which index mirrors the embedder's faces for search; None where nothing is
-        searched (no embedder loaded, or a CLI maintenance command)."""
+        searched (no embedder loaded, or a CLI maintenance command). `guard`: keep the open-set
+        guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster."""
         self.path = Path(path)
+        self.guard = guard
+        self.roster: Roster | LeaveOneOut | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder
         self.index_config = index
@@ -274,10 +280,11 @@ class SqliteGallery(GalleryStore):
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
+            self.applied = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            self.roster = self._roster(self.embedder)
             if self.index_config.shared:  # Milvus: nothing to load
                 self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
                 return
-            self.applied = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
             fingerprint = self._fingerprint()
             sha = self.embedder.sha256
 
@@ -320,29 +327,32 @@ class SqliteGallery(GalleryStore):
         db.execute("DELETE FROM changes WHERE seq <= ?", (seq - CHANGES_KEPT,))
         return seq
 
-    def _wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None) -> None:
+    def _wrote(self, seq: int, op: str, face_ids: list[int], subject_id: str = "", vectors: np.ndarray | None = None) -> None:
         """A change this process committed (under the lock): applied at once when it is the next
-        one, else with the others' before it. A shared index (Milvus) got its adds before the commit;
-        only deletes are applied to it here."""
+        one, else with the others' before it."""
         if self.index is None:
             return
-        if self.index.shared:
-            if op == "remove":
-                self._unindex(face_ids)
-            return
-        if self.applied == seq - 1:
-            if op == "add" and vectors is not None:
-                self.index.add(np.array(face_ids, np.int64), vectors)
-            else:
-                self._unindex(face_ids)
+        if self.applied != seq - 1:
+            self._follow()
+        elif op == "add" and vectors is not None:
+            self._added(np.array(face_ids, np.int64), [subject_id] * len(face_ids), vectors)
             self.applied = seq
         else:
-            self._follow()
+            self._unindex(face_ids)
+            self.applied = seq
+
+    def _added(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
+        """Committed faces into the index (a shared one, Milvus, got them before the commit) and the open-set roster."""
+        if self.index is not None and not self.index.shared:
+            self.index.add(ids, vectors)
+        if self.roster is not None:
+            self.roster.add(ids, subjects, vectors)
 
     def _follow(self) -> None:
         """Apply, in order, the changes other processes logged since the last one applied (under the
-        lock); rebuild the index when the log no longer holds them all."""
-        if self.index is None or self.index.shared:
+        lock): to this process's index and open-set roster (with Milvus, the index every process
+        shares, only to the roster); rebuild both when the log no longer holds them all."""
+        if self.index is None:
             return
         rows = self._db.execute("SELECT seq, op, face_ids FROM changes WHERE seq > ? ORDER BY seq", (self.applied,)).fetchall()
         if not rows:
@@ -354,31 +364,40 @@ class SqliteGallery(GalleryStore):
         for seq, op, face_ids in rows:
             ids = json.loads(face_ids)
             if op == "add":
-                found, vectors = self._embeddings_of(ids)
+                found, subjects, vectors = self._embeddings_of(ids)
                 if len(found):
-                    self.index.add(found, vectors)
+                    self._added(found, subjects, vectors)
             else:
                 self._unindex(ids)
             self.applied = seq
 
-    def _embeddings_of(self, face_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Ids and embeddings of those of `face_ids` still in the database, made by the active embedder."""
+    def _embeddings_of(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """Ids, subjects and embeddings of those of `face_ids` still in the database, made by the active embedder."""
         key = required_embedder(self.embedder)
         rows = []
         for start in range(0, len(face_ids), LOOKUP_CHUNK):
             chunk = face_ids[start : start + LOOKUP_CHUNK]
             marks = ",".join("?" * len(chunk))
             rows += self._db.execute(
-                f"SELECT id, embedding FROM faces WHERE id IN ({marks}) AND model_sha256 = ?", (*chunk, key.sha256)
+                f"SELECT id, subject_id, embedding FROM faces WHERE id IN ({marks}) AND model_sha256 = ?", (*chunk, key.sha256)
             ).fetchall()
-        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
+        vectors = np.frombuffer(b"".join(r[2] for r in rows), "<f4").reshape(len(rows), key.dim)
+        return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
+
+    def _roster(self, embedder: EmbedderKey) -> Roster | LeaveOneOut:
+        """The open-set roster of the embedder's faces as the database holds them."""
+        rows = self._db.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = ?", (embedder.sha256,)).fetchall()
+        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), embedder.dim)
+        return follow(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors, self.guard)
 
     @classmethod
-    def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
+    def open(
+        cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None, guard: bool = True
+    ) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
         another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
         config = index or IndexConfig()
-        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None)
+        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard)
 
     # subjects
 
@@ -468,7 +487,9 @@ class SqliteGallery(GalleryStore):
                 seq = self._record(db, "add", ids)
                 if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
                     self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
-            self._wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))  # after the commit: only committed faces are searched
+            self._wrote(
+                seq, "add", ids, subject_id, np.stack([f.embedding for f in faces])
+            )  # after the commit: only committed faces are searched
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
@@ -506,6 +527,8 @@ class SqliteGallery(GalleryStore):
     def _unindex(self, face_ids: list[int]) -> None:
         """Take committed deletes out of the index. A shared index that cannot be reached keeps the
         vectors, which are never answered: search looks every candidate up here first."""
+        if self.roster is not None:
+            self.roster.remove(np.array(face_ids, np.int64))
         if self.index is None:
             return
         try:
@@ -576,6 +599,13 @@ class SqliteGallery(GalleryStore):
 
     def index_info(self) -> dict[str, Any] | None:
         return self.index.describe() if self.index is not None else None
+
+    def shape(self) -> GalleryShape:
+        """The subjects, faces and guard an open-set decision holds a search to, as of the last change
+        any process logged."""
+        with self._lock:
+            self._follow()
+            return self.roster.shape() if self.roster is not None else GalleryShape(0, 0)
 
     def replication(self) -> None:
         return None  # one process owns the file: nothing to keep in step

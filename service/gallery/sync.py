@@ -5,6 +5,8 @@ gaps, in commit order) and a NOTIFY in the same transaction. A listener thread L
 notification, on reconnect, and every `poll` seconds in case one was missed, applies the changes
 after the last one it applied, in order: no change is ever skipped. The replica that made a write
 applies it itself before answering (`wrote`), so its own 2xx is already visible to its searches.
+Each change goes to the index and to the open-set roster beside it (service/core/open_set.py), so
+a replica's guard always describes the faces its index searches.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from service.core.open_set import LeaveOneOut, Roster
 from service.gallery.index import FaissIndex
 
 log = logging.getLogger("facegate.gallery.sync")
@@ -51,11 +54,21 @@ def database_sequence(conn: psycopg.Connection) -> int:
 
 
 class IndexSync:
-    def __init__(self, url: str, pool: ConnectionPool, index: FaissIndex, model_sha256: str, applied: int, poll: float):
+    def __init__(
+        self,
+        url: str,
+        pool: ConnectionPool,
+        index: FaissIndex,
+        model_sha256: str,
+        applied: int,
+        poll: float,
+        roster: Roster | LeaveOneOut | None = None,
+    ):
         """`applied`: the change the index was loaded at (its snapshot's sequence)."""
         self.url = url
         self.pool = pool
         self.index = index
+        self.roster = roster
         self.model_sha256 = model_sha256
         self.applied = applied
         self.poll = poll
@@ -90,13 +103,13 @@ class IndexSync:
         with self._lock:
             yield self.applied
 
-    def wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None) -> None:
+    def wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None, subjects: list[str] | None = None) -> None:
         """A change this replica committed: applied (with every one before it) before the caller answers."""
         with self._lock:
             if self.applied >= seq:
                 return
             if self.applied == seq - 1:  # nothing pending: apply what is in hand, no read needed
-                self._apply_known(op, face_ids, vectors)
+                self._apply_known(op, face_ids, vectors, subjects)
                 self.applied = seq
                 return
         try:
@@ -117,28 +130,39 @@ class IndexSync:
                     if op == "add":
                         self._add_from_database(conn, face_ids)
                     else:
-                        self.index.remove(np.array(face_ids, np.int64))
+                        self._remove(face_ids)
                     self.applied = seq
                 done += len(rows)
                 if len(rows) < BATCH:
                     return done
 
-    def _apply_known(self, op: str, face_ids: list[int], vectors: np.ndarray | None) -> None:
+    def _apply_known(self, op: str, face_ids: list[int], vectors: np.ndarray | None, subjects: list[str] | None) -> None:
         if op == "add":
-            if vectors is None:
-                raise ValueError("an add is applied with its vectors")
-            self.index.add(np.array(face_ids, np.int64), vectors)
+            if vectors is None or subjects is None:
+                raise ValueError("an add is applied with its vectors and subjects")
+            self._add(np.array(face_ids, np.int64), subjects, vectors)
         else:
-            self.index.remove(np.array(face_ids, np.int64))
+            self._remove(face_ids)
+
+    def _add(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
+        self.index.add(ids, vectors)
+        if self.roster is not None:
+            self.roster.add(ids, subjects, vectors)
+
+    def _remove(self, face_ids: list[int]) -> None:
+        ids = np.array(face_ids, np.int64)
+        self.index.remove(ids)
+        if self.roster is not None:
+            self.roster.remove(ids)
 
     def _add_from_database(self, conn: psycopg.Connection, face_ids: list[int]) -> None:
         """The faces as they are now (a face deleted since is skipped: its own change removes nothing)."""
         rows = conn.execute(
-            "SELECT id, embedding FROM faces WHERE id = ANY(%s) AND model_sha256 = %s", (face_ids, self.model_sha256)
+            "SELECT id, subject_id, embedding FROM faces WHERE id = ANY(%s) AND model_sha256 = %s", (face_ids, self.model_sha256)
         ).fetchall()
         if rows:
-            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
-            self.index.add(np.array([r[0] for r in rows], np.int64), vectors)
+            vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), -1)
+            self._add(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors)
 
     def _listen(self) -> None:
         """LISTEN, catch up, then apply on every notification (or every `poll` s); reconnect on error."""

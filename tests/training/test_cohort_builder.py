@@ -101,7 +101,7 @@ def test_written_cohort_loads_for_its_embedder_only(built, tmp_path):
 
 
 def test_open_set_evaluation_scores_as_the_service_decides(built, tmp_path):
-    """eval-open-set's scores with a cohort are `Decision.best_match`'s: the best face's AS-norm score."""
+    """eval-open-set's scores with a cohort are `Decision.scores`': the best face's AS-norm score."""
     from service.core.decision import Candidate
     from training.identification import best_subjects
 
@@ -116,6 +116,4 @@ def test_open_set_evaluation_scores_as_the_service_decides(built, tmp_path):
         face = gallery[label // 10]
         assert score == pytest.approx(loaded.normalize(probe, face[None], [float(probe @ face)])[0], abs=1e-5)
         decision = decide_search(embedder, 0.1, None, None, 20, 0.01, loaded)
-        assert (decision.best_match(probe, [Candidate("s", "s", float(probe @ face), 0, face)]) is not None) == (
-            score >= decision.threshold
-        )
+        assert decision.scores(probe, [Candidate("s", "s", float(probe @ face), 0, face)])[0] == pytest.approx(score, abs=1e-5)

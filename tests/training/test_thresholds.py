@@ -61,7 +61,7 @@ def _exponential_manifest(curve: dict):
     from tests.conftest import REPO
 
     manifest = Manifest.load(REPO / "models" / "dlib-resnet-v1.json")
-    return manifest.model_copy(update={"far_curve": FarCurve(**curve)})
+    return manifest.model_copy(update={"far_curve": FarCurve(**curve), "open_set": None})  # the cosine decision
 
 
 def test_far_curve_and_its_tail_on_an_exponential_tail():
@@ -123,3 +123,25 @@ def test_one_person_under_two_names_is_left_out_of_the_impostor_pairs():
     genuine, cleaned = pair_scores(x, labels, one_person=pairs)
     assert len(cleaned) == len(impostor) - 25 and len(genuine) == 300 * 10
     assert cleaned.max() < np.sort(impostor)[-25]  # what was left out was the top of the "impostor" tail
+
+
+def test_a_second_name_with_its_other_photos_is_found_by_the_genuine_share():
+    """Identity 7 is identity 3 seen in other conditions: three of its five photos are 3's, two are
+    unlike anyone's, so under half of their cross pairs match (calibrate's rule keeps them apart),
+    yet they match as often as one person's photos match each other: `of_genuine` finds them, and
+    nobody else (look-alikes that merely score high together stay strangers)."""
+    from training.thresholds import pair_scores, same_person_pairs
+
+    rng = np.random.default_rng(3)
+    centers = rng.normal(size=(300, 64))
+    labels = np.repeat(np.arange(300), 5)
+    x = centers[labels] + 0.9 * rng.normal(size=(1500, 64))
+    x[35:38] = centers[3] + 0.9 * rng.normal(size=(3, 64))  # three of 7's photos are 3's face
+    x[38:40] = 1.9 * rng.normal(size=(2, 64))  # and two are nobody's
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    genuine, impostor = pair_scores(x, labels)
+    above = np.sort(impostor)[-int(1e-4 * len(impostor)) - 1]
+    assert 0.8 < (genuine > above).mean() < 0.9  # one person's photos match there 85 % of the time
+    assert same_person_pairs(x, labels, impostor)[0] == []
+    pairs, report = same_person_pairs(x, labels, impostor, of_genuine=0.5)
+    assert pairs == [(3, 7)] and report == {"identity_pairs": 1, "impostor_pairs": 25}

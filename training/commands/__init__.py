@@ -7,7 +7,19 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from training.commands import align, calibrate, calibrate_cohort, calibrate_int8, evaluate, export, heads, model_info, open_set, train
+    from training.commands import (
+        align,
+        calibrate,
+        calibrate_cohort,
+        calibrate_int8,
+        calibrate_open_set,
+        evaluate,
+        export,
+        heads,
+        model_info,
+        open_set,
+        train,
+    )
 
     app.add_typer(heads.heads_app, name="heads")
     app.command("align")(align.align)
@@ -18,4 +30,5 @@ def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate.calibrate)
     app.command("calibrate-cohort")(calibrate_cohort.calibrate_cohort)
     app.command("calibrate-int8")(calibrate_int8.calibrate_int8)
+    app.command("calibrate-open-set")(calibrate_open_set.calibrate_open_set)
     app.command("model-info")(model_info.model_info)

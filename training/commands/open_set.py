@@ -1,5 +1,6 @@
 """`facegate eval-open-set`: DIR and realized FPIR of an exported model on a folder of identities,
-decided as /identify decides."""
+decided as /identify decides (and as it decided on cosines, for comparison), for the whole gallery
+and for seeded draws of smaller ones."""
 
 from __future__ import annotations
 
@@ -27,7 +28,18 @@ def eval_open_set(
     enroll: Annotated[
         int, typer.Option(min=1, help="Photos enrolled per known person (people with more are known, the others strangers).")
     ] = 1,
-    strangers: Annotated[int | None, typer.Option(min=1, help="Probe with at most this many strangers (sorted by name).")] = None,
+    strangers: Annotated[
+        int | None, typer.Option(min=1, help="Probe with at most this many strangers (people, sorted by name; every photo of each).")
+    ] = None,
+    swap: Annotated[bool, typer.Option(help="Enroll by the next photo(s) and probe with the first (the second split).")] = False,
+    sizes: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1, help="Also smaller galleries of this many enrolled people (repeat: --sizes 10 --sizes 100), the others strangers."
+        ),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Seeded draws per --sizes.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the --sizes draws.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Write the JSON results here too.")] = None,
     det: Annotated[Path | None, typer.Option(help="DET curve PNG.")] = None,
     cohort: Annotated[
@@ -41,15 +53,17 @@ def eval_open_set(
     cache: Annotated[Path, typer.Option(help="Cache of aligned crops.")] = Path("~/.cache/facegate/eval"),
     progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
 ) -> None:
-    """Enroll `enroll` photos of each person who has more, probe with the next photo and with the
-    people who have fewer: DIR at FPIR 1e-1/1e-2/1e-3 and the realized FPIR at FACEGATE_DEFAULT_FPIR."""
+    """Enroll `enroll` photos of each person who has more, probe with the next photo and with every
+    photo of the people who have fewer: DIR and the realized FPIR at FPIR 1e-1/1e-2/1e-3 and
+    FACEGATE_DEFAULT_FPIR, for the service's decision (the margin score when the model has its
+    open-set table) and for the cosine decision."""
     from training.pair_evaluation import OnnxEmbedder, cached_crops
 
     settings = get_settings()
     try:
         embedder = OnnxEmbedder(model.with_suffix(".json"), settings)
         pipeline = FacePipeline.from_settings(settings, require_embedder=False)
-        p = protocol(images, enroll, strangers)
+        p = protocol(images, enroll, strangers, swap)
         normalizer = Cohort.load(cohort, embedder.model.manifest) if cohort else None
     except (ModelError, ValueError) as exc:
         fail(exc)
@@ -62,32 +76,63 @@ def eval_open_set(
     result = {
         "model": str(model),
         "images": str(images),
-        **report(embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer),
-    }
-    table = Table(
-        "fpir",
-        "threshold",
-        "per-comparison FAR",
-        "realized FPIR",
-        "DIR",
-        "oracle DIR",
-        title=(
-            f"{result['score']} scores; {result['enrolled_subjects']} enrolled "
-            f"({result['gallery_faces']} faces), {result['known_probes']} known probes, "
-            f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}"
+        **report(
+            embedder.model.manifest, p, embed, settings.default_fpir, cohort=normalizer, sizes=sizes or (), repeats=repeats, seed=seed
         ),
+    }
+    heading = (
+        f"{result['enrolled_subjects']} enrolled ({result['gallery_faces']} faces), {result['known_probes']} known probes, "
+        f"{result['stranger_probes']} strangers; rank-1 {result['rank1']:.4f}"
     )
-    for row in result["rows"]:
-        table.add_row(
-            f"{row['fpir']:g}" + (" (default)" if row["default"] else ""),
-            f"{row['threshold']:.6f}",
-            row["far"] + (" (tail)" if row["extrapolated"] else ""),
-            f"{row['realized_fpir']:.4f}",
-            f"{row['dir']:.4f}",
-            f"{row['oracle_dir']:.4f}",
+    for key in ("rows", "cosine_rows") if result["score"] != "cosine" else ("rows",):
+        table = Table(
+            "fpir", "threshold", "from", "realized FPIR", "DIR", "oracle DIR", title=f"{result[key][0]['score']} scores; {heading}"
         )
-    console.print(table)
+        for row in result[key]:
+            table.add_row(
+                f"{row['fpir']:g}" + (" (default)" if row["default"] else ""),
+                f"{row['threshold']:.6f}",
+                _origin(row),
+                f"{row['realized_fpir']:.4f}",
+                f"{row['dir']:.4f}",
+                f"{row['oracle_dir']:.4f}",
+            )
+        console.print(table)
+    if result["by_size"]:
+        rates = [row["fpir"] for row in result["by_size"][0]["rows"]]
+        table = Table(
+            "enrolled",
+            *(f"fpir {r:g}: realized / DIR" for r in rates),
+            *(f"cosine, fpir {r:g}" for r in rates),
+            title=f"{result['score']} scores (and cosine), {repeats} draws per size",
+        )
+        for entry in result["by_size"]:
+            cells = [f"{row['realized_fpir']:.4f} / {row['dir']:.3f}" for key in ("rows", "cosine_rows") for row in entry[key]]
+            table.add_row(f"{entry['subjects']:,}", *cells)
+        console.print(table)
     if det is not None:
-        det_png(result, det, f"{embedder.model.manifest.name} on {images.name}: open set, enrolled by {enroll}")
+        det_png(
+            result, det, f"{embedder.model.manifest.name} on {images.name}: open set, enrolled by {enroll}" + (", swapped" if swap else "")
+        )
     if out is not None:
-        out.write_text(json.dumps({k: v for k, v in result.items() if k != "det"}, indent=2) + "\n")
+        out.write_text(json.dumps({k: v for k, v in result.items() if not k.endswith("det")}, indent=2) + "\n")
+
+
+def _origin(row: dict) -> str:
+    """Where a row's threshold comes from: the per-comparison FAR of a cosine or AS-norm decision, or the margin's table and guard."""
+    if row["score"] != "margin":
+        return row["far"] + (" (tail)" if row["extrapolated"] else "")
+    guard = row["guard_threshold"]
+    source = (
+        "table"
+        if guard is None or row["threshold"] == row["table_threshold"]
+        else "guard"
+        if row["threshold"] == round(guard, 6)
+        else "cap"
+    )
+    return (
+        f"{source} (table {row['table_threshold']:.4f}"
+        + ("" if guard is None else f", guard {guard:.4f}")
+        + ")"
+        + (" extrapolated" if row["extrapolated"] else "")
+    )

@@ -29,7 +29,7 @@ from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
 from service.api.schemas import EnrollOptions
-from service.core.decision import search_fars
+from service.core.decision import Decision, decide_search
 from service.core.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectExists, SubjectNotFound
 
 PREFIX = "/api/v1"
@@ -177,24 +177,33 @@ def _versions(service: Service, calculator: bool = True) -> dict:
     return {"detector": "facegate", **({"calculator": service.ready().manifest.name} if calculator else {})}
 
 
+def _search_decision(service: Service) -> Decision:
+    """facegate's default FPIR decision for the gallery as it is: what a search's similarities are
+    calibrated by (blocking: the gallery's shape may be read from the database)."""
+    gallery = service.gallery.shape()
+    return decide_search(service.ready().manifest, None, None, None, gallery, service.settings.default_fpir, service.models.cohort)
+
+
+def _similarities(service: Service, decision: Decision, probe: np.ndarray, candidates: list) -> list[float]:
+    """Each candidate's calibrated similarity: the FPIR of the score the decision holds it to, 0.5 at the default."""
+    anchor = service.settings.default_fpir
+    return [calibrated_similarity(decision.rate(float(score)), anchor) for score in decision.scores(probe, candidates)]
+
+
 @router.post("/recognition/recognize", summary="CompreFace: recognize faces in an image")
 async def recognize(request: Request, service: ServiceDep) -> dict:
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     count = _query_int(request, "prediction_count", 1, low=1)
     timings = _timings(request)
-    manifest = service.ready().manifest
-    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
+    decision = await run_in_threadpool(_search_decision, service)
     found = []
     for face in await _found(service, body.images["file"], request, timings):
-        candidates = await run_in_threadpool(service.search, face.embedding, count)
-        found.append((face, candidates, search_fars(manifest, service.models.cohort, face.embedding, candidates)))
+        candidates = await run_in_threadpool(service.search, face.embedding, max(count, decision.candidates_needed))
+        found.append((face, candidates, _similarities(service, decision, face.embedding, candidates)))
     names = await run_in_threadpool(subjects.labels, service.gallery, [c.subject_id for _, candidates, _ in found for c in candidates])
     result = []
-    for face, candidates, fars in found:
-        similar = [
-            {"subject": names[c.subject_id], "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
-            for c, far in zip(candidates, fars, strict=True)
-        ]
+    for face, candidates, similarities in found:
+        similar = [{"subject": names[c.subject_id], "similarity": s} for c, s in zip(candidates, similarities, strict=True)][:count]
         result.append(_timed(_with_embedding({"box": _box(face.face), "subjects": similar}, face, request), timings))
     return {"result": result, **({"plugins_versions": _versions(service)} if timings is not None else {})}
 
@@ -420,17 +429,16 @@ def _recognized(service: Service, received: list[list[float]], count: int) -> JS
             f"{len(rows)} embeddings × prediction_count {count} exceeds "
             f"FACEGATE_MAX_IDENTIFY_CANDIDATES ({service.settings.max_identify_candidates})"
         )
-    manifest = service.ready().manifest
-    searched = (service.gallery.index_info() or {}).get("size", 0) or 1
-    found = [(candidates := service.search(row, count), search_fars(manifest, service.models.cohort, row, candidates)) for row in rows]
+    decision = _search_decision(service)
+    found = []
+    for row in rows:
+        candidates = service.search(row, max(count, decision.candidates_needed))
+        found.append((candidates, _similarities(service, decision, row, candidates)))
     names = subjects.labels(service.gallery, [c.subject_id for candidates, _ in found for c in candidates])
     result = []
-    for (candidates, fars), embedding in zip(found, received, strict=True):
-        similarities = [
-            {"subject": names[c.subject_id], "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
-            for c, far in zip(candidates, fars, strict=True)
-        ]
-        result.append({"embedding": embedding, "similarities": similarities})
+    for (candidates, similarities), embedding in zip(found, received, strict=True):
+        similar = [{"subject": names[c.subject_id], "similarity": s} for c, s in zip(candidates, similarities, strict=True)][:count]
+        result.append({"embedding": embedding, "similarities": similar})
     return JSONResponse({"result": result})
 
 

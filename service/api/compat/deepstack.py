@@ -30,7 +30,7 @@ from service.api.deps import Service, ServiceDep, get_service
 from service.api.requests import MAX_FORM_FIELDS
 from service.api.routes.faces import prepare_face
 from service.api.schemas import EnrollOptions
-from service.core.decision import decide_search, search_scores
+from service.core.decision import decide_search
 from service.core.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound, Unauthorized
 from service.gallery.interface import NewFace
 
@@ -148,13 +148,13 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     form = request.state.deepstack_form
     data, floor = await _image(form), _min_confidence(form)
     manifest, fpir = service.ready().manifest, service.settings.default_fpir
-    searched = (service.gallery.index_info() or {}).get("size", 0)
-    decision = decide_search(manifest, None, None, None, searched, fpir, service.models.cohort)
+    gallery = await run_in_threadpool(service.gallery.shape)
+    decision = decide_search(manifest, None, None, None, gallery, fpir, service.models.cohort)
     found = []
     for face in await _faces(service, data):
-        best = await run_in_threadpool(service.search, face.embedding, 1)
-        score = float(search_scores(decision.cohort, face.embedding, best)[0]) if best else -math.inf  # what the decision holds
-        confidence = calibrated_similarity((decision.cohort or manifest).far_at(score), fpir, searched) if best else 0.0
+        best = await run_in_threadpool(service.search, face.embedding, decision.candidates_needed)
+        score = float(decision.scores(face.embedding, best)[0]) if best else -math.inf  # what the decision holds
+        confidence = calibrated_similarity(decision.rate(score), fpir) if best else 0.0
         known = score >= decision.threshold and (floor is None or confidence >= floor)
         found.append((face, best[0].subject_id if known else None, confidence))
     names = await run_in_threadpool(subjects.labels, service.gallery, [owner for _, owner, _ in found if owner is not None])

@@ -4,8 +4,10 @@ before its 2xx."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -13,7 +15,9 @@ from service.api.deps import Service, ServiceDep, StrictQuery, SubjectIdPath
 from service.api.requests import read_image_request, request_body
 from service.api.schemas import (
     INT64_MAX,
+    DuplicateOut,
     EnrollBulkResponse,
+    EnrolledFaceOut,
     EnrollItem,
     EnrollOptions,
     ErrorBody,
@@ -22,10 +26,13 @@ from service.api.schemas import (
     StoredFaceOut,
     error_responses,
 )
+from service.core.decision import decide_search
 from service.core.errors import EnrollmentFailed, FacegateError, InvalidParameters, LowQualityFace
-from service.gallery.interface import NewFace
+from service.core.open_set import GalleryShape
+from service.gallery.interface import FaceRecord, NewFace
 
 router = APIRouter(tags=["gallery"])
+log = logging.getLogger("facegate.api.faces")
 
 
 @router.get("/subjects/{subject_id}/faces", response_model=FacePage, responses=error_responses(401, 404, 422), dependencies=[StrictQuery])
@@ -63,16 +70,53 @@ async def prepare_face(service: Service, data: bytes, options: EnrollOptions) ->
     )
 
 
+def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray) -> DuplicateOut | None:
+    """The other subject /identify would answer for this face at the default fpir if its own
+    subject were not enrolled: the face is a stranger's probe against the other N − 1 subjects
+    (its leave-one-out score, as the guard scores every enrolled face). One search (not counted in
+    facegate_gallery_search_seconds, which times identification), after the face is committed: a
+    gallery that cannot be searched just then (or a model with no FPIR curve) gives null rather than
+    failing an enrollment that succeeded."""
+    try:
+        gallery = service.gallery.shape()
+        others = GalleryShape(max(gallery.subjects - 1, 1), max(gallery.faces - 1, 1), gallery.tail)
+        decision = decide_search(service.ready().manifest, None, None, None, others, service.settings.default_fpir, service.models.cohort)
+        found = [c for c in service.gallery.search(embedding, decision.candidates_needed + 1) if c.subject_id != subject_id]
+    except FacegateError as exc:
+        log.warning("enrollment into %s: no duplicate check (%s)", subject_id, exc.message)
+        return None
+    if not found:
+        return None
+    score = float(decision.scores(embedding, found[: decision.candidates_needed])[0])
+    if score < decision.threshold:
+        return None
+    best = found[0]
+    return DuplicateOut(
+        subject_id=best.subject_id,
+        name=best.name,
+        similarity=round(best.similarity, 6),
+        score=round(score, 6),
+        threshold=decision.threshold,
+    )
+
+
+def enrolled(service: Service, record: FaceRecord, face: NewFace, sha: str) -> EnrolledFaceOut:
+    """The stored face, with the other subject it may be a duplicate of."""
+    duplicate = possible_duplicate(service, record.subject_id, face.embedding)
+    return EnrolledFaceOut(**StoredFaceOut.of(record, sha).model_dump(), possible_duplicate_of=duplicate)
+
+
 @router.post(
     "/subjects/{subject_id}/faces",
     status_code=201,
-    response_model=StoredFaceOut | EnrollBulkResponse,
+    response_model=EnrolledFaceOut | EnrollBulkResponse,
     summary="Enroll faces of a subject",
     description=(
         "`image` enrolls its largest face (or 422 multiple_faces with face_policy=reject_multiple). "
         "Several `images` enroll one face each and answer a per-image result; those that fail are skipped, "
         "and 422 enrollment_failed says why when none succeeds. A quality gate refuses faces below "
-        "FACEGATE_ENROLL_MIN_SCORE or FACEGATE_ENROLL_MIN_FACE_SIZE (low_quality_face)."
+        "FACEGATE_ENROLL_MIN_SCORE or FACEGATE_ENROLL_MIN_FACE_SIZE (low_quality_face). Each enrolled face says which other "
+        "subject, if any, /identify would answer for it at the default fpir (`possible_duplicate_of`)."
     ),
     responses=error_responses(400, 401, 404, 413, 415, 422, 503),
     openapi_extra=request_body(
@@ -96,7 +140,7 @@ async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDe
     if images:
         prepared = await prepare_face(service, images["image"], options)
         (record,) = await run_in_threadpool(gallery.add_faces, subject_id, [prepared])
-        return StoredFaceOut.of(record, sha)
+        return await run_in_threadpool(enrolled, service, record, prepared, sha)
     outcomes = await asyncio.gather(*(prepare_face(service, data, options) for data in many), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException) and not isinstance(outcome, FacegateError):
@@ -107,7 +151,7 @@ async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDe
         details = [{"index": i, "code": e.code, "message": e.message} for i, e in errors.items()]
         raise EnrollmentFailed(f"none of the {len(many)} images could be enrolled", details)
     records = await run_in_threadpool(gallery.add_faces, subject_id, [o for _, o in ready])
-    stored = {i: StoredFaceOut.of(r, sha) for (i, _), r in zip(ready, records, strict=True)}
+    stored = {i: await run_in_threadpool(enrolled, service, r, o, sha) for (i, o), r in zip(ready, records, strict=True)}
     return EnrollBulkResponse(
         enrolled=len(records),
         results=[EnrollItem(index=i, face=stored.get(i), error=errors.get(i)) for i in range(len(many))],

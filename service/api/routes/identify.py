@@ -7,7 +7,16 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
-from service.api.schemas import CandidateOut, FaceOut, IdentifyOptions, IdentifyResponse, IdentifyResult, ModelOut, error_responses
+from service.api.schemas import (
+    CandidateOut,
+    FaceOut,
+    IdentifyOptions,
+    IdentifyResponse,
+    IdentifyResult,
+    ModelOut,
+    OpenSetOut,
+    error_responses,
+)
 from service.core.decision import decide_search
 from service.core.errors import TooManyFaces
 
@@ -19,7 +28,8 @@ router = APIRouter(tags=["recognition"])
     response_model=IdentifyResponse,
     summary="Who is this? (1:N search of the gallery)",
     description="Candidates ranked by subject; `match` is null when the best one is below the threshold: the person is unknown. "
-    "By default the threshold holds strangers to a false-positive identification rate (`fpir`) at the gallery's size.",
+    "By default the threshold holds strangers to a false-positive identification rate (`fpir`) at the gallery's size, "
+    "on the margin score when the model has its open-set table (`score`, `open_set`).",
     responses=error_responses(400, 401, 413, 415, 422, 503),
     openapi_extra=request_body(IdentifyOptions, {"image": IMAGE}, ["image"], example={"image": "<base64>", "top_k": 5}),
 )
@@ -27,9 +37,9 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     body = await read_image_request(request, service.readiness, IdentifyOptions, required=("image",))
     options, ready = body.options, service.ready()
     manifest = ready.manifest
-    searched = (service.gallery.index_info() or {}).get("size", 0)
+    gallery = await run_in_threadpool(service.gallery.shape)
     decision = decide_search(
-        manifest, options.fpir, options.far, options.threshold, searched, service.settings.default_fpir, service.models.cohort
+        manifest, options.fpir, options.far, options.threshold, gallery, service.settings.default_fpir, service.models.cohort
     )
     policy = "all" if options.faces == "all" else options.face_policy
     found = await ready.engine.faces(body.images["image"], options.aligned, policy)
@@ -40,10 +50,12 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
         )
     results = []
     for face in found:
-        candidates = await run_in_threadpool(service.search, face.embedding, options.top_k)
-        ranked = [CandidateOut.of(c) for c in candidates]
-        match = ranked[0] if decision.best_match(face.embedding, candidates) else None
-        results.append(IdentifyResult(face=FaceOut.of(face.face), candidates=ranked, match=match))
+        candidates = await run_in_threadpool(service.search, face.embedding, max(options.top_k, decision.candidates_needed))
+        scores = decision.scores(face.embedding, candidates)
+        ranked = [CandidateOut.of(c) for c in candidates[: options.top_k]]
+        match = ranked[0] if candidates and scores[0] >= decision.threshold else None
+        best = round(float(scores[0]), 6) if candidates else None
+        results.append(IdentifyResult(face=FaceOut.of(face.face), candidates=ranked, match=match, best_score=best))
     return IdentifyResponse(
         **results[0].model_dump(),
         threshold=decision.threshold,
@@ -52,6 +64,7 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
         fpir=decision.fpir,
         gallery_faces=decision.gallery_faces,
         extrapolated=decision.extrapolated,
+        open_set=OpenSetOut.of(decision.margin),
         model=ModelOut.of(manifest),
         results=results if options.faces == "all" else None,
     )

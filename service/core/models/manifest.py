@@ -182,6 +182,43 @@ class FarCurve(StrictModel):
         return self.points, self.tail_from, self.tail_slope
 
 
+class OpenSetRows(StrictModel):
+    """T_sim for galleries whose subjects have `faces_per_subject` faces each: one row of thresholds
+    per gallery size, one column per FPIR of the table."""
+
+    faces_per_subject: int = Field(ge=1)
+    subjects: list[int] = Field(min_length=2, description="Gallery sizes, rising.")
+    thresholds: list[list[float]] = Field(description="[size][fpir]: the margin score a stranger reaches with probability fpir.")
+    samples: list[int] = Field(description="Stranger scores behind each row.")
+
+
+class OpenSetTable(StrictModel):
+    """The margin score's thresholds per gallery size and FPIR (`service.core.open_set`), from
+    strangers scored against galleries of calibration identities (`facegate calibrate-open-set`):
+    numbers only, no embeddings."""
+
+    score: Literal["margin"] = Field("margin", description="S = s1 + 0.5 · (s1 − mean(s2 … s(k+1))), k = min(10, N − 1).")
+    fpirs: list[float] = Field(min_length=2, description="The columns: FPIRs, falling.")
+    tables: list[OpenSetRows] = Field(min_length=1, description="By faces per subject, rising; the first for one face.")
+    calibration: dict[str, Any] = Field(default_factory=dict, description="Where the table comes from, and its figures.")
+
+    @model_validator(mode="after")
+    def _shape(self) -> OpenSetTable:
+        if any(b >= a for a, b in pairwise(self.fpirs)) or not all(0 < q < 1 for q in self.fpirs):
+            raise ValueError("open_set fpirs lie in (0, 1), falling")
+        if self.tables[0].faces_per_subject != 1 or any(b.faces_per_subject <= a.faces_per_subject for a, b in pairwise(self.tables)):
+            raise ValueError("open_set tables go by faces per subject, rising from 1")
+        for rows in self.tables:
+            if rows.subjects[0] < 1 or any(b <= a for a, b in pairwise(rows.subjects)):
+                raise ValueError("open_set gallery sizes rise from 1")
+            if len(rows.thresholds) != len(rows.subjects) or len(rows.samples) != len(rows.subjects):
+                raise ValueError("open_set rows: one threshold row and one sample count per gallery size")
+            for row in rows.thresholds:
+                if len(row) != len(self.fpirs) or any(b < a for a, b in pairwise(row)):
+                    raise ValueError("open_set thresholds: one per fpir, never falling as the fpir falls")
+        return self
+
+
 class Manifest(StrictModel):
     schema_version: Literal[1] = 1
     name: str
@@ -196,6 +233,9 @@ class Manifest(StrictModel):
     far_curve: FarCurve | None = Field(
         None,
         description="The fine FAR ↔ threshold table (FPIR decisions, calibrated similarities); older manifests interpolate `thresholds`.",
+    )
+    open_set: OpenSetTable | None = Field(
+        None, description="The margin score's table /identify decides FPIRs with (`facegate calibrate-open-set`); without it, cosines."
     )
     metrics: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)

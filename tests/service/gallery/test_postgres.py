@@ -37,8 +37,8 @@ def unit(seed: int) -> np.ndarray:
 def open_store(database_url):
     stores = []
 
-    def open_(key=KEY, searchable=True, index=None) -> PostgresGallery:
-        store = PostgresGallery(database_url, key, searchable, pool_size=4, index=index)
+    def open_(key=KEY, searchable=True, index=None, guard=True) -> PostgresGallery:
+        store = PostgresGallery(database_url, key, searchable, pool_size=4, index=index, guard=guard)
         stores.append(store)
         return store
 
@@ -332,3 +332,44 @@ def test_an_index_file_from_another_database_is_not_replayed_onto(open_store, da
         assert "loaded from" not in caplog.text and a.index.size == 1
     finally:
         a.close()
+
+
+def test_every_replica_decides_with_the_same_guard(open_store, database_url, tmp_path):
+    """The open-set roster is derived like the index: from the same snapshot and the same changes,
+    so replicas that applied the same changes hold the same subjects, faces and leave-one-out tail,
+    however they got there (writing, following, restarting from a snapshot, replaying onto a
+    persisted index). With Milvus, the counts come from the database and there is no guard."""
+    a, b = open_store(), open_store()
+    for i in range(110):
+        store = a if i % 2 else b
+        store.create_subject(f"p{i}", {}, f"p{i}")
+        store.add_faces(f"p{i}", [NewFace(unit(5000 + 2 * i + j)) for j in range(1 + i % 2)])
+    (extra,) = a.add_faces("p3", [NewFace(unit(9))])
+    b.delete_face(extra.id)
+    b.delete_subject("p4")
+    for store in (a, b):
+        wait_for(lambda s=store: s.replication()["lag"] == 0, "the replica catches up")
+    assert a.shape().tail is not None and (a.shape().subjects, a.shape().faces) == (109, 164)
+    assert b.shape().subjects == a.shape().subjects and b.shape().faces == a.shape().faces
+    assert b.shape().tail.u == pytest.approx(a.shape().tail.u, abs=1e-6) and b.shape().tail.beta == pytest.approx(
+        a.shape().tail.beta, abs=1e-6
+    )
+    c = open_store()  # from the snapshot
+    assert c.shape().tail.u == pytest.approx(a.shape().tail.u, abs=1e-6) and c.shape().faces == a.shape().faces
+    persisted = IndexConfig("HNSW16", "", tmp_path)
+    d = open_store(index=persisted)
+    d.close()
+    a.add_faces("p5", [NewFace(unit(77))])  # while d is down: replayed onto its saved index and its roster
+    d = open_store(index=persisted)
+    wait_for(lambda: a.replication()["lag"] == 0 and d.replication()["lag"] == 0, "both caught up")
+    assert d.shape().faces == a.shape().faces == 165 and d.shape().tail.u == pytest.approx(a.shape().tail.u, abs=1e-6)
+    assert open_store(guard=False).shape().tail is None
+
+
+def test_with_milvus_the_counts_come_from_the_database(open_store, tmp_path):
+    pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    store = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT"))
+    store.create_subject("A", {}, "a")
+    store.add_faces("a", [NewFace(unit(1)), NewFace(unit(2))])
+    shape = store.shape()
+    assert (shape.subjects, shape.faces, shape.tail) == (1, 2, None)

@@ -163,3 +163,38 @@ def test_a_file_older_than_the_database_is_rebuilt(tmp_path, caplog):
     assert "built" in caplog.text and "loaded from" not in caplog.text
     assert g.index.size == 2 and g.search(unit(1), 1)[0].subject_id == "b"
     g.close()
+
+
+def test_the_open_set_roster_follows_enrollments_and_deletes(gallery, tmp_path):
+    """The subjects, faces and leave-one-out tail an FPIR decision reads: kept with every write, the
+    same as computed afresh from the faces the store holds, and the same after a restart."""
+    from service.core.open_set import LeaveOneOut
+
+    assert (gallery.shape().subjects, gallery.shape().faces, gallery.shape().tail) == (0, 0, None)
+    vectors = {}
+    for i in range(130):
+        gallery.create_subject(f"p{i}", {}, f"p{i}")
+        faces = [NewFace(unit(1000 + 3 * i + j)) for j in range(1 + i % 3)]
+        for face, record in zip(faces, gallery.add_faces(f"p{i}", faces), strict=True):
+            vectors[record.id] = (f"p{i}", face.embedding)
+    gone = list(vectors)[::7]
+    for face_id in gone:
+        gallery.delete_face(face_id)
+        del vectors[face_id]
+    gallery.delete_subject("p1")
+    vectors = {f: v for f, v in vectors.items() if v[0] != "p1"}
+    shape = gallery.shape()
+    fresh = LeaveOneOut.build(np.array(list(vectors)), [s for s, _ in vectors.values()], np.stack([v for _, v in vectors.values()])).shape()
+    assert (shape.subjects, shape.faces) == (len({s for s, _ in vectors.values()}), len(vectors)) and shape.subjects >= 100
+    assert shape.tail is not None and shape.tail.u == pytest.approx(fresh.tail.u, abs=1e-5)
+    assert shape.tail.beta == pytest.approx(fresh.tail.beta, abs=1e-5) and shape.tail.m == fresh.tail.m
+    reopened = SqliteGallery.open(tmp_path, KEY, index=gallery.index_config)
+    try:
+        assert reopened.shape().tail.u == pytest.approx(shape.tail.u, abs=1e-6) and reopened.shape().faces == shape.faces
+    finally:
+        reopened.close()
+    counted = SqliteGallery.open(tmp_path, KEY, index=gallery.index_config, guard=False)
+    try:
+        assert (counted.shape().subjects, counted.shape().faces, counted.shape().tail) == (shape.subjects, shape.faces, None)
+    finally:
+        counted.close()

@@ -97,3 +97,27 @@ def test_a_reopened_store_applies_only_what_came_after_its_snapshot(tmp_path):
     assert found(b, 2)[0] == "a" and b.index.size == 2
     a.close()
     b.close()
+
+
+def test_the_open_set_roster_and_its_guard_follow_the_log_too(tmp_path):
+    """An identify's threshold depends on the gallery's subjects, faces and leave-one-out guard
+    (service/core/open_set.py): every process holds the same ones once it has applied the same
+    changes, whoever made them, so the workers of one host decide alike."""
+    a, b = SqliteGallery.open(tmp_path, KEY), SqliteGallery.open(tmp_path, KEY)
+    try:
+        for i in range(120):  # past the guard's 100 subjects
+            writer = a if i % 3 else b
+            writer.create_subject(f"s{i}", {}, f"s{i}")
+            writer.add_faces(f"s{i}", [NewFace(unit(1000 + i))] * (1 + i % 2))
+        first, second = a.shape(), b.shape()
+        assert first.tail is not None and (first.subjects, first.faces) == (120, 180)
+        assert second.subjects == first.subjects and second.faces == first.faces
+        assert (second.tail.m, second.tail.samples) == (first.tail.m, first.tail.samples)
+        assert (second.tail.u, second.tail.beta) == pytest.approx((first.tail.u, first.tail.beta), rel=1e-9)
+        b.delete_subject("s7")
+        a.delete_face(a.list_faces("s9")[0].id)
+        assert (a.shape().subjects, a.shape().faces) == (b.shape().subjects, b.shape().faces) == (119, 177)
+        assert b.shape().tail.u == pytest.approx(a.shape().tail.u, rel=1e-9)
+    finally:
+        a.close()
+        b.close()

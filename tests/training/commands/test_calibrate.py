@@ -90,3 +90,37 @@ def test_calibrating_on_few_people_warns(tmp_path):
     aligned_folder(tmp_path / "many", identities=50, per_identity=2)
     result = CliRunner().invoke(app, ["calibrate", str(manifest_path), "--data", str(tmp_path / "many")])
     assert result.exit_code == 0 and "warning" not in result.output
+
+
+def test_calibrate_open_set_writes_a_table_the_service_decides_with(tmp_path):
+    """`facegate calibrate-open-set`: the margin score's table into the manifest, for the sizes the
+    identities allow (50 left as strangers), one face and three per subject; the service loads it
+    and decides /identify's FPIR on it; a dry run writes nothing; the embeddings are cached."""
+    from service.core.decision import decide_search
+
+    manifest_path = write_test_embedder(tmp_path / "models")
+    aligned_folder(tmp_path / "heldout", identities=80, per_identity=4)
+    args = [
+        "calibrate-open-set",
+        str(manifest_path),
+        "--data",
+        str(tmp_path / "heldout"),
+        "--samples",
+        "2000",
+        "--cache",
+        str(tmp_path / "cache"),
+    ]
+    before = manifest_path.read_bytes()
+    dry = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert manifest_path.read_bytes() == before and len(list((tmp_path / "cache").glob("*.npz"))) == 1
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = Manifest.load(manifest_path).open_set
+    assert [rows.faces_per_subject for rows in table.tables] == [1, 3]
+    assert table.tables[0].subjects == [1, 2, 3, 5, 7, 11, 15, 20, 30]  # 30 people enrolled leave 50 to probe as strangers
+    assert table.fpirs == [0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005]  # 2,000 strangers: 10 above the threshold down to 5e-3
+    assert table.calibration["identities"] == 80 and table.calibration["seed"] == 0
+    loaded = load_model(str(manifest_path), manifest_path.parent, manifest_path.parent, device="cpu")
+    decision = decide_search(loaded.manifest, 0.01, None, None, 11, 0.01)  # 11 subjects of one face: a row of the table
+    assert decision.score == "margin" and decision.threshold == round(table.tables[0].thresholds[5][5], 6)

@@ -1,0 +1,462 @@
+"""Open-set identification without a cohort: the margin score, its calibrated table, and the
+gallery's own guard (issue 35; docs/api.md, "Identify decisions").
+
+A stranger's best cosine says as much about the probe as about the gallery: some faces score high
+against everyone. The margin score uses the gallery itself as the cohort:
+
+    S = s1 + 0.5 · (s1 − mean(s2 … s(k+1))),  k = min(10, N − 1)
+
+where s1 ≥ s2 ≥ … are the probe's cosines to the best face of each of the N enrolled subjects. The
+top subject is the match when S ≥ T(N, FPIR):
+
+- `T_sim(N, q)`, the table in the model's manifest (`facegate calibrate-open-set`): the (1 − q)
+  quantile of S for strangers in galleries of N calibration identities, interpolated in log N and
+  log q (and in faces per subject, between the tables for one face and for several);
+- from GUARD_FROM subjects up, a guard from the gallery itself: each enrolled face's S against the
+  other subjects (leave one subject out, `LeaveOneOut`) is one sample of a stranger's S in this very
+  gallery. Its tail gives T_LOSO(r) (`Tail`), and
+
+      T = min(max(T_sim(N, q), T_LOSO(2q)), 2 · T_sim(N, q) − T_sim(N, 10q)):
+
+  stricter than the table only when the gallery's own faces say strangers would pass at over twice
+  the promise (people who look alike), and never more than about a decade stricter.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+
+import faiss
+import numpy as np
+
+from service.core.models.manifest import OpenSetTable
+
+K = 10  # the next subjects the best one is compared with
+WEIGHT = 0.5
+GUARD_FROM = 100  # subjects: below, too few leave-one-out samples for a tail
+TAIL_MIN = 10  # the guard's tail is fitted to the max(TAIL_MIN, ⌈TAIL_SHARE · n⌉) highest samples
+TAIL_SHARE = 0.1
+LOWEST_RATE = 1e-12  # a score's rate is searched down to here (a calibrated similarity of 1)
+BLOCK = 4096  # faces whose leave-one-out lists are searched at once
+
+
+def margin_scores(top: np.ndarray, subjects: int) -> np.ndarray:
+    """S of each row of `top` (cosines to the best face of each subject, highest first, the best
+    subject in column 0) in a gallery of `subjects`; a row with fewer columns than k + 1 (a search
+    that found fewer subjects) averages those it has, and one with a single column is its cosine."""
+    top = np.asarray(top, np.float64)
+    others = min(K, subjects - 1, top.shape[-1] - 1)
+    if others <= 0:
+        return top[..., 0]
+    return top[..., 0] + WEIGHT * (top[..., 0] - top[..., 1 : others + 1].mean(axis=-1))
+
+
+def candidate_scores(cosines: np.ndarray, subjects: int) -> np.ndarray:
+    """Each of a search's candidates (best first) scored against the same next subjects as the
+    best: its cosine + 0.5 · (its cosine − mean(s2 … s(k+1))). The best one's is its S; the
+    others rank as their cosines do (what the compatibility routes turn into similarities)."""
+    cosines = np.asarray(cosines, np.float64)
+    others = min(K, subjects - 1, len(cosines) - 1)
+    if others <= 0:
+        return cosines
+    return cosines + WEIGHT * (cosines - cosines[1 : others + 1].mean())
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The upper tail of the gallery's leave-one-subject-out scores: its `m` highest of `samples`
+    (one per enrolled face) lie above `u`, by `beta` on average (an exponential tail)."""
+
+    samples: int
+    subjects: int
+    m: int
+    u: float
+    beta: float
+
+    @classmethod
+    def of(cls, scores: np.ndarray, subjects: int) -> Tail | None:
+        """The tail of these leave-one-out scores; None below GUARD_FROM subjects."""
+        scores = np.asarray(scores, np.float64)
+        scores = scores[np.isfinite(scores)]
+        n = len(scores)
+        m = max(TAIL_MIN, math.ceil(TAIL_SHARE * n))
+        if subjects < GUARD_FROM or n <= m:
+            return None
+        top = np.sort(np.partition(scores, n - m - 1)[n - m - 1 :])[::-1]  # the m + 1 highest, highest first
+        u = float(top[m])
+        return cls(n, subjects, m, u, max(float(np.mean(top[:m] - u)), 1e-9))
+
+    def threshold(self, rate: float) -> float:
+        """T_LOSO(r) = u + β · ln((m / n) / r′), r′ = 1 − (1 − r)^((N − 1) / N): the leave-one-out
+        samples are searches of N − 1 subjects, a stranger's of N."""
+        rate = min(rate, 1 - 1e-12)
+        per = -math.expm1((self.subjects - 1) / self.subjects * math.log1p(-rate))
+        return self.u + self.beta * math.log((self.m / self.samples) / per)
+
+
+@dataclass(frozen=True)
+class GalleryShape:
+    """What an open-set decision needs to know of the gallery: the subjects and faces searched,
+    and its leave-one-out tail (None below GUARD_FROM subjects, or where no guard is kept)."""
+
+    subjects: int
+    faces: int
+    tail: Tail | None = None
+
+    @property
+    def faces_per_subject(self) -> float:
+        return self.faces / self.subjects if self.subjects else 1.0
+
+
+def _interpolate(x: float, xs: list[float], ys: list[float]) -> tuple[float, bool]:
+    """Linear in x between the points (xs rising), extended along the last segment beyond the
+    last point (True: extrapolated) and held at the first below the first."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0], x > xs[0]
+    for (xa, ya), (xb, yb) in pairwise(zip(xs, ys, strict=True)):
+        if x <= xb:
+            return ya + (yb - ya) * (x - xa) / (xb - xa), False
+    (xa, ya), (xb, yb) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+    return yb + (yb - ya) * (x - xb) / (xb - xa), True
+
+
+def table_threshold(table: OpenSetTable, subjects: int, fpir: float, faces_per_subject: float = 1.0) -> tuple[float, bool]:
+    """T_sim(N, q): the table's thresholds interpolated linearly in ln N and in log10 q (beyond the
+    largest gallery and below the smallest FPIR, along the last segment: True), then linearly in
+    faces per subject between the tables (held at the last table's beyond it: True)."""
+    lx = -math.log10(fpir)  # rising as the fpir falls
+    rates = [-math.log10(q) for q in table.fpirs]
+    per_table = []
+    for rows in table.tables:
+        by_size = []
+        extrapolated = False
+        for row in rows.thresholds:
+            t, beyond = _interpolate(lx, rates, row)
+            by_size.append(t)
+            extrapolated |= beyond
+        t, beyond = _interpolate(math.log(max(subjects, 1)), [math.log(n) for n in rows.subjects], by_size)
+        per_table.append((t, extrapolated or beyond))
+    faces = [float(rows.faces_per_subject) for rows in table.tables]
+    if faces_per_subject <= faces[0] or len(faces) == 1:
+        t, extrapolated = per_table[0]
+        return t, extrapolated or (len(faces) == 1 and faces_per_subject > faces[0])
+    for (fa, (ta, ea)), (fb, (tb, eb)) in pairwise(zip(faces, per_table, strict=True)):
+        if faces_per_subject <= fb:
+            return ta + (tb - ta) * (faces_per_subject - fa) / (fb - fa), ea or eb
+    t, extrapolated = per_table[-1]
+    return t, True
+
+
+@dataclass(frozen=True)
+class MarginThreshold:
+    """How T came about for one FPIR: the table's, the guard's, and the cap."""
+
+    threshold: float
+    table: float
+    guard: float | None  # T_LOSO(2q); None without a tail
+    extrapolated: bool  # the table was read beyond its calibrated sizes, rates or faces per subject
+
+
+def margin_threshold(table: OpenSetTable, shape: GalleryShape, fpir: float) -> MarginThreshold:
+    """T = min(max(T_sim(N, q), T_LOSO(2q)), 2 · T_sim(N, q) − T_sim(N, 10q)), or T_sim(N, q) without a tail."""
+    f = shape.faces_per_subject
+    sim, extrapolated = table_threshold(table, shape.subjects, fpir, f)
+    if shape.tail is None:
+        return MarginThreshold(sim, sim, None, extrapolated)
+    loose, _ = table_threshold(table, shape.subjects, min(10 * fpir, table.fpirs[0]), f)
+    guard = shape.tail.threshold(2 * fpir)
+    return MarginThreshold(min(max(sim, guard), 2 * sim - loose), sim, guard, extrapolated)
+
+
+def margin_rate(table: OpenSetTable, shape: GalleryShape, score: float) -> float:
+    """The FPIR whose threshold is `score` (the inverse of `margin_threshold` in q, which falls as
+    q rises): the rate of strangers who score this high, between LOWEST_RATE and the table's largest FPIR."""
+    low, high = math.log10(LOWEST_RATE), math.log10(table.fpirs[0])
+    if score <= margin_threshold(table, shape, 10**high).threshold:
+        return 10**high
+    if score >= margin_threshold(table, shape, 10**low).threshold:
+        return 10**low
+    for _ in range(60):  # bisection in log q, to 1e-17 decades
+        mid = (low + high) / 2
+        if margin_threshold(table, shape, 10**mid).threshold > score:
+            low = mid
+        else:
+            high = mid
+    return 10 ** ((low + high) / 2)
+
+
+class Roster:
+    """Which subject each searchable face belongs to, kept in step with the gallery's index: the
+    N and faces a decision is read for, without the guard (FACEGATE_OPEN_SET_GUARD=false)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subject_of: dict[int, str] = {}
+        self._faces_of: dict[str, int] = {}
+
+    def add(self, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray | None = None) -> None:
+        with self._lock:
+            for face_id, subject in zip(np.asarray(ids).reshape(-1).tolist(), list(subjects), strict=True):
+                if face_id not in self._subject_of:
+                    self._subject_of[face_id] = subject
+                    self._faces_of[subject] = self._faces_of.get(subject, 0) + 1
+
+    def remove(self, ids: np.ndarray) -> None:
+        with self._lock:
+            for face_id in np.asarray(ids).reshape(-1).tolist():
+                subject = self._subject_of.pop(face_id, None)
+                if subject is not None:
+                    self._faces_of[subject] -= 1
+                    if not self._faces_of[subject]:
+                        del self._faces_of[subject]
+
+    def shape(self) -> GalleryShape:
+        with self._lock:
+            return GalleryShape(len(self._faces_of), len(self._subject_of))
+
+
+class LeaveOneOut:
+    """Each enrolled face's margin score against the other subjects, kept exact as faces are added
+    and removed, and the tail the guard reads from them.
+
+    Per face it keeps the cosines to the best face of its K + 1 most similar other subjects. A new
+    face costs one product with every face (its own list, and the lists it enters); a removed face
+    recomputes the lists that named its subject. The state depends only on the set of faces, not
+    on the order they came in: every replica that applied the same changes holds the same.
+    Thread-safe: writes and reads take its lock.
+    """
+
+    def __init__(self, dim: int):
+        self.dim, self.width = dim, K + 1
+        self._lock = threading.Lock()
+        self._n = 0
+        self._vectors = np.empty((0, dim), np.float32)
+        self._ids = np.empty(0, np.int64)
+        self._subject = np.empty(0, np.int32)  # subject codes
+        self._top = np.empty((0, self.width), np.float32)  # cosines to the best face of the nearest other subjects, highest first
+        self._top_subject = np.empty((0, self.width), np.int32)  # their codes (-1: none)
+        self._score = np.empty(0, np.float64)
+        self._row: dict[int, int] = {}
+        self._codes: dict[str, int] = {}
+        self._names: list[str] = []
+        self._counts = np.empty(0, np.int64)  # faces per subject code
+        self._subjects = 0
+        self._tail: Tail | None = None
+        self._tail_current = True
+
+    @classmethod
+    def build(cls, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray) -> LeaveOneOut:
+        """The state of these faces, computed a block of faces at a time."""
+        vectors = np.asarray(vectors, np.float32)
+        state = cls(vectors.shape[1])
+        with state._lock:
+            state._append(np.asarray(ids, np.int64).reshape(-1), list(subjects), vectors)
+            state._relist(np.arange(state._n))
+            state._rescore(np.arange(state._n))
+        return state
+
+    def shape(self) -> GalleryShape:
+        with self._lock:
+            if not self._tail_current:
+                self._tail = Tail.of(self._score[: self._n], self._subjects)
+                self._tail_current = True
+            return GalleryShape(self._subjects, self._n, self._tail)
+
+    def nearest_others(self) -> list[tuple[int, str, str, float, float]]:
+        """Per face: (face id, its subject, the most similar other subject, its best face's cosine, the face's score)."""
+        with self._lock:
+            return [
+                (
+                    int(self._ids[i]),
+                    self._names[self._subject[i]],
+                    self._names[self._top_subject[i, 0]],
+                    float(self._top[i, 0]),
+                    float(self._score[i]),
+                )
+                for i in range(self._n)
+                if self._top_subject[i, 0] >= 0
+            ]
+
+    def add(self, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray | None = None) -> None:
+        """New faces (`subjects`: each one's subject id): each enters the lists of the faces it is now
+        among the nearest other subjects of, and gets its own from one product with every face."""
+        if vectors is None:
+            raise ValueError("the guard keeps every face's embedding")
+        ids, vectors = np.asarray(ids, np.int64).reshape(-1), np.asarray(vectors, np.float32).reshape(-1, self.dim)
+        with self._lock:
+            before = self._subjects
+            for face_id, subject, vector in zip(ids.tolist(), list(subjects), vectors, strict=True):
+                if face_id in self._row:
+                    continue
+                self._append(np.array([face_id], np.int64), [subject], vector[None])
+                row, code = self._n - 1, self._subject[self._n - 1]
+                cosines = self._vectors[: self._n] @ vector
+                changed = self._enter(cosines, code)
+                own = self._subject[: self._n] == code
+                self._top[row], self._top_subject[row], _ = _nearest_subjects(
+                    np.where(own, -np.inf, cosines)[None], self._subject[: self._n][None], self.width, exact=True
+                )
+                self._rescore(np.append(changed, row))
+            self._after(before)
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Faces gone: the lists that named one of their subjects are computed again."""
+        with self._lock:
+            before = self._subjects
+            rows = sorted((self._row.pop(int(i)) for i in np.asarray(ids).reshape(-1) if int(i) in self._row), reverse=True)
+            if not rows:
+                return
+            touched = np.unique(self._subject[rows])
+            for row in rows:  # the last row moves into each freed one
+                code = self._subject[row]
+                self._counts[code] -= 1
+                self._subjects -= int(self._counts[code] == 0)
+                last = self._n - 1
+                if row != last:
+                    for array in (self._vectors, self._ids, self._subject, self._top, self._top_subject, self._score):
+                        array[row] = array[last]
+                    self._row[int(self._ids[row])] = row
+                self._n = last
+            stale = np.flatnonzero(np.isin(self._top_subject[: self._n], touched).any(axis=1))
+            self._relist(stale)
+            self._rescore(stale)
+            self._after(before)
+
+    # internals (the lock held)
+
+    def _append(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
+        needed = self._n + len(ids)
+        if needed > len(self._ids):
+            capacity = max(needed, 2 * len(self._ids), 64)
+            self._vectors = _grown(self._vectors, capacity)
+            self._ids = _grown(self._ids, capacity)
+            self._subject = _grown(self._subject, capacity)
+            self._top = _grown(self._top, capacity, -np.inf)
+            self._top_subject = _grown(self._top_subject, capacity, -1)
+            self._score = _grown(self._score, capacity, -np.inf)
+        codes = np.array([self._code(s) for s in subjects], np.int32)
+        new = slice(self._n, needed)
+        self._vectors[new], self._ids[new], self._subject[new] = vectors, ids, codes
+        self._top[new], self._top_subject[new], self._score[new] = -np.inf, -1, -np.inf
+        for i, face_id in enumerate(ids.tolist()):
+            self._row[face_id] = self._n + i
+        for code in codes.tolist():
+            self._subjects += int(self._counts[code] == 0)
+            self._counts[code] += 1
+        self._n = needed
+
+    def _code(self, subject: str) -> int:
+        code = self._codes.get(subject)
+        if code is None:
+            code = self._codes[subject] = len(self._names)
+            self._names.append(subject)
+            if code >= len(self._counts):
+                self._counts = _grown(self._counts, max(64, 2 * len(self._counts)), 0)
+        return code
+
+    def _enter(self, cosines: np.ndarray, code: int) -> np.ndarray:
+        """Put subject `code`, whose new face has these cosines with every face, into the lists it
+        now belongs to (as a new entry, or raising its entry); the rows changed."""
+        n = self._n
+        top, top_subject = self._top[:n], self._top_subject[:n]
+        listed = top_subject == code
+        has = listed.any(axis=1)
+        current = np.where(listed, top, -np.inf).max(axis=1)
+        other = self._subject[:n] != code
+        raise_rows = np.flatnonzero(other & has & (cosines > current))
+        enter_rows = np.flatnonzero(other & ~has & (cosines > top[:, -1]))
+        for row in raise_rows:
+            top[row, listed[row]] = cosines[row]
+        top[enter_rows, -1], top_subject[enter_rows, -1] = cosines[enter_rows], code
+        changed = np.concatenate([raise_rows, enter_rows])
+        if len(changed):
+            order = np.argsort(-top[changed], axis=1, kind="stable")
+            top[changed] = np.take_along_axis(top[changed], order, axis=1)
+            top_subject[changed] = np.take_along_axis(top_subject[changed], order, axis=1)
+        return changed
+
+    def _relist(self, rows: np.ndarray) -> None:
+        """The lists of `rows` computed from every face: FAISS's exact search for each row's nearest
+        faces, a block at a time, then their subjects."""
+        n = self._n
+        vectors, subject = self._vectors[:n], self._subject[:n]
+        take = min(n, 4 * self.width + int(self._counts.max(initial=0)))  # enough faces for `width` other subjects, usually
+        for start in range(0, len(rows), BLOCK):
+            block = rows[start : start + BLOCK]
+            values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
+            values[subject[faces] == subject[block][:, None]] = -np.inf  # the face's own subject
+            order = np.argsort(-values, axis=1, kind="stable")
+            values, faces = np.take_along_axis(values, order, axis=1), np.take_along_axis(faces, order, axis=1)
+            top, codes, short = _nearest_subjects(values, subject[faces], self.width)
+            for r in short if take < n else ():  # their subjects have many faces each: every subject's best face
+                cosines = vectors @ vectors[block[r]]
+                cosines[subject == subject[block[r]]] = -np.inf
+                top[r], codes[r], _ = _nearest_subjects(cosines[None], subject[None], self.width, exact=True)
+            self._top[block], self._top_subject[block] = top, codes
+
+    def _rescore(self, rows: np.ndarray) -> None:
+        if len(rows):
+            self._score[rows] = margin_scores(self._top[rows], self._subjects - 1)
+            self._score[rows[~np.isfinite(self._top[rows, 0])]] = -np.inf  # no other subject: no sample
+        self._tail_current = False
+
+    def _after(self, before: int) -> None:
+        """k = min(K, N − 2) for a leave-one-out score changes with N in small galleries: score every face again."""
+        if self._subjects != before and min(self._subjects, before) <= K + 2:
+            self._rescore(np.arange(self._n))
+        self._tail_current = False
+
+
+def follow(ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, guard: bool) -> Roster | LeaveOneOut:
+    """What a gallery keeps beside its index for open-set decisions: the leave-one-out guard of
+    these faces, or with `guard` off only which subject each face is."""
+    if guard:
+        return LeaveOneOut.build(ids, subjects, vectors)
+    roster = Roster()
+    roster.add(ids, subjects)
+    return roster
+
+
+def _grown(array: np.ndarray, capacity: int, fill: float = 0) -> np.ndarray:
+    grown = np.full((capacity, *array.shape[1:]), fill, array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
+def _nearest_subjects(values: np.ndarray, codes: np.ndarray, width: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Per row of faces (their cosines, highest first unless `exact`, −inf where a face does not
+    count, and their subjects' codes): the `width` best subjects by their best face, highest first,
+    and their codes (−inf and −1 where there are fewer); and the rows whose faces held fewer than
+    `width` subjects without running out (more faces may hold more). `exact`: every face of the
+    row is given, in any order."""
+    rows = len(values)
+    top = np.full((rows, width), -np.inf, np.float32)
+    subjects = np.full((rows, width), -1, np.int32)
+    if exact:
+        best = np.full(int(codes.max(initial=-1)) + 1, -np.inf)
+        np.maximum.at(best, codes[0], values[0])
+        ranked = np.argpartition(-best, width - 1)[:width] if len(best) > width else np.arange(len(best))
+        ranked = ranked[np.argsort(-best[ranked], kind="stable")]
+        ranked = ranked[best[ranked] > -np.inf]
+        top[0, : len(ranked)], subjects[0, : len(ranked)] = best[ranked], ranked
+        return top, subjects, []
+    distinct = np.zeros(rows, bool)
+    if values.shape[1] >= width:  # the common case, one face each: the first `width` faces are `width` subjects
+        head = codes[:, :width]
+        distinct = (np.diff(np.sort(head, axis=1), axis=1) != 0).all(axis=1) & np.isfinite(values[:, width - 1])
+        top[distinct], subjects[distinct] = values[distinct, :width], head[distinct]
+    short = []
+    for r in np.flatnonzero(~distinct):
+        seen: dict[int, float] = {}
+        for value, code in zip(values[r].tolist(), codes[r].tolist(), strict=True):
+            if value == -np.inf or len(seen) == width:
+                break
+            seen.setdefault(code, value)
+        if len(seen) < width and values[r, -1] > -np.inf:
+            short.append(int(r))
+        top[r, : len(seen)], subjects[r, : len(seen)] = list(seen.values()), list(seen)
+    return top, subjects, short

@@ -1,0 +1,176 @@
+"""The margin score, its table and the gallery's leave-one-out guard (service/core/open_set.py), each
+checked against what the test computes itself: the score and the leave-one-out lists by brute
+force over every face, the guard's threshold by the issue's formula, the table's interpolation at
+points where its closed form is plain."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.core.decision import decide_search
+from service.core.models.manifest import OpenSetRows, OpenSetTable
+from service.core.open_set import (
+    GalleryShape,
+    LeaveOneOut,
+    Roster,
+    Tail,
+    candidate_scores,
+    margin_scores,
+    margin_threshold,
+    table_threshold,
+)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def direct_margin(subject_best: list[float]) -> float:
+    """S = s1 + 0.5 · (s1 − mean(s2 … s(k+1))), k = min(10, N − 1), N = len(subject_best): by hand."""
+    s = sorted(subject_best, reverse=True)
+    k = min(10, len(s) - 1)
+    return s[0] if k == 0 else s[0] + 0.5 * (s[0] - sum(s[1 : k + 1]) / k)
+
+
+def brute_leave_one_out(ids, subjects, vectors) -> dict[int, float]:
+    """Each face's S against every other subject (each by its best face), looping over every face."""
+    scores = {}
+    for i, face in enumerate(ids):
+        best: dict[str, float] = {}
+        for j in range(len(ids)):
+            if subjects[j] != subjects[i]:
+                best[subjects[j]] = max(best.get(subjects[j], -2.0), float(vectors[i] @ vectors[j]))
+        if best:
+            scores[face] = direct_margin(list(best.values()))
+    return scores
+
+
+def test_the_score_is_the_formula():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 11, 12, 40):
+        rows = rng.uniform(-1, 1, (20, n))
+        top = -np.sort(-rows, axis=1)[:, :11]
+        assert margin_scores(top, n) == pytest.approx([direct_margin(list(r)) for r in rows], abs=1e-9)
+    cosines = np.array([0.9, 0.8, 0.7, 0.6])
+    assert candidate_scores(cosines, 4) == pytest.approx([0.9 + 0.5 * (0.9 - 0.7), 0.8 + 0.5 * (0.8 - 0.7), 0.7, 0.6 + 0.5 * (0.6 - 0.7)])
+    assert candidate_scores(cosines[:1], 1) == pytest.approx([0.9])  # one subject: its cosine
+
+
+def test_leave_one_out_scores_stay_exact_as_faces_come_and_go():
+    rng = np.random.default_rng(1)
+    n = 160
+    subjects = [f"s{rng.integers(0, 50)}" for _ in range(n)]  # 1 to 8 faces per subject
+    vectors = unit(rng.normal(size=(n, 12)))
+    ids = np.arange(1, n + 1)
+    state = LeaveOneOut(12)
+    for chunk in np.array_split(rng.permutation(n), 25):
+        state.add(ids[chunk], [subjects[i] for i in chunk], vectors[chunk])
+    expected = brute_leave_one_out(ids, subjects, vectors)
+    got = {face: score for face, _, _, _, score in state.nearest_others()}
+    assert got.keys() == expected.keys() and all(got[f] == pytest.approx(v, abs=1e-5) for f, v in expected.items())
+
+    gone = rng.choice(ids, 70, replace=False)
+    state.remove(gone[:35])
+    state.remove(gone[35:])
+    keep = ~np.isin(ids, gone)
+    left = [s for s, k in zip(subjects, keep, strict=True) if k]
+    expected = brute_leave_one_out(ids[keep], left, vectors[keep])
+    got = {face: score for face, _, _, _, score in state.nearest_others()}
+    assert got.keys() == expected.keys() and all(got[f] == pytest.approx(v, abs=1e-5) for f, v in expected.items())
+    assert (state.shape().subjects, state.shape().faces) == (len(set(left)), int(keep.sum()))
+    rebuilt = {face: score for face, _, _, _, score in LeaveOneOut.build(ids[keep], left, vectors[keep]).nearest_others()}
+    assert rebuilt == pytest.approx(got, abs=1e-6)  # the state is the faces', whatever order they came in
+
+
+def test_a_roster_counts_subjects_and_faces():
+    roster = Roster()
+    roster.add(np.array([1, 2, 3]), ["a", "a", "b"])
+    roster.add(np.array([3]), ["b"])  # applied twice (a replayed change): counted once
+    assert roster.shape() == GalleryShape(2, 3)
+    roster.remove(np.array([1, 2, 9]))
+    assert roster.shape() == GalleryShape(1, 1)
+
+
+def test_the_guard_tail_is_the_issue_formula():
+    rng = np.random.default_rng(2)
+    scores = rng.gumbel(0.9, 0.01, 500)
+    tail = Tail.of(scores, subjects=450)
+    m = max(10, math.ceil(0.1 * 500))
+    ranked = sorted(scores, reverse=True)
+    u = ranked[m]  # S_(m+1)
+    beta = sum(s - u for s in ranked[:m]) / m
+    assert (tail.m, tail.samples) == (m, 500) and tail.u == pytest.approx(u) and tail.beta == pytest.approx(beta)
+    for r in (0.2, 0.02, 0.002):
+        per = 1 - (1 - r) ** (449 / 450)
+        assert tail.threshold(r) == pytest.approx(u + beta * math.log((m / 500) / per))
+    assert Tail.of(scores[:99], subjects=99) is None  # below 100 subjects, no guard
+    # the state's tail is the same formula over its own scores
+    vectors = unit(rng.normal(size=(120, 8)))
+    state = LeaveOneOut.build(np.arange(120), [str(i) for i in range(120)], vectors)
+    direct = brute_leave_one_out(list(range(120)), [str(i) for i in range(120)], vectors)
+    expected = Tail.of(np.array(list(direct.values())), 120)
+    assert state.shape().tail.u == pytest.approx(expected.u, abs=1e-5) and state.shape().tail.beta == pytest.approx(expected.beta, abs=1e-5)
+
+
+def hand_table() -> OpenSetTable:
+    return OpenSetTable(
+        fpirs=[0.1, 0.01, 0.001],
+        tables=[
+            OpenSetRows(
+                faces_per_subject=1,
+                subjects=[10, 100, 1000],
+                thresholds=[[0.90, 0.92, 0.94], [0.91, 0.93, 0.95], [0.92, 0.94, 0.96]],
+                samples=[1, 1, 1],
+            ),
+            OpenSetRows(faces_per_subject=3, subjects=[10, 100], thresholds=[[0.91, 0.93, 0.95], [0.92, 0.94, 0.96]], samples=[1, 1]),
+        ],
+    )
+
+
+def test_the_table_interpolates_in_log_size_log_rate_and_faces_per_subject():
+    table = hand_table()
+    assert table_threshold(table, 100, 0.01) == (pytest.approx(0.93), False)
+    assert table_threshold(table, round(10**1.5), 0.01)[0] == pytest.approx(0.92 + 0.01 * math.log10(round(10**1.5)) - 0.01, abs=1e-9)
+    assert table_threshold(table, 100, 10**-2.5) == (pytest.approx(0.94), False)
+    assert table_threshold(table, 10_000, 0.01) == (pytest.approx(0.95), True)  # along the last decade
+    assert table_threshold(table, 100, 1e-4) == (pytest.approx(0.97), True)  # along the last decade of rate
+    assert table_threshold(table, 5, 0.01) == (pytest.approx(0.92), False)  # held below the first size
+    assert table_threshold(table, 100, 0.01, faces_per_subject=2) == (pytest.approx(0.935), False)  # halfway to 3 faces
+    assert table_threshold(table, 100, 0.01, faces_per_subject=5) == (pytest.approx(0.94), True)  # held at the last table
+
+
+def test_the_decision_takes_the_guard_only_where_it_is_stricter_and_never_beyond_a_decade():
+    from service.core.models.manifest import Manifest
+
+    manifest = Manifest.model_validate(
+        {
+            "name": "m",
+            "version": "1",
+            "task": "embedder",
+            "file": {"name": "m.onnx", "sha256": "0" * 64, "bytes": 1},
+            "input": {"name": "x", "shape": ["b", 3, 112, 112], "color": "RGB"},
+            "outputs": [{"name": "y", "shape": ["b", 8]}],
+            "embedding_dim": 8,
+            "alignment": "arcface_112",
+            "license": {"name": "test"},
+            "open_set": hand_table().model_dump(),
+        }
+    )
+    small = decide_search(manifest, 0.01, None, None, GalleryShape(100, 100), 0.01)
+    assert (small.score, small.threshold, small.far, small.candidates_needed) == ("margin", 0.93, None, 11)
+    loose_tail = Tail(samples=1000, subjects=1000, m=100, u=0.90, beta=0.005)  # its own faces: strangers rarely pass
+    tight_tail = Tail(samples=1000, subjects=1000, m=100, u=0.93, beta=0.010)  # look-alikes: they would pass often
+    wild_tail = Tail(samples=1000, subjects=1000, m=100, u=0.99, beta=0.050)
+    for tail, expected in ((loose_tail, 0.94), (tight_tail, None), (wild_tail, 2 * 0.94 - 0.92)):
+        decision = decide_search(manifest, 0.01, None, None, GalleryShape(1000, 1000, tail), 0.01)
+        guard = tail.u + tail.beta * math.log((100 / 1000) / (1 - (1 - 0.02) ** (999 / 1000)))
+        assert decision.margin.detail.guard == pytest.approx(guard)
+        assert decision.threshold == pytest.approx(expected if expected is not None else guard, abs=1e-6)
+    # a score's rate is the fpir whose threshold it is: the inverse, also where the guard decides
+    for shape in (GalleryShape(300, 300), GalleryShape(1000, 1000, tight_tail)):
+        for q in (0.05, 0.01, 0.003):
+            t = margin_threshold(manifest.open_set, shape, q).threshold
+            assert decide_search(manifest, q, None, None, shape, 0.01).rate(t) == pytest.approx(q, rel=1e-6)

@@ -1,0 +1,71 @@
+"""`facegate calibrate-open-set`: the margin score's table T_sim(N, FPIR) into an embedder's manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from service.core.console import console, fail
+from service.core.errors import ModelError
+from service.core.settings import get_settings
+
+SHOWN_FPIRS = (1e-1, 1e-2, 1e-3)
+
+
+def calibrate_open_set(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An embedder's manifest (.json) or its .onnx.")],
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="Aligned identity folders the model never trained on (`facegate align --template` the model's; "
+            "default: its run's held-out identities).",
+        ),
+    ] = None,
+    faces: Annotated[
+        list[int] | None, typer.Option(min=1, help="Faces enrolled per subject, one table each (repeat; default: --faces 1 --faces 3).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the galleries' draws: the same seed, data and model give the same table.")] = 0,
+    samples: Annotated[int, typer.Option(min=1000, help="Stranger scores per gallery size (more: finer FPIRs, longer).")] = 200_000,
+    cache: Annotated[Path | None, typer.Option(help="Folder keeping the embeddings for the next run (keyed by model and images).")] = Path(
+        "~/.cache/facegate/embeddings"
+    ),
+    dry_run: Annotated[bool, typer.Option(help="Print the table without writing it into the manifest.")] = False,
+) -> None:
+    """Draw galleries of N calibration identities, score every other identity's photos as strangers
+    by the margin score, and store each N's thresholds per FPIR in the manifest (`open_set`)."""
+    from training.open_set_table import calibrate
+
+    manifest_path = model.with_suffix(".json")
+
+    def progress(per_subject: int, size: int, draws) -> None:
+        console.print(
+            f"{per_subject} face(s) per subject, {size} subjects: {len(draws.scores):,} stranger scores from {draws.galleries} galleries"
+        )
+
+    try:
+        table, origin = calibrate(
+            manifest_path, get_settings(), data, sorted(set(faces or (1, 3))), seed, samples, cache, not dry_run, progress
+        )
+    except (ModelError, ValueError, OSError) as exc:
+        fail(exc)
+    columns = [j for j, q in enumerate(table.fpirs) if q in SHOWN_FPIRS]
+    for rows in table.tables:
+        shown = Table(
+            "subjects",
+            *(f"T @ fpir {table.fpirs[j]:g}" for j in columns),
+            "strangers scored",
+            title=f"{rows.faces_per_subject} face(s) per subject",
+        )
+        for size, thresholds, count in zip(rows.subjects, rows.thresholds, rows.samples, strict=True):
+            shown.add_row(f"{size:,}", *(f"{thresholds[j]:.6f}" for j in columns), f"{count:,}")
+        console.print(shown)
+    report = table.calibration["left_out_as_one_person"]
+    console.print(
+        f"calibrated on the {origin}; {report['identity_pairs']} identity pairs left out as one person"
+        + ("" if dry_run else f"; table written to {manifest_path}")
+    )
