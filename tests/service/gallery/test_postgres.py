@@ -367,7 +367,7 @@ def test_every_replica_decides_with_the_same_guard(open_store, database_url, tmp
 
 
 def test_with_milvus_the_counts_come_from_the_database(open_store, tmp_path):
-    pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    importorskip("milvus_lite")
     store = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT"))
     store.create_subject("A", {}, "a")
     store.add_faces("a", [NewFace(unit(1)), NewFace(unit(2))])
