@@ -1,0 +1,188 @@
+"""The index's recall check (service/gallery/recall.py) and the default search parameters it keeps
+honest: on a synthetic clustered gallery (people as tight clusters in a cone around one direction, as
+face embeddings are: same-person cosine about 0.95, others about 0.84, dlib-resnet-v1's LFW medians),
+the defaults reach TARGET_RECALL, FAISS's own nprobe=1 does not and is reported, an exact index is
+not sampled, mirrored chips are embedded where chips are kept, and the check never holds the
+store while it waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from service.core.alignment import template_chip
+from service.core.models.manifest import EmbedderKey
+from service.gallery.index import TARGET_RECALL, IndexConfig, set_search_threads
+from service.gallery.interface import NewFace
+from service.gallery.recall import PERTURBED_COSINE, RecallCheck, measure, perturbed
+from service.gallery.sqlite import SqliteGallery
+
+KEY = EmbedderKey("model-a", "a" * 64, 128)
+PEOPLE, PER_PERSON = 1200, 10  # 12,000 faces: IVF256 trains on 39 per list
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def clustered(people: int, per_person: int, dim: int = 128, seed: int = 0) -> np.ndarray:
+    """Unit vectors: 0.917 × a shared direction + 0.332 × the person's + 0.224 × the photo's."""
+    rng = np.random.default_rng(seed)
+    shared, person, photo = (unit(rng.standard_normal(shape)) for shape in ((dim,), (people, dim), (people * per_person, dim)))
+    return unit(0.917 * shared + 0.332 * person.repeat(per_person, 0) + 0.224 * photo)
+
+
+@pytest.fixture(scope="module")
+def gallery_dir(tmp_path_factory):
+    """A SQLite gallery of the clustered faces (no index kept: each test opens it with its own)."""
+    set_search_threads(1)  # one thread, as the service: HNSW's graph is then built the same each run
+    folder = tmp_path_factory.mktemp("clustered")
+    faces = clustered(PEOPLE, PER_PERSON)
+    store = SqliteGallery.open(folder, KEY, searchable=False)
+    for p in range(PEOPLE):
+        store.create_subject(f"p{p}", {}, f"p{p}")
+        store.add_faces(f"p{p}", [NewFace(v) for v in faces[p * PER_PERSON : (p + 1) * PER_PERSON]])
+    store.close()
+    return folder
+
+
+def open_with(folder, spec: str, params: str = "") -> SqliteGallery:
+    return SqliteGallery.open(folder, KEY, index=IndexConfig(spec, params, folder / "index"))
+
+
+def test_the_clustered_gallery_is_as_face_embeddings_are():
+    faces = clustered(50, 10)
+    scores = faces @ faces.T
+    same = np.kron(np.eye(50, dtype=bool), np.ones((10, 10), bool)) & ~np.eye(500, dtype=bool)
+    assert np.median(scores[same]) == pytest.approx(0.95, abs=0.01)
+    assert np.median(scores[~same & ~np.eye(500, dtype=bool)]) == pytest.approx(0.84, abs=0.01)
+
+
+@pytest.mark.parametrize("spec", ["HNSW32", "IVF256,Flat"])
+def test_the_default_search_parameters_reach_the_stated_recall(gallery_dir, spec):
+    store = open_with(gallery_dir, spec)
+    try:
+        described = store.index.describe()
+        assert described["search_params_source"] == "default" and described["target_recall"] == TARGET_RECALL
+        assert described["search_params"].startswith("efSearch=" if spec.startswith("HNSW") else "nprobe=")
+        result = measure(store, store.index, 200, seed=0)
+        assert result.queries == 400 and result.mirrored == 0 and result.faces == PEOPLE * PER_PERSON
+        assert result.recall_at_1 >= TARGET_RECALL, result
+    finally:
+        store.close()
+
+
+def test_faiss_own_defaults_lose_answers_and_the_check_says_so(gallery_dir):
+    """nprobe=1 (FAISS's default, what an empty FACEGATE_INDEX_SEARCH_PARAMS meant before) scans one
+    of 256 lists: a near copy's best face is often in another. The check reports it as a problem."""
+    store = open_with(gallery_dir, "IVF256,Flat", "nprobe=1")
+    check = RecallCheck(store, store.index, sample=200, every=1000, minimum=0.95)
+    try:
+        assert store.index.describe()["search_params_source"] == "FACEGATE_INDEX_SEARCH_PARAMS" and check.problems() == []
+        result = check.run()
+        assert result is not None and result.recall_at_1 < 0.95 and result.near_copies < result.own_faces
+        assert check.recall() == result.recall_at_1 and check.report()["search_params"] == "nprobe=1"
+        (problem,) = check.problems()
+        assert problem["model"] == "gallery index" and "recall@1 0." in problem["error"] and "nprobe" in problem["fix"]
+    finally:
+        store.close()
+
+
+def test_an_exact_index_is_not_sampled(tmp_path):
+    store = SqliteGallery.open(tmp_path, KEY, index=IndexConfig("Flat"))
+    store.create_subject("a", {}, "a")
+    store.add_faces("a", [NewFace(v) for v in clustered(1, 5)])
+    store.embeddings_after = lambda *a: pytest.fail("an exact index is never checked")  # type: ignore[method-assign]
+    check = RecallCheck(store, store.index, sample=100, every=1, minimum=0.99, poll=0.01)
+    check.start()
+    check.close()
+    assert not check.enabled and check.report() == {"recall_at_1": 1.0, "exact": True} and check.recall() == 1.0
+    assert check.problems() == []
+    store.close()
+
+
+def test_the_check_runs_at_start_up_and_again_after_enough_changes(gallery_dir):
+    store = open_with(gallery_dir, "IVF256,Flat")
+    check = RecallCheck(store, store.index, sample=20, every=5, minimum=0.9, poll=0.01)
+    try:
+        check.start()
+        assert wait_for(lambda: check.last is not None)
+        first = check.last
+        store.add_faces("p0", [NewFace(v) for v in clustered(1, 4, seed=7)])  # 4 changes: not yet
+        assert not wait_for(lambda: check.last is not first, seconds=0.3)
+        store.add_faces("p0", [NewFace(v) for v in clustered(1, 1, seed=8)])  # the 5th
+        assert wait_for(lambda: check.last is not first)
+        assert check.last is not None and check.last.faces == PEOPLE * PER_PERSON + 5
+    finally:
+        check.close()
+        store.close()
+
+
+def test_the_check_holds_nothing_a_request_needs_while_it_reads_the_store(gallery_dir):
+    """Blocked between two pages of its exact pass, the check leaves searches and writes free."""
+    store = open_with(gallery_dir, "HNSW32")
+    reading, release = threading.Event(), threading.Event()
+    read_page = store.embeddings_after
+
+    def slow_page(after, limit):
+        reading.set()
+        release.wait(10)
+        return read_page(after, limit)
+
+    store.embeddings_after = slow_page  # type: ignore[method-assign]
+    check = RecallCheck(store, store.index, sample=10, every=1000, minimum=0.9)
+    try:
+        check.start()
+        assert reading.wait(10) and check.running and check.report()["recall_at_1"] is None
+        assert store.search(clustered(PEOPLE, PER_PERSON)[3], 1)[0].subject_id == "p0"
+        store.create_subject("new", {}, "new")
+        store.add_faces("new", [NewFace(v) for v in clustered(1, 1, seed=9)])
+        release.set()
+        assert wait_for(lambda: check.last is not None) and not check.running
+    finally:
+        release.set()
+        check.close()
+        store.close()
+
+
+def test_near_copies_are_mirrored_chips_where_chips_are_kept(tmp_path):
+    """A face enrolled with its chip is searched again as its mirror image, embedded by the
+    service's embedder; one without a chip as a perturbed embedding."""
+    store = SqliteGallery.open(tmp_path, KEY, index=IndexConfig("HNSW16", "", tmp_path / "index"))
+    faces = clustered(2, 3)
+    rng = np.random.default_rng(0)
+    chips = [template_chip(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8), "arcface_112") for _ in range(3)]
+    store.create_subject("a", {}, "a")
+    store.create_subject("b", {}, "b")
+    with_chips = store.add_faces("a", [NewFace(v, chip=c) for v, c in zip(faces[:3], chips, strict=True)])
+    store.add_faces("b", [NewFace(v) for v in faces[3:]])
+    embedded: list[np.ndarray] = []
+
+    def embed(crops: np.ndarray) -> np.ndarray:
+        embedded.append(crops)
+        return perturbed(np.stack([faces[0]] * len(crops)), rng)
+
+    result = measure(store, store.index, 6, embed=embed, template="arcface_112", seed=0)
+    assert result.mirrored == 3 and result.queries == 12 and result.recall_at_1 == 1.0
+    (crops,) = embedded
+    assert len(with_chips) == 3 and sorted(map(bytes, crops)) == sorted(bytes(c.align("arcface_112")[:, ::-1].copy()) for c in chips)
+    store.close()
+
+
+def test_perturbed_copies_are_as_near_as_asked():
+    vectors = clustered(100, 1)
+    copies = perturbed(vectors, np.random.default_rng(0))
+    assert np.allclose((vectors * copies).sum(1), PERTURBED_COSINE, atol=1e-5)
+    assert np.allclose(np.linalg.norm(copies, axis=1), 1, atol=1e-5)
+
+
+def wait_for(condition, seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
