@@ -115,7 +115,7 @@ def default_nprobe(nlist: int) -> int:
 
 
 def default_ef_search(size: int) -> int:
-    """HNSW candidates kept while searching: ½ × √faces, at least 64 (158 at 100k, 274 at 300k, 500
+    """HNSW candidates kept while searching: ½ × √faces, at least 64 (159 at 100k, 274 at 300k, 500
     at 1M). On the benchmark's Gaussian gallery HNSW32 reached recall@1 0.99 at efSearch about 60 at
     100k faces, 220 at 300k and 450 at 1M: a graph's recall falls as it grows."""
     return max(64, math.ceil(0.5 * math.sqrt(size)))

@@ -125,8 +125,18 @@ class MilvusIndex:
         return client
 
     def _read_index(self, client) -> None:
-        """The index the collection has (it may predate these settings): its type and build parameters."""
-        info: dict[str, Any] = client.describe_index(self.collection, "embedding", timeout=self.timeout) or {}
+        """The index the collection has (it may predate these settings): its type and build parameters.
+        Best effort: unanswered (Milvus Lite can take long after a bulk load), the configured ones stand."""
+        import grpc
+        from pymilvus import MilvusException
+
+        try:
+            info: dict[str, Any] = client.describe_index(self.collection, "embedding", timeout=self.timeout) or {}
+        except (MilvusException, grpc.RpcError) as exc:
+            log.warning(
+                "milvus %s: the index of %s was not described (%s): assuming %s", redacted(self.uri), self.collection, exc, self.index_type
+            )
+            return
         self.index_type = str(info.get("index_type", self.index_type))
         built: dict[str, Any] = info["params"] if isinstance(info.get("params"), dict) else info
         for name in ("nlist", "M", "efConstruction", "m", "nbits"):
@@ -213,7 +223,8 @@ class MilvusIndex:
         collection's index and size now; the parameters when they changed, else None."""
         if self.requested_params:
             return None
-        params = default_search_params(self.index_type, self.index_params, self.size)
+        size = self.size if self.index_type.upper() == "HNSW" else 0  # only ef depends on it: no count otherwise
+        params = default_search_params(self.index_type, self.index_params, size)
         if params == self.search_params:
             return None
         self.search_params = params

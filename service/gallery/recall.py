@@ -50,6 +50,7 @@ class RecallResult:
     queries: int
     mirrored: int  # near copies made from a stored chip; the rest were perturbed embeddings
     faces: int  # in the index when checked
+    index: str  # its backend and kind, e.g. "faiss-ivf IVF1024,SQ8"
     search_params: str
     checked_at: float  # time.time()
     seconds: float
@@ -155,15 +156,15 @@ class RecallCheck:
         return self.last.recall_at_1 if self.last else math.nan
 
     def problems(self) -> list[dict[str, str]]:
-        """A /readyz problem while the last measured recall@1 is under FACEGATE_MIN_INDEX_RECALL."""
-        if self.last is None or self.index is None or self.last.recall_at_1 >= self.minimum:
+        """A /readyz problem while the last measured recall@1 is under FACEGATE_MIN_INDEX_RECALL
+        (from the last result alone: /readyz never waits on the index or the store)."""
+        if self.last is None or self.last.recall_at_1 >= self.minimum:
             return []
-        info = self.index.describe()
-        kind = "efSearch / ef" if "hnsw" in str(info.get("backend", "")) + str(info.get("index_type", "")).lower() else "nprobe"
+        kind = "efSearch (ef on Milvus)" if "hnsw" in self.last.index.lower() else "nprobe"
         return [
             {
                 "model": "gallery index",
-                "name": f"{info.get('backend')} {info.get('factory') or info.get('index_type') or ''}".strip(),
+                "name": self.last.index,
                 "error": (
                     f"recall@1 {self.last.recall_at_1:.3f} with search parameters {self.last.search_params or 'none'}, "
                     f"under FACEGATE_MIN_INDEX_RECALL={self.minimum}: identifications may miss the enrolled face that matches best"
@@ -205,14 +206,16 @@ def measure(
     found = index_best(store, index, queries)
     hit = found >= best - TIE
     half = len(own)
+    described = index.describe()
     return RecallResult(
         recall_at_1=float(hit.mean()),
         own_faces=float(hit[:half].mean()),
         near_copies=float(hit[half:].mean()),
         queries=len(queries),
         mirrored=mirrored,
-        faces=index.size,
-        search_params=str(index.describe().get("search_params", "")),
+        faces=int(described.get("size", 0)),
+        index=f"{described.get('backend')} {described.get('factory') or described.get('index_type') or ''}".strip(),
+        search_params=str(described.get("search_params", "")),
         checked_at=time.time(),
         seconds=round(time.monotonic() - started, 3),
     )

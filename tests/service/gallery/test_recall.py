@@ -186,3 +186,21 @@ def wait_for(condition, seconds: float = 30) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def test_the_check_on_a_postgresql_gallery(database_url):
+    """The same check on the PostgreSQL store: its sample, chips and exact pass read through its pool."""
+    from service.gallery.postgres import PostgresGallery
+
+    store = PostgresGallery(database_url, KEY, pool_size=2, index=IndexConfig("HNSW16"))
+    try:
+        faces, rng = clustered(30, 5), np.random.default_rng(0)
+        for p in range(30):
+            store.create_subject(f"p{p}", {}, f"p{p}")
+            chips = [template_chip(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8), "arcface_112") for _ in range(5)]
+            store.add_faces(f"p{p}", [NewFace(v, chip=c) for v, c in zip(faces[p * 5 : (p + 1) * 5], chips, strict=True)])
+        result = measure(store, store.index, 20, embed=lambda crops: perturbed(faces[: len(crops)], rng), template="arcface_112", seed=0)
+        assert result.queries == 40 and result.mirrored == 20 and result.faces == 150 and result.recall_at_1 == 1.0
+        assert result.index == "faiss-hnsw HNSW16" and result.search_params == "efSearch=64"
+    finally:
+        store.close()
