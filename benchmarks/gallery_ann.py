@@ -283,10 +283,10 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
         )
     db.commit()
     db.close()
-    config = IndexConfig(spec, params, folder / "index")
-    for what in ("first start (build + save)", "restart (load)"):
+    runs = [("first start (build + save)", "")] + [("restart (load)", search) for search in params.split("|")]
+    for what, search in runs:
         started = time.perf_counter()
-        gallery = SqliteGallery.open(folder, key, index=config)
+        gallery = SqliteGallery.open(folder, key, index=IndexConfig(spec, search, folder / "index"))
         ready = time.perf_counter() - started
         print(f"SQLite store, {gallery.index.size:,} faces, {spec}: {what} {ready:.1f} s", flush=True)
         if what.startswith("restart") and gallery.index is not None and not gallery.index.exact:
@@ -362,7 +362,10 @@ def main() -> None:
         "--cache", type=Path, help="Where the aligned crops and their embeddings are kept (default FACEGATE_MODEL_CACHE/bench/gallery_ann)."
     )
     parser.add_argument("--recall-only", action="store_true", help="Skip the latency runs (a quick sweep of search parameters).")
-    parser.add_argument("--store", help="Also time a SQLite store's start and restart with this index (factory string).")
+    parser.add_argument(
+        "--store", help="Also time a SQLite store's start and restart with this index (factory string), and run the service's recall check."
+    )
+    parser.add_argument("--store-params", default="", help="The store's search parameters, a|b: a restart and a recall check each.")
     parser.add_argument(
         "--milvus-lite", action="store_true", help="Also fill Milvus Lite with the gallery: start-up and search through it."
     )
@@ -445,7 +448,7 @@ def main() -> None:
         del index
     if args.store:
         with tempfile.TemporaryDirectory(dir=work.name) as tmp:
-            store_restart(vectors, args.store, "", Path(tmp))
+            store_restart(vectors, args.store, args.store_params, Path(tmp))
     if args.milvus_lite:
         with tempfile.TemporaryDirectory(dir=work.name) as tmp:
             milvus_lite(vectors, queries, truth, Path(tmp))
