@@ -392,68 +392,69 @@ def main() -> None:
     if args.size < len(enrolled):
         fail(f"--size {args.size:,} is smaller than the {len(enrolled):,} real faces")
     dim = real.shape[1]
-    work = tempfile.TemporaryDirectory(dir=cache, prefix="run-")  # this run's gallery file and index files: removed at its end
-    vectors = gallery_file(enrolled, args.size, Path(work.name) / "gallery.npy", faces)
-    started = time.perf_counter()
-    truth = exact_top(vectors, queries, 10)
-    print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {faiss.__version__=}, 1 OpenMP thread; "
-        f"{args.size:,} faces × {dim} ({pipeline.require_embedder().manifest.name}: {len(enrolled):,} real, the rest "
-        f"{'near copies of the training faces' if faces is not None else 'Gaussian'} distractors); {len(queries)} mated queries of "
-        f"{folders[-1].name}; exact top-10 in {time.perf_counter() - started:.0f} s"
-    )
-    # Queries whose exact top-1 is an image of the same person: there, recall decides whether the
-    # match is found; elsewhere the top-1 is an impostor (often a distractor) below any threshold.
-    genuine = np.array([t < len(enrolled) and enrolled_who[t] == who for t, who in zip(truth[:, 0], query_who, strict=True)])
-    best = np.einsum("qd,qd->q", np.asarray(vectors[truth[:, 0]]), queries)  # the exact top-1 similarity
-    print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
-    print(
-        f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
-        f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6}"
-    )
-    params = args.params + [""] * (len(args.indexes) - len(args.params))
-    for spec, param in zip(args.indexes, params, strict=True):
-        gc.collect()
+    with tempfile.TemporaryDirectory(dir=cache, prefix="run-") as folder:  # this run's gallery file and index files
+        work = Path(folder)
+        vectors = gallery_file(enrolled, args.size, work / "gallery.npy", faces)
         started = time.perf_counter()
-        set_search_threads(2)  # building may use both cores; searches run on one, as the service's do
-        index = build(spec, vectors, dim)
-        set_search_threads(1)
-        build_s = time.perf_counter() - started
-        with tempfile.TemporaryDirectory(dir=work.name) as tmp:  # what a restart reads (flat is rebuilt from the store instead)
-            path = Path(tmp) / "index.json"
-            index.save(path, {})
-            ram = path.with_name(read_meta(path)["file"]).stat().st_size / 2**20  # the index in memory is its file's size
-            del index
+        truth = exact_top(vectors, queries, 10)
+        print(
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {faiss.__version__=}, 1 OpenMP thread; "
+            f"{args.size:,} faces × {dim} ({pipeline.require_embedder().manifest.name}: {len(enrolled):,} real, the rest "
+            f"{'near copies of the training faces' if faces is not None else 'Gaussian'} distractors); {len(queries)} mated queries of "
+            f"{folders[-1].name}; exact top-10 in {time.perf_counter() - started:.0f} s"
+        )
+        # Queries whose exact top-1 is an image of the same person: there, recall decides whether the
+        # match is found; elsewhere the top-1 is an impostor (often a distractor) below any threshold.
+        genuine = np.array([t < len(enrolled) and enrolled_who[t] == who for t, who in zip(truth[:, 0], query_who, strict=True)])
+        best = np.einsum("qd,qd->q", np.asarray(vectors[truth[:, 0]]), queries)  # the exact top-1 similarity
+        print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
+        print(
+            f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
+            f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6}"
+        )
+        params = args.params + [""] * (len(args.indexes) - len(args.params))
+        for spec, param in zip(args.indexes, params, strict=True):
             gc.collect()
             started = time.perf_counter()
-            meta = read_meta(path)
-            assert meta is not None
-            index = FaissIndex.load(path, meta, "")
-            load_s = time.perf_counter() - started if IndexConfig(spec, directory=cache).path("0" * 64) else float("nan")
-        for search in param.split("|"):  # several search settings on one build
-            index = FaissIndex(dim, spec, search, index._index)  # the same build, these parameters (or the default: tuned)
-            index.tune()
-            found = [rescored(index, vectors, q) for q in queries]
-            top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])
-            hit = top >= best - 1e-6  # the exact best similarity found (a tie with another face counts)
-            r10 = float(np.mean([len(set(f[:10].tolist()) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)]))
-            c1 = latencies(index, vectors, queries, 1) if not args.recall_only else np.full(1, np.nan)
-            c8 = latencies(index, vectors, np.tile(queries, (2, 1)), 8) if not args.recall_only else np.full(1, np.nan)
-            print(
-                f"{spec:<16} {index.search_params or '-':<14} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} "
-                f"{np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
-                f"{np.percentile(c8, 50):>7.2f} {np.percentile(c8, 99):>7.2f} {hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f}",
-                flush=True,
-            )
-        del index
-    if args.store:
-        with tempfile.TemporaryDirectory(dir=work.name) as tmp:
-            store_restart(vectors, args.store, args.store_params, Path(tmp))
-    if args.milvus_lite:
-        with tempfile.TemporaryDirectory(dir=work.name) as tmp:
-            milvus_lite(vectors, queries, truth, Path(tmp))
-    print(f"peak RSS of the run {peak_rss_gib():.1f} GiB (the index, the gallery file's pages, the exact search's buffers)")
-    work.cleanup()
+            set_search_threads(2)  # building may use both cores; searches run on one, as the service's do
+            index = build(spec, vectors, dim)
+            set_search_threads(1)
+            build_s = time.perf_counter() - started
+            with tempfile.TemporaryDirectory(dir=work) as tmp:  # what a restart reads (flat is rebuilt from the store instead)
+                path = Path(tmp) / "index.json"
+                index.save(path, {})
+                ram = path.with_name(read_meta(path)["file"]).stat().st_size / 2**20  # the index in memory is its file's size
+                del index
+                gc.collect()
+                started = time.perf_counter()
+                meta = read_meta(path)
+                assert meta is not None
+                index = FaissIndex.load(path, meta, "")
+                load_s = time.perf_counter() - started if IndexConfig(spec, directory=cache).path("0" * 64) else float("nan")
+            for search in param.split("|"):  # several search settings on one build
+                index = FaissIndex(dim, spec, search, index._index)  # the same build, these parameters (or the default: tuned)
+                index.tune()
+                found = [rescored(index, vectors, q) for q in queries]
+                top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])
+                hit = top >= best - 1e-6  # the exact best similarity found (a tie with another face counts)
+                r10 = float(np.mean([len(set(f[:10].tolist()) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)]))
+                c1 = latencies(index, vectors, queries, 1) if not args.recall_only else np.full(1, np.nan)
+                c8 = latencies(index, vectors, np.tile(queries, (2, 1)), 8) if not args.recall_only else np.full(1, np.nan)
+                print(
+                    f"{spec:<16} {index.search_params or '-':<14} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} "
+                    f"{np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
+                    f"{np.percentile(c8, 50):>7.2f} {np.percentile(c8, 99):>7.2f} "
+                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f}",
+                    flush=True,
+                )
+            del index
+        if args.store:
+            with tempfile.TemporaryDirectory(dir=work) as tmp:
+                store_restart(vectors, args.store, args.store_params, Path(tmp))
+        if args.milvus_lite:
+            with tempfile.TemporaryDirectory(dir=work) as tmp:
+                milvus_lite(vectors, queries, truth, Path(tmp))
+        print(f"peak RSS of the run {peak_rss_gib():.1f} GiB (the index, the gallery file's pages, the exact search's buffers)")
 
 
 if __name__ == "__main__":
