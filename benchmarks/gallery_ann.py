@@ -274,7 +274,7 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
     key = EmbedderKey("bench", "b" * 64, vectors.shape[1])
     SqliteGallery.open(folder, key, searchable=False).close()  # the schema
     db = sqlite3.connect(folder / DATABASE)
-    db.execute("INSERT INTO subjects VALUES ('s', 's', '{}', 0, 0)")
+    db.execute("INSERT INTO subjects (id, name, metadata, created, updated) VALUES ('s', 's', '{}', 0, 0)")  # a later schema adds columns
     for start in range(0, len(vectors), 100_000):
         chunk = np.asarray(vectors[start : start + 100_000])
         db.executemany(
