@@ -82,6 +82,15 @@ class Metrics:
             registry=r,
         )
 
+        self.index_recall = Gauge(
+            "facegate_gallery_index_recall",
+            "recall@1 of the vector index the last recall check measured (1 for an exact index; NaN before the first check).",
+            registry=r,
+        )
+        self.index_recall_checked = Gauge(
+            "facegate_gallery_index_recall_checked_timestamp_seconds", "When the index's recall was last measured (Unix time).", registry=r
+        )
+
     def embedder_ran(self, faces: int) -> None:
         """One embedder run of `faces` faces (batched or not)."""
         self.batch_size.observe(faces)
@@ -113,3 +122,8 @@ class Metrics:
             self.replicated = True
             self.gallery_applied.set(replication.get("applied_sequence", math.nan))
             self.gallery_lag.set(replication.get("lag", math.nan) if snapshot.fresh else math.nan)
+
+    def observe_recall(self, check) -> None:
+        """Set the recall gauges from a `service.gallery.recall.RecallCheck` (its last result: no waiting)."""
+        self.index_recall.set(check.recall())
+        self.index_recall_checked.set(check.last.checked_at if check.last else math.nan)

@@ -28,6 +28,7 @@ from service.core.settings import Settings
 from service.engine import Engine
 from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
+from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 from service.hosted_models import HostedModels
 from service.metrics import Metrics
@@ -102,7 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         gallery_stats = GalleryStats(gallery)
-        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, hosted)
+        recall = RecallCheck.from_settings(settings, gallery, gallery.index, engine.pipeline.embedder if engine else None)
+        recall.start()  # on its own thread: at start-up, then every FACEGATE_INDEX_RECALL_EVERY changes
+        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
@@ -117,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             elif hosted:
                 hosted.close()
             gallery_stats.close()
+            recall.close()
             gallery.close()
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 

@@ -19,6 +19,7 @@ from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
 from service.engine import Engine
 from service.gallery.interface import Candidate, GalleryStore
+from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 from service.hosted_models import HostedModels
 from service.metrics import Metrics
@@ -44,6 +45,7 @@ class Service:
     engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
     gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
+    recall: RecallCheck  # the index's measured recall@1, for /readyz and /metrics
     hosted: HostedModels | None = None  # the model host the models run in (`facegate serve --workers N`), if any
 
     def ready(self) -> Ready:

@@ -172,8 +172,23 @@ class Settings(BaseSettings):
             "and their candidates re-scored exactly (docs/scaling.md)."
         ),
     )
-    index_search_params: str = Field("", description="FAISS search parameters for the index, e.g. efSearch=128 (HNSW) or nprobe=32 (IVF).")
+    index_search_params: str = Field(
+        "",
+        description=(
+            "FAISS search parameters for the index, e.g. efSearch=128 (HNSW) or nprobe=32 (IVF); empty = facegate's default "
+            "for the index's kind and the gallery's size, aiming at recall@1 0.99 (docs/scaling.md)."
+        ),
+    )
     index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
+    min_index_recall: float = Field(
+        0.97, ge=0.0, le=1.0, description="/readyz lists a problem while the approximate index's measured recall@1 is below this."
+    )
+    index_recall_sample: int = Field(
+        200, ge=0, description="Faces (each searched with a near copy) the index's recall check samples; 0 = no check."
+    )
+    index_recall_every: int = Field(
+        10_000, ge=1, description="Faces added or removed between two recall checks of the index (one also runs at start-up)."
+    )
     milvus_uri: str = Field(
         "",
         description=(
@@ -183,6 +198,14 @@ class Settings(BaseSettings):
     )
     milvus_token: SecretStr = Field(SecretStr(""), description="Milvus credentials, user:password or an API key.")
     milvus_index: str = Field("AUTOINDEX", description="Milvus index type of a new collection (AUTOINDEX, HNSW, IVF_FLAT, FLAT...).")
+    milvus_index_params: dict[str, int | float | str] = Field(
+        default_factory=dict,
+        description="Build parameters of a new Milvus collection's index, JSON (e.g. {\"nlist\": 4096}); empty = facegate's defaults.",
+    )
+    milvus_search_params: dict[str, int | float | str] = Field(
+        default_factory=dict,
+        description='Milvus search parameters, JSON (e.g. {"nprobe": 64} or {"ef": 256}); empty = facegate\'s default for the index.',
+    )
     milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
         "Strong",
         description=(

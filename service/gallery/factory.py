@@ -67,4 +67,6 @@ def index_config(settings: Settings) -> IndexConfig:
         settings.milvus_index,
         settings.milvus_consistency,
         settings.milvus_timeout,
+        dict(settings.milvus_index_params),
+        dict(settings.milvus_search_params),
     )

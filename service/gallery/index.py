@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +34,8 @@ MIN_TRAIN_PER_LIST = 39  # FAISS's k-means wants at least this many points per I
 MAX_TRAIN_PER_LIST = 64  # training k-means on more costs minutes at start-up for little recall (FAISS's own cap is 256)
 MIN_TRAIN_OTHER = 10_000  # a quantizer outside IVF (HNSW32,SQ8) trains on this many faces, at most 10 ×
 REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
+CANDIDATES = 16  # faces a search asks the index for at least (/identify at top_k=1): max(4 × top_k, 16)
+TARGET_RECALL = 0.99  # recall@1 the default search parameters aim at (docs/scaling.md: the benchmark behind them)
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
@@ -52,6 +55,7 @@ def set_search_threads(threads: int) -> None:
 
 class VectorIndex(Protocol):
     shared: bool  # one index every replica writes and reads (Milvus), not this process's copy
+    changes: int  # faces added or removed through this process since it opened (what paces the recall check)
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None: ...
 
@@ -63,6 +67,19 @@ class VectorIndex(Protocol):
 
     @property
     def size(self) -> int: ...
+
+    @property
+    def exact(self) -> bool:
+        """Every search is exhaustive (flat): nothing for a recall check to measure."""
+        ...
+
+    def tune(self) -> Any:
+        """Set the default search parameters for the gallery's size now, unless they were given."""
+        ...
+
+    def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Up to n distinct ids of faces in the index, at random."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """What /readyz shows: backend (faiss-flat, faiss-hnsw, faiss-ivf, milvus), parameters, size."""
@@ -79,6 +96,37 @@ def index_kind(spec: str) -> str:
     if head.startswith("IVF"):
         return "faiss-ivf"
     raise ValueError(f"FACEGATE_INDEX={spec!r}: facegate runs Flat, HNSW… and IVF… FAISS indexes")
+
+
+def default_search_params(index: faiss.Index, size: int) -> str:
+    """What FACEGATE_INDEX_SEARCH_PARAMS left empty means: the search parameters that reached
+    TARGET_RECALL in benchmarks/gallery_ann.py for this kind of index at this gallery size (FAISS's
+    own defaults, efSearch 16 and nprobe 1, lose 40–74 % of top-1 answers at 1M faces). IVF scans
+    `nprobe` of its lists; HNSW keeps `efSearch` candidates while walking its graph."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        nprobe = default_nprobe(ivf.nlist)
+        hnsw_quantizer = isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW)
+        return f"nprobe={nprobe}" + (f",quantizer_efSearch={max(2 * nprobe, 64)}" if hnsw_quantizer else "")
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    if isinstance(inner, faiss.IndexHNSW):
+        return f"efSearch={default_ef_search(size)}"
+    return ""
+
+
+def default_nprobe(nlist: int) -> int:
+    """IVF lists to scan: ¾ × nlist^¾ (48 of 256, 136 of 1,024, 384 of 4,096). On the benchmark's
+    Gaussian gallery (128-d) recall@1 reached 0.99 at about 38 of 256 lists, 100–122 of 1,024 and
+    245–320 of 4,096, the same at 100k, 300k and 1M faces (and fewer of 4,096 at 10M): it grows
+    with the number of lists, the gallery's size only through the lists one chooses for it."""
+    return min(nlist, math.ceil(0.75 * nlist**0.75))
+
+
+def default_ef_search(size: int) -> int:
+    """HNSW candidates kept while searching: ½ × √faces, at least 64 (159 at 100k, 274 at 300k, 500
+    at 1M). On the benchmark's Gaussian gallery HNSW32 reached recall@1 0.99 at efSearch about 60 at
+    100k faces, 220 at 300k and 450 at 1M: a graph's recall falls as it grows."""
+    return max(64, math.ceil(0.5 * math.sqrt(size)))
 
 
 def train_size(spec: str, dim: int) -> int:
@@ -149,8 +197,11 @@ class FaissIndex:
         removed: Iterable[int] = (),
         dead: int = 0,
     ):
-        """A new index, or (`built`) one read from a file with its removed ids."""
-        self.dim, self.spec, self.search_params = dim, spec, search_params
+        """A new index, or (`built`) one read from a file with its removed ids. `search_params`
+        empty: facegate's default for the index's kind and size, set by `tune`."""
+        self.dim, self.spec = dim, spec
+        self.requested_params = search_params  # FACEGATE_INDEX_SEARCH_PARAMS
+        self.search_params = search_params  # in force
         self.kind = index_kind(spec)
         inner = built if built is not None else faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
         self._ivf = faiss.try_extract_index_ivf(inner) is not None
@@ -166,6 +217,22 @@ class FaissIndex:
             faiss.ParameterSpace().set_index_parameters(self._index, search_params)  # type: ignore[arg-type]
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
+        self.changes = 0
+
+    def tune(self) -> str | None:
+        """Without FACEGATE_INDEX_SEARCH_PARAMS, set the default search parameters for the gallery's
+        size now (at start-up, and as it grows: the recall check calls this); the parameters when
+        they changed, else None."""
+        if self.requested_params:
+            return None
+        params = default_search_params(self._index, self.size)
+        if params == self.search_params:
+            return None
+        with self._lock.write():  # not beside a search, which reads them
+            # faiss's stubs (1.15) list only the (name, value) overload, not this string one
+            faiss.ParameterSpace().set_index_parameters(self._index, params)  # type: ignore[arg-type]
+            self.search_params = params
+        return params
 
     @property
     def is_trained(self) -> bool:
@@ -182,6 +249,7 @@ class FaissIndex:
             self._index.add_with_ids(vectors, ids)
             self._removed.difference_update(ids.tolist())
             self.dirty = True
+            self.changes += len(ids)
 
     def remove(self, ids: np.ndarray) -> int:
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
@@ -189,6 +257,7 @@ class FaissIndex:
             return 0
         with self._lock.write():
             self.dirty = True
+            self.changes += len(ids)
             # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
             # overload), and an HNSW one here is an IndexIDMap, which has id_map
             if self._removable:
@@ -226,11 +295,35 @@ class FaissIndex:
     def size(self) -> int:
         return int(self._index.ntotal) - self._dead
 
+    @property
+    def exact(self) -> bool:
+        return self.kind == "faiss-flat"
+
+    def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Ids at n distinct random places in the index (an IVF one's lists one after the other; a
+        removed HNSW face drawn is left out), reading only the ids drawn."""
+        with self._lock.read():
+            total = int(self._index.ntotal)
+            places = np.sort(rng.choice(total, min(n, total), replace=False))
+            ivf = faiss.extract_index_ivf(self._index) if self._ivf else None
+            if ivf is not None:
+                invlists: Any = ivf.invlists  # the stubs lack get_single_id and allow None, which an IVF index never has
+                sizes = np.array([invlists.list_size(i) for i in range(ivf.nlist)], np.int64)
+                lists = np.searchsorted(np.cumsum(sizes), places, side="right")
+                offsets = places - (np.cumsum(sizes) - sizes)[lists]
+                drawn = [invlists.get_single_id(int(i), int(o)) for i, o in zip(lists, offsets, strict=True)]
+            else:
+                id_map = self._index.id_map  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+                drawn = [id_map.at(int(p)) for p in places]
+        return np.setdiff1d(np.array(drawn, np.int64), np.fromiter(self._removed, np.int64, len(self._removed)))
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": self.kind,
             "factory": self.spec,
             "search_params": self.search_params,
+            "search_params_source": "FACEGATE_INDEX_SEARCH_PARAMS" if self.requested_params else "default",
+            **({} if self.requested_params or self.exact else {"target_recall": TARGET_RECALL}),
             "size": self.size,
             "trained": self.is_trained,
         }
@@ -277,6 +370,8 @@ class IndexConfig:
     milvus_index: str = "AUTOINDEX"
     milvus_consistency: str = "Strong"
     milvus_timeout: float = 5.0
+    milvus_index_params: dict[str, Any] = field(default_factory=dict)
+    milvus_search_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def shared(self) -> bool:
@@ -325,7 +420,7 @@ def open_index(
             started = time.monotonic()
             index = FaissIndex.load(path, meta, config.search_params if meta["spec"] == config.spec else "")
             log.info("gallery index %s: %d faces loaded from %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
-            return index, meta
+            return tuned(index), meta
         except RuntimeError as exc:  # a damaged or truncated file: build instead
             log.warning("gallery index %s unreadable (%s): rebuilding", path, exc)
     spec = config.spec if count >= needed else "Flat"
@@ -345,7 +440,23 @@ def open_index(
         index.add(ids, vectors)
     if path:
         log.info("gallery index %s: %d faces built in %.1f s", spec, index.size, time.monotonic() - started)
-    return index, None
+    return tuned(index), None
+
+
+def tuned(index: FaissIndex) -> FaissIndex:
+    """`index` with its default search parameters set (none given), and what it searches with logged."""
+    if index.tune() is not None:
+        log.info(
+            "gallery index %s: search parameters %s, facegate's default for %d faces (aiming at recall@1 %.2f; "
+            "FACEGATE_INDEX_SEARCH_PARAMS overrides it)",
+            index.spec,
+            index.search_params,
+            index.size,
+            TARGET_RECALL,
+        )
+    elif index.search_params:
+        log.info("gallery index %s: search parameters %s (FACEGATE_INDEX_SEARCH_PARAMS)", index.spec, index.search_params)
+    return index
 
 
 def save_index(config: IndexConfig, index: FaissIndex, model_sha256: str, state: dict[str, Any]) -> None:
@@ -371,7 +482,7 @@ def best_subjects(
     approximate index's estimate never reaches a decision.
     """
     query = np.asarray(query, np.float32).reshape(-1)
-    k = max(4 * top_k, 16)
+    k = max(4 * top_k, CANDIDATES)
     while True:
         size = index.size
         _, ids = index.search(query[None], min(k, size))

@@ -98,6 +98,10 @@ class GalleryStore(Protocol):
         """(subject id, name, embedding) of those of `face_ids` the store holds for the active embedder."""
         ...
 
+    def face_chips(self, face_ids: list[int]) -> dict[int, FaceChip]:
+        """The stored chips of those of `face_ids` that have one (kept with FACEGATE_STORE_CROPS)."""
+        ...
+
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]: ...
 
     def counts(self, searchable: int | None = None) -> dict[str, int]:

@@ -10,6 +10,12 @@ transaction, before the commit — Milvus unreachable means the enrollment is ro
 answered 503, nothing half done. A delete commits in the store first and is then removed from
 Milvus; if Milvus cannot be reached then, the vector stays behind but is never answered: every
 candidate is looked up in the store (`best_subjects`), which no longer has it.
+
+Index and search parameters: a collection facegate creates gets FACEGATE_MILVUS_INDEX_PARAMS, or
+for IVF and HNSW types the defaults below; searches use FACEGATE_MILVUS_SEARCH_PARAMS, or the same
+nprobe / ef facegate gives a FAISS index of that kind and size (index.py), from the index the
+collection really has (an existing collection keeps its own). The recall check (recall.py)
+measures what they give.
 """
 
 from __future__ import annotations
@@ -23,12 +29,34 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from service.core.errors import GalleryUnavailable
-from service.gallery.index import IndexConfig
+from service.gallery.index import TARGET_RECALL, IndexConfig, default_ef_search, default_nprobe
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.milvus")
 
 UPSERT_BATCH = 5_000  # rows per upsert: well under Milvus's gRPC message limit at 512-d
+MILVUS_NLIST = 1024  # IVF lists of a collection facegate creates (Milvus's own default, 128, is for small segments)
+# HNSW graph of a collection facegate creates: FAISS's HNSW32 links (what the default ef was measured
+# on, with a smaller efConstruction of 40), built more carefully, which only raises recall at a given ef
+MILVUS_HNSW = {"M": 32, "efConstruction": 200}
+
+
+def default_index_params(index_type: str, dim: int) -> dict[str, Any]:
+    """Build parameters of a new collection when FACEGATE_MILVUS_INDEX_PARAMS is empty."""
+    kind = index_type.upper()
+    if kind.startswith("IVF"):
+        return {"nlist": MILVUS_NLIST} | ({"m": dim // 4, "nbits": 8} if kind == "IVF_PQ" and dim % 4 == 0 else {})
+    return dict(MILVUS_HNSW) if kind == "HNSW" else {}
+
+
+def default_search_params(index_type: str, index_params: dict[str, Any], size: int) -> dict[str, Any]:
+    """Search parameters when FACEGATE_MILVUS_SEARCH_PARAMS is empty: facegate's FAISS defaults for
+    the same kind and size (AUTOINDEX and the others: Milvus's own)."""
+    kind = index_type.upper()
+    if kind.startswith("IVF"):
+        nlist = int(index_params.get("nlist", 128))  # 128: Milvus's default for a collection made elsewhere
+        return {"nprobe": default_nprobe(nlist)}
+    return {"ef": default_ef_search(size)} if kind == "HNSW" else {}
 
 
 def redacted(uri: str) -> str:
@@ -56,10 +84,18 @@ class MilvusIndex:
         index_type: str = "AUTOINDEX",
         consistency: str = "Strong",
         timeout: float = 5.0,
+        index_params: dict[str, Any] | None = None,
+        search_params: dict[str, Any] | None = None,
     ):
+        """`index_type` and `index_params` build a new collection (an existing one keeps its own);
+        `search_params` empty: facegate's default for the collection's index, set by `tune`."""
         self.uri, self.token, self.dim = uri, token, dim
         self.collection = f"facegate_{model_sha256[:16]}"
         self.index_type, self.consistency, self.timeout = index_type, consistency, timeout
+        self.index_params = dict(index_params or default_index_params(index_type, dim))
+        self.requested_params = dict(search_params or {})  # FACEGATE_MILVUS_SEARCH_PARAMS
+        self.search_params = dict(self.requested_params)  # in force
+        self.changes = 0
         self._client = None
         self._lock = threading.Lock()
         self._call(lambda client: None)  # connect and create the collection now: a wrong URI fails start-up
@@ -73,7 +109,7 @@ class MilvusIndex:
             schema.add_field("id", DataType.INT64, is_primary=True)
             schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=self.dim)
             params = client.prepare_index_params()
-            params.add_index("embedding", index_type=self.index_type, metric_type="IP")
+            params.add_index("embedding", index_type=self.index_type, metric_type="IP", params=self.index_params)
             client.create_collection(
                 self.collection, schema=schema, index_params=params, consistency_level=self.consistency, timeout=self.timeout
             )
@@ -85,7 +121,27 @@ class MilvusIndex:
                 self.consistency,
             )
         client.load_collection(self.collection, timeout=self.timeout)
+        self._read_index(client)
         return client
+
+    def _read_index(self, client) -> None:
+        """The index the collection has (it may predate these settings): its type and build parameters.
+        Best effort: unanswered (Milvus Lite can take long after a bulk load), the configured ones stand."""
+        import grpc
+        from pymilvus import MilvusException
+
+        try:
+            info: dict[str, Any] = client.describe_index(self.collection, "embedding", timeout=self.timeout) or {}
+        except (MilvusException, grpc.RpcError) as exc:
+            log.warning(
+                "milvus %s: the index of %s was not described (%s): assuming %s", redacted(self.uri), self.collection, exc, self.index_type
+            )
+            return
+        self.index_type = str(info.get("index_type", self.index_type))
+        built: dict[str, Any] = info["params"] if isinstance(info.get("params"), dict) else info
+        for name in ("nlist", "M", "efConstruction", "m", "nbits"):
+            if name in built:
+                self.index_params[name] = int(built[name])
 
     def _call(self, fn):
         import grpc  # pymilvus's transport: a deadline or a dropped stream surfaces as its RpcError
@@ -113,12 +169,14 @@ class MilvusIndex:
                 for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH], strict=True)
             ]
             self._call(lambda client: client.upsert(self.collection, rows, timeout=self.timeout))
+        self.changes += len(ids)
 
     def remove(self, ids: np.ndarray) -> int:
         face_ids = [int(i) for i in np.asarray(ids, np.int64).reshape(-1)]
         if not face_ids:
             return 0
         result = self._call(lambda client: client.delete(self.collection, ids=face_ids, timeout=self.timeout))
+        self.changes += len(face_ids)
         return int(result.get("delete_count", len(face_ids))) if isinstance(result, dict) else len(face_ids)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +188,7 @@ class MilvusIndex:
                 self.collection,
                 data=queries.tolist(),
                 limit=k,
-                search_params={"metric_type": "IP"},
+                search_params={"metric_type": "IP", "params": self._search_params(k)},
                 consistency_level=self.consistency,
                 timeout=self.timeout,
             )
@@ -152,6 +210,39 @@ class MilvusIndex:
         )
         return int(rows[0]["count(*)"])
 
+    def _search_params(self, k: int) -> dict[str, Any]:
+        """HNSW's ef must be at least the faces asked for (a search asks for more when too few subjects came back)."""
+        return {**self.search_params, "ef": max(int(self.search_params["ef"]), k)} if "ef" in self.search_params else self.search_params
+
+    @property
+    def exact(self) -> bool:
+        return self.index_type.upper() in ("FLAT", "BIN_FLAT")
+
+    def tune(self) -> dict[str, Any] | None:
+        """Without FACEGATE_MILVUS_SEARCH_PARAMS, set the default search parameters for the
+        collection's index and size now; the parameters when they changed, else None."""
+        if self.requested_params:
+            return None
+        size = self.size if self.index_type.upper() == "HNSW" else 0  # only ef depends on it: no count otherwise
+        params = default_search_params(self.index_type, self.index_params, size)
+        if params == self.search_params:
+            return None
+        self.search_params = params
+        return params
+
+    def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Up to n ids drawn uniformly (a reservoir over every id: Milvus has no random sample)."""
+        reservoir: list[int] = []
+        seen = 0
+        for batch in self.ids():
+            for face_id in batch:
+                seen += 1
+                if len(reservoir) < n:
+                    reservoir.append(face_id)
+                elif (slot := int(rng.integers(seen))) < n:
+                    reservoir[slot] = face_id
+        return np.array(sorted(reservoir), np.int64)
+
     def ids(self, batch: int = 10_000) -> Iterator[list[int]]:
         """Every id in the collection, a batch at a time."""
         iterator = self._call(
@@ -169,6 +260,10 @@ class MilvusIndex:
             "uri": redacted(self.uri),
             "collection": self.collection,
             "index_type": self.index_type,
+            "index_params": self.index_params,
+            "search_params": self.search_params,
+            "search_params_source": "FACEGATE_MILVUS_SEARCH_PARAMS" if self.requested_params else "default",
+            **({} if self.requested_params or self.exact or not self.search_params else {"target_recall": TARGET_RECALL}),
             "metric": "IP",
             "consistency": self.consistency,
             "size": self.size,
@@ -183,12 +278,25 @@ class MilvusIndex:
 
 def open_milvus(config: IndexConfig, dim: int, model_sha256: str) -> MilvusIndex:
     index = MilvusIndex(
-        config.milvus_uri, config.milvus_token, dim, model_sha256, config.milvus_index, config.milvus_consistency, config.milvus_timeout
+        config.milvus_uri,
+        config.milvus_token,
+        dim,
+        model_sha256,
+        config.milvus_index,
+        config.milvus_consistency,
+        config.milvus_timeout,
+        config.milvus_index_params,
+        config.milvus_search_params,
     )
+    index.tune()
     log.info(
-        "gallery index: Milvus at %s, collection %s (%s consistency)",
+        "gallery index: Milvus at %s, collection %s (%s %s, search parameters %s%s, %s consistency)",
         redacted(config.milvus_uri),
         index.collection,
+        index.index_type,
+        index.index_params,
+        index.search_params or "Milvus's own",
+        " from FACEGATE_MILVUS_SEARCH_PARAMS" if index.requested_params else ", facegate's default",
         config.milvus_consistency,
     )
     return index

@@ -33,7 +33,8 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
+from service.core.alignment import FaceChip
+from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
@@ -430,6 +431,14 @@ class PostgresGallery(GalleryStore):
                 (face_ids, sha),
             )
             return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
+
+    def face_chips(self, face_ids: list[int]) -> dict[int, FaceChip]:
+        """The stored chips of those of `face_ids` that have one (FACEGATE_STORE_CROPS)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE id = ANY(%s) AND crop IS NOT NULL", (face_ids,)
+            ).fetchall()
+        return {r[0]: stored_chip(r[1], r[2], r[3]) for r in rows}
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""

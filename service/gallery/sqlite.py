@@ -573,6 +573,17 @@ class SqliteGallery(GalleryStore):
                 out.update((r[0], (r[1], r[2], np.frombuffer(r[3], "<f4"))) for r in rows)
         return out
 
+    def face_chips(self, face_ids: list[int]) -> dict[int, FaceChip]:
+        """The stored chips of those of `face_ids` that have one (FACEGATE_STORE_CROPS)."""
+        rows: list[tuple] = []
+        with self._lock:
+            for start in range(0, len(face_ids), LOOKUP_CHUNK):
+                chunk = face_ids[start : start + LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE crop IS NOT NULL AND id IN ({marks})"
+                rows += self._db.execute(query, chunk).fetchall()
+        return {r[0]: stored_chip(r[1], r[2], r[3]) for r in rows}
+
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and embeddings of the active embedder's faces with id > after_id, in id order (a page)."""
         key = required_embedder(self.embedder)

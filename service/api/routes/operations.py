@@ -31,7 +31,8 @@ async def healthz() -> dict:
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     """Models loaded (names, sha256, active onnxruntime providers), gallery size, the vector index (`gallery.index`:
-    backend such as faiss-flat, faiss-hnsw, faiss-ivf or milvus, its parameters and size) and, on PostgreSQL, the change this
+    backend such as faiss-flat, faiss-hnsw, faiss-ivf or milvus, its parameters, size and measured recall@1, with a
+    problem listed while that is under FACEGATE_MIN_INDEX_RECALL) and, on PostgreSQL, the change this
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     status = 200 if service.readiness.ready else 503
@@ -41,7 +42,8 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     stats = await service.gallery_stats.snapshot()  # never waits long on the database
     report["gallery"] = dict(stats.counts or dict.fromkeys(("subjects", "faces", "searchable_faces", "incompatible_faces")))
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
-    report["gallery"]["index"] = stats.index  # backend, parameters, size
+    report["gallery"]["index"] = stats.index and {**stats.index, "recall": service.recall.report()}  # backend, parameters, size, recall@1
+    report["problems"] += service.recall.problems()  # a low recall is reported, not made unready: answers stay exact
     if stats.replication is not None:  # PostgreSQL: this replica's applied change vs the database's
         report["gallery"]["replication"] = stats.replication
     if not stats.fresh:  # the database did not answer in time: the last known counts (null if none)
@@ -52,8 +54,9 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **error_responses(401)})
 async def metrics(service: ServiceDep) -> Response:
     """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size
-    (the last known while the database does not answer: `facegate_gallery_up` 0)."""
+    (the last known while the database does not answer: `facegate_gallery_up` 0), the index's measured recall@1."""
     service.metrics.observe_gallery(await service.gallery_stats.snapshot())
+    service.metrics.observe_recall(service.recall)
     if service.hosted is not None and service.metrics.model_host is not None:  # the model-run metrics are the host's
         with suppress(Exception):  # a host that does not answer in time: the last ones fetched
             service.metrics.model_host.families = await asyncio.wait_for(asyncio.wrap_future(service.hosted.ask("metrics")), 2.0)

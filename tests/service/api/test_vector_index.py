@@ -54,3 +54,36 @@ def test_milvus_backend_in_readyz_metrics_and_503_when_unreachable(api_settings,
     milvus.uri = uri  # back: answered again, and the refused enrollment left nothing behind
     assert api.post("/identify", files={"image": lfw_faces[name][1]}).status_code == 200
     assert len(api.get(f"/subjects/{name}/faces").json()["faces"]) == 1
+
+
+def test_readyz_and_metrics_report_the_index_recall_and_a_low_one_as_a_problem(api_settings, make_client, embedder_manifest):
+    """A gallery of synthetic faces (clustered as faces are) behind an IVF index searched with
+    nprobe=1: the start-up check measures its recall@1 in the background (0.92–0.96 here), /readyz
+    shows it with a problem under FACEGATE_MIN_INDEX_RECALL (still ready: answers are re-scored
+    exactly) and /metrics exports it. The defaults measure 1.0 on the same gallery, with no problem."""
+    from service.core.models.manifest import EmbedderKey, Manifest
+    from service.gallery.interface import NewFace
+    from service.gallery.sqlite import SqliteGallery
+    from tests.service.gallery.test_recall import clustered, wait_for
+
+    key = EmbedderKey.of(Manifest.load(embedder_manifest))
+    faces = clustered(300, 10, dim=key.dim)
+    store = SqliteGallery.open(api_settings.data_dir, key, searchable=False)
+    for p in range(300):
+        store.create_subject(f"p{p}", {}, f"p{p}")
+        store.add_faces(f"p{p}", [NewFace(v) for v in faces[p * 10 : (p + 1) * 10]])
+    store.close()
+    for params in ("nprobe=1", ""):
+        api = make_client(api_settings.model_copy(update={"index": "IVF64,Flat", "index_search_params": params, "min_index_recall": 0.99}))
+        assert wait_for(lambda: api.get("/readyz").json()["gallery"]["index"]["recall"]["recall_at_1"] is not None)
+        ready = api.get("/readyz")
+        recall, problems = ready.json()["gallery"]["index"]["recall"], ready.json()["problems"]
+        assert ready.status_code == 200 and recall["queries"] == 400 and recall["minimum"] == 0.99
+        metrics = api.get("/metrics").text
+        assert f"facegate_gallery_index_recall {recall['recall_at_1']}" in metrics
+        if params:
+            assert recall["search_params"] == "nprobe=1" and recall["recall_at_1"] < 0.99
+            assert [p["model"] for p in problems] == ["gallery index"] and "FACEGATE_MIN_INDEX_RECALL=0.99" in problems[0]["error"]
+        else:
+            assert recall["search_params"] == ready.json()["gallery"]["index"]["search_params"] != ""
+            assert recall["recall_at_1"] >= 0.99 and problems == []

@@ -62,6 +62,9 @@ def test_an_enrollment_is_searchable_on_every_replica_at_once(replicas):
         "uri": None,
         "collection": f"facegate_{'a' * 16}",
         "index_type": "FLAT",
+        "index_params": {},
+        "search_params": {},
+        "search_params_source": "default",
         "metric": "IP",
         "consistency": "Strong",
         "size": 1,
@@ -198,3 +201,40 @@ def test_readyz_counts_the_collection_once_per_read(tmp_path, milvus, monkeypatc
     assert snapshot.fresh and snapshot.counts["searchable_faces"] == 2 and snapshot.index["size"] == 2
     assert len(calls) == 1, f"{len(calls)} Milvus calls for one read"
     g.close()
+
+
+def test_milvus_index_and_search_parameters_default_per_index_type(tmp_path):
+    """A collection facegate creates gets IVF lists (or an HNSW graph) of its own choosing, and
+    searches the nprobe / ef facegate's FAISS defaults give; given ones win. (Milvus Lite builds
+    them but searches exactly whatever the index, so recall itself is the FAISS tests'.)"""
+    from service.gallery.index import default_ef_search, default_nprobe
+    from service.gallery.milvus import MILVUS_NLIST, default_search_params
+    from service.gallery.recall import measure
+
+    ivf = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="IVF_FLAT")
+    g = SqliteGallery.open(tmp_path, KEY, index=ivf)
+    sent = []
+    search = g.index._client.search
+    g.index._client.search = lambda *a, **k: sent.append(k["search_params"]) or search(*a, **k)
+    try:
+        g.create_subject("A", {}, "a")
+        g.add_faces("a", [NewFace(unit(i)) for i in range(20)])
+        assert g.index.tune() is None  # set when the store opened
+        described = g.index.describe()
+        assert described["index_params"] == {"nlist": MILVUS_NLIST} and described["search_params_source"] == "default"
+        assert described["search_params"] == {"nprobe": default_nprobe(MILVUS_NLIST)}
+        assert g.search(unit(3), 1)[0].face_id and sent[-1] == {"metric_type": "IP", "params": described["search_params"]}
+        result = measure(g, g.index, 10, seed=0)
+        assert result.queries == 20 and result.recall_at_1 == 1.0 and g.index.changes == 20
+    finally:
+        g.close()
+    given = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="HNSW", milvus_search_params={"ef": 32})
+    g = SqliteGallery.open(tmp_path, KEY, index=given)  # the collection exists: it keeps its IVF index
+    try:
+        assert g.index.index_type == "IVF_FLAT" and g.index.describe()["search_params"] == {"ef": 32}
+        assert g.index._search_params(100) == {"ef": 100}  # Milvus refuses an ef below the faces asked for
+    finally:
+        g.close()
+    assert default_search_params("HNSW", {}, 10**6) == {"ef": default_ef_search(10**6)}
+    assert default_search_params("IVF_SQ8", {}, 10**6) == {"nprobe": default_nprobe(128)}  # Milvus's default nlist
+    assert default_search_params("AUTOINDEX", {}, 10**6) == {}  # Milvus's own choice
