@@ -34,7 +34,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from service.core.alignment import FaceChip
-from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
