@@ -15,6 +15,7 @@ import time
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api import console
 from service.api.auth import ApiKeys
 from service.api.error_handlers import error_response
 from service.core.errors import BodyTooLarge, Overloaded, RequestTimeout, Unauthorized
@@ -54,14 +55,16 @@ class RequestMetrics:
 
 class ApiKeyAuth:
     """`body_key_paths`: routes whose clients send the key in the body (DeepStack's `api_key` form
-    field); their route class checks it, header or field, once the body is read."""
+    field); their route class checks it, header or field, once the body is read. The console's
+    static files need no key: they hold no data, and every call they make sends one."""
 
     def __init__(self, app: ASGIApp, keys: ApiKeys, body_key_paths: frozenset[str] = frozenset()):
         self.app, self.keys, self.body_key_paths = app, keys, body_key_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
-        if scope["type"] == "http" and self.keys.enabled and path not in PUBLIC_PATHS and path not in self.body_key_paths:
+        public = path in PUBLIC_PATHS or path in self.body_key_paths or (path is not None and console.is_console(path))
+        if scope["type"] == "http" and self.keys.enabled and not public:
             presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
             # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
             if len(presented) != 1 or not self.keys.check(presented[0].decode("latin-1")):
