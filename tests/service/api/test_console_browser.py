@@ -7,8 +7,8 @@ the decision in plain words), a pair verified and a pair refused, the model page
 subject deleted (each checked through the API too), the pages on a phone-sized screen without
 sideways scrolling, no Content-Security-Policy violation and the key in no URL or log line.
 
-One server and one browser session for the whole flow (about a minute on 2 cores, most of it the
-server's start). Needs Debian's `chromium` and `chromium-driver` and selenium (the dev extra):
+One server and one browser session for the whole flow (30 to 45 s on a shared 2-core machine, a
+third of it the server's start). Needs Debian's `chromium` and `chromium-driver` and selenium (the dev extra):
 skipped with the reason without them, failed instead under FACEGATE_REQUIRE_BROWSER=1 (.ci/run
 sets it). FACEGATE_CONSOLE_SCREENSHOTS=DIR writes the screenshots of docs/console.md there,
 photos blurred (docs/console.md says how)."""
