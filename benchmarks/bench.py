@@ -4,7 +4,6 @@ printed with the machine, provider and versions. Figures are printed, never asse
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import platform
@@ -18,8 +17,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.loadtest import Serving
 from service.core.cpus import available_cores
-from service.core.models.manifest import Manifest
+from service.core.models.manifest import EmbedderKey, Manifest
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 
@@ -188,11 +188,47 @@ def embed_scaling(pipeline: FacePipeline, crops: np.ndarray, batches: tuple[int,
     )
     for batch in batches:
         chunk = np.resize(crops, (batch, *crops.shape[1:]))
-        feed = {embedder.input_name: preprocess(chunk, manifest.input)}
+        feed = {embedder.input_name: preprocess(chunk, manifest.input, embedder.in_graph)}
         bare, piped = _paired_rates(
             lambda: embedder.session.run([embedder.output_name], feed), lambda: embedder.embed(chunk), seconds, batch
         )
         table.add_row(str(batch), f"{bare:.1f}", f"{piped:.1f}", f"{100 * piped / bare:.1f}%", f"{1000 * batch / piped:.2f}")
+    return table
+
+
+def detect_scaling(pipeline: FacePipeline, decoded: list[np.ndarray], batches: tuple[int, ...], seconds: float) -> Table:
+    """The detector's images/s at each batch size (canvases of the photos' most common input size),
+    and how far each photo's faces from a batched run are from those of its own run: a GPU's kernels
+    differ between batch sizes, the faces must not (boxes and landmarks within 0.5 px, scores 1e-3)."""
+    detector = pipeline.detector
+    size = max(set(sizes := [detector.size_for(img.shape[:2]) for img in decoded]), key=sizes.count)
+    photos = [img for img, s in zip(decoded, sizes, strict=True) if s == size]
+    boxed = [detector.letterbox(img, size) for img in photos]
+    canvases = np.stack([c for c, _ in boxed])
+    alone = [detector.faces(detector.infer(c[None])[0], scale, img.shape[:2]) for (c, scale), img in zip(boxed, photos, strict=True)]
+    table = Table(
+        "batch",
+        "images/s",
+        "ms/run",
+        "max Δ box/landmarks px",
+        "max Δ score",
+        "photos whose faces differ",
+        title=f"detection at {size}×{size} ({len(photos)} photos), batched against each photo alone",
+    )
+    for batch in batches:
+        chunk = np.resize(canvases, (batch, *canvases.shape[1:]))
+        rate, ms = _rate(lambda: detector.infer(chunk), seconds, batch)
+        rows = [row for start in range(0, len(canvases), batch) for row in detector.infer(canvases[start : start + batch])]
+        together = [detector.faces(row, scale, img.shape[:2]) for row, (_, scale), img in zip(rows, boxed, photos, strict=True)]
+        dpx, dscore, differ = 0.0, 0.0, 0
+        for a, b in zip(alone, together, strict=True):
+            if len(a) != len(b):
+                differ += 1
+                continue
+            for fa, fb in zip(a, b, strict=True):
+                dpx = max(dpx, float(np.abs(fa.box - fb.box).max()), float(np.abs(fa.landmarks - fb.landmarks).max()))
+                dscore = max(dscore, abs(fa.score - fb.score))
+        table.add_row(str(batch), f"{rate:.1f}", f"{ms:.2f}", f"{dpx:.4f}", f"{dscore:.2e}", str(differ))
     return table
 
 
@@ -258,9 +294,13 @@ def run_all(
     concurrency: tuple[int, ...] = (1, 8, 32, 64),
     requests: int = 200,
     routes: tuple[str, ...] = ("verify", "identify"),
+    servings: tuple[Serving, ...] = (Serving(),),
+    gallery_faces: int = 0,
+    load_seconds: float = 0,
 ) -> None:
     """`facegate bench all`: machine, versions and providers, then pipeline stages, embed batch
-    scaling and HTTP load (a server of this checkout spawned with the same settings' models)."""
+    scaling and HTTP load (a server of this checkout spawned with the same settings' models, once
+    per way of serving)."""
     pipeline = FacePipeline.from_settings(settings)
     for line in machine_lines():
         console.print(line)
@@ -268,18 +308,23 @@ def run_all(
     spec = model.manifest.input
     console.print(
         f"embedder: {model.manifest.name} {model.manifest.version} ({spec.dtype} {spec.layout} input"
-        f"{', preprocessing in the graph' if spec.in_graph else ', preprocessing in numpy'}; "
+        f"{', preprocessing in the graph' if pipeline.embedder.in_graph else ', preprocessing in numpy'}"
+        f"{' (wrapped at load)' if pipeline.embedder.in_graph and not spec.in_graph else ''}; "
         f"weights {weights_description(model.manifest)}), "
         f"providers {', '.join(model.session.get_providers())}, IO binding {'on' if pipeline.embedder.io_binding else 'off'}"
     )
     console.print(
         f"settings: intra_op_threads={settings.intra_op_threads}, worker_threads={settings.worker_threads}, "
-        f"batch_sizes={settings.batch_sizes}, batching={settings.batching}"
+        f"batch_sizes={list(pipeline.embedder.shapes.sizes)}, detect_batch_sizes={list(pipeline.detector.shapes.sizes)}, "
+        f"batching={settings.batching}"
     )
 
     console.rule("pipeline stages")
     sample = _sample(images, pipeline)  # decoded and detected once for both tables
     run_pipeline_bench(pipeline, images, seconds, console, batches=(), header=False, sample=sample)
+
+    console.rule("detection batch scaling")
+    console.print(detect_scaling(pipeline, sample[1], tuple(b for b in batches if b <= 64) or (1,), seconds))
 
     console.rule("embed batch scaling")
     with_face = sample[2]
@@ -298,10 +343,46 @@ def run_all(
     except ImportError:
         console.print("[yellow]HTTP load skipped: it needs httpx (pip install -e '.[dev]')[/yellow]")
         return
-    from benchmarks.loadtest import matrix, spawned
+    console.print(
+        load_table(
+            settings,
+            [p.read_bytes() for p in images[:64]],
+            servings,
+            list(routes),
+            list(concurrency),
+            requests,
+            gallery_faces,
+            key_of(pipeline),
+            seconds=load_seconds,
+        )
+    )
+
+
+def key_of(pipeline: FacePipeline) -> EmbedderKey:
+    return EmbedderKey.of(pipeline.require_embedder().manifest)
+
+
+def load_table(
+    settings: Settings,
+    blobs: list[bytes],
+    servings: tuple[Serving, ...],
+    routes: list[str],
+    concurrency: list[int],
+    requests: int,
+    gallery_faces: int = 0,
+    key: EmbedderKey | None = None,
+    processes: int = 0,
+    seconds: float = 0,
+) -> Table:
+    """The HTTP load rows of a server of this checkout spawned with the settings' models, once for
+    each way of serving (one process; N workers with or without the model host), on a gallery of
+    `gallery_faces` random faces besides the enrolled photos."""
+    from benchmarks.loadtest import fill_gallery, load_rows
 
     env = {"FACEGATE_EMBEDDER": str(settings.embedder), "FACEGATE_DEVICE": settings.device}
+    prepare = (lambda folder: fill_gallery(folder, key, gallery_faces)) if gallery_faces and key else None
     table = Table(
+        "serving",
         "route",
         "concurrency",
         "req/s",
@@ -309,11 +390,11 @@ def run_all(
         "p95 ms",
         "p99 ms",
         "statuses",
-        title=f"HTTP load ({requests} requests each, batching {'on' if settings.batching else 'off'})",
+        title=f"HTTP load ({f'{seconds:g} s' if seconds else f'{requests} requests'} each, batching {'on' if settings.batching else 'off'}"
+        f"{f', {gallery_faces:,} more faces in the gallery' if gallery_faces else ''})",
     )
-    blobs = [p.read_bytes() for p in images[:64]]
-    with spawned(env) as url:
-        results = asyncio.run(matrix(url, blobs, list(routes), list(concurrency), requests))
-    for r in results:
-        table.add_row(r.route, str(r.concurrency), f"{r.rps:.1f}", f"{r.p50:.0f}", f"{r.p95:.0f}", f"{r.p99:.0f}", r.status_text())
-    console.print(table)
+    for serving, r in load_rows(env, blobs, list(servings), routes, concurrency, requests, processes, prepare, seconds=seconds):
+        table.add_row(
+            str(serving), r.route, str(r.concurrency), f"{r.rps:.1f}", f"{r.p50:.1f}", f"{r.p95:.1f}", f"{r.p99:.1f}", r.status_text()
+        )
+    return table

@@ -47,10 +47,17 @@ def bench_all(
         list[int] | None, typer.Option(help="HTTP concurrencies, repeatable (default 1 8 32 64); 0 skips the HTTP load.")
     ] = None,
     requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 200,
+    workers: Annotated[
+        list[int] | None, typer.Option(help="HTTP load rows for `facegate serve --workers N`, repeatable (default 1: one process).")
+    ] = None,
+    model_host: Annotated[bool, typer.Option(help="With --workers above 1: the models in one model host (else in each worker).")] = True,
+    gallery_faces: Annotated[int, typer.Option(min=0, help="Random faces added to the gallery /identify searches.")] = 0,
+    load_seconds: Annotated[float, typer.Option(min=0, help="Seconds of load per route and concurrency, instead of --requests.")] = 0,
 ) -> None:
     """The whole table: machine, versions, providers; pipeline stages; embed batch scaling (bare
-    session against the pipeline's embed stage); HTTP load on /verify and /identify."""
+    session against the pipeline's embed stage); HTTP load on /verify and /identify, per way of serving."""
     from benchmarks.bench import run_all
+    from benchmarks.loadtest import Serving
 
     settings = get_settings()
     if embedder:
@@ -65,4 +72,47 @@ def bench_all(
             tuple(batch or (1, 2, 4, 8, 16, 32, 64, 128)),
             levels,
             requests,
+            servings=tuple(Serving(w, model_host) for w in (workers or [1])),
+            gallery_faces=gallery_faces,
+            load_seconds=load_seconds,
         )
+
+
+@bench_app.command("load")
+def bench_load(
+    images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, sent in the requests.")],
+    url: Annotated[str | None, typer.Option(help="A running server (default: spawn one of this checkout per --workers).")] = None,
+    route: Annotated[
+        list[str] | None, typer.Option(help="verify, identify or healthz (what the generator offers), repeatable (default verify).")
+    ] = None,
+    concurrency: Annotated[list[int] | None, typer.Option(help="Connections, repeatable (default 1 8 64).")] = None,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per route and concurrency.")] = 2000,
+    processes: Annotated[int, typer.Option(min=0, help="Load processes (0: a quarter of the cores, at most the concurrency).")] = 0,
+    workers: Annotated[list[int] | None, typer.Option(help="Spawned servers' --workers, repeatable (default 1).")] = None,
+    model_host: Annotated[bool, typer.Option(help="Spawned with --workers above 1: the models in one model host.")] = True,
+    gallery_faces: Annotated[int, typer.Option(min=0, help="Spawned: random faces added to the gallery /identify searches.")] = 0,
+    api_key: Annotated[str | None, typer.Option(envvar="FACEGATE_LOAD_API_KEY", help="X-API-Key for --url.")] = None,
+    seconds: Annotated[float, typer.Option(min=0, help="Seconds of load per route and concurrency, instead of --requests.")] = 0,
+) -> None:
+    """HTTP load from several processes over raw keep-alive connections (thousands of requests/s,
+    where a Python HTTP client would measure itself): req/s and latency per route and concurrency."""
+    from benchmarks.bench import load_table, machine_lines
+    from benchmarks.loadtest import Serving, matrix
+
+    console = Console(width=max(Console().width, 120))
+    for line in machine_lines():
+        console.print(line)
+    blobs = [p.read_bytes() for p in images[:64]]
+    routes, levels = route or ["verify"], concurrency or [1, 8, 64]
+    if url is None:
+        settings = get_settings()
+        with fail_on_error():
+            from service.core.models.manifest import EmbedderKey
+
+            key = EmbedderKey.of(FacePipeline.from_settings(settings).require_embedder().manifest) if gallery_faces else None
+            servings = tuple(Serving(w, model_host) for w in (workers or [1]))
+            console.print(load_table(settings, blobs, servings, routes, levels, requests, gallery_faces, key, processes, seconds))
+        return
+    for r in matrix(url, blobs, routes, levels, requests, api_key=api_key, processes=processes, seconds=seconds):
+        console.print(f"{r.route} c{r.concurrency}: {r.rps:.1f} req/s, p50 {r.p50:.1f} p95 {r.p95:.1f} p99 {r.p99:.1f} ms ", end="")
+        console.print(f"({r.status_text()}; {r.processes} load processes)")

@@ -21,7 +21,7 @@ from service.core.settings import Settings
 
 def _detect(detector, image, size):
     canvas, scale = detector.letterbox(image, size)
-    return detector.faces(detector.infer(canvas[None])[0], len(canvas), scale, image.shape[:2])
+    return detector.faces(detector.infer(canvas[None])[0], scale, image.shape[:2])
 
 
 def _shift(bucketed, reference) -> float | None:

@@ -16,7 +16,6 @@ figures then measure decode + detection + the HTTP stack, not a real recognition
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import tempfile
@@ -53,6 +52,7 @@ def main() -> None:
     parser.add_argument("--images", type=Path, help="Folder of .jpg photos (default FACEGATE_TEST_DATA/lfw).")
     parser.add_argument("--enroll", type=int, default=20, help="Subjects to enroll before /identify (0: use the gallery as is).")
     parser.add_argument("--api-key", default=os.environ.get("FACEGATE_LOAD_API_KEY"))
+    parser.add_argument("--processes", type=int, default=0, help="Load processes (0: a quarter of the cores, at most the concurrency).")
     args = parser.parse_args()
     images = load_images(args.images, 64)
     print(f"{'batching':>9} {'route':>9} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  statuses")
@@ -65,7 +65,7 @@ def main() -> None:
                 flush=True,
             )
 
-        asyncio.run(matrix(url, images, args.routes, args.concurrency, args.requests, args.enroll, args.api_key, report))
+        matrix(url, images, args.routes, args.concurrency, args.requests, args.enroll, args.api_key, report, args.processes)
 
     if args.url:
         run_matrix(args.url, "server")

@@ -20,6 +20,7 @@ from service.metrics import Metrics
 @dataclass
 class _Job:
     rows: np.ndarray
+    counted: bool = True  # in the metrics (a warm-up's runs are not)
     future: Future = field(default_factory=Future)
     queued: float = field(default_factory=time.perf_counter)
 
@@ -27,7 +28,7 @@ class _Job:
 class MicroBatcher:
     def __init__(
         self,
-        run: Callable[[np.ndarray], np.ndarray],
+        run: Callable[[np.ndarray], np.ndarray | list[np.ndarray]],
         max_batch: int,
         max_wait_ms: float,
         metrics: Metrics,
@@ -44,9 +45,10 @@ class MicroBatcher:
         self._thread = threading.Thread(target=self._run, name=f"facegate-batcher-{role}", daemon=True)
         self._thread.start()
 
-    def submit(self, rows: np.ndarray) -> Future:
-        """N input rows (N×H×W×3 crops, or images) → a future of their N output rows."""
-        job = _Job(np.asarray(rows))
+    def submit(self, rows: np.ndarray, counted: bool = True) -> Future:
+        """N input rows (N×H×W×3 crops, or images) → a future of their N output rows. `counted`:
+        False for a warm-up's runs, which the metrics leave out."""
+        job = _Job(np.asarray(rows), counted)
         self._jobs.put(job)
         return job.future
 
@@ -87,9 +89,11 @@ class MicroBatcher:
         started = time.perf_counter()
         try:
             for job in jobs:
-                self._metrics.waited(self.role, started - job.queued)
+                if job.counted:
+                    self._metrics.waited(self.role, started - job.queued)
             outputs = self._run_model(np.concatenate([j.rows for j in jobs]))
-            self._metrics.model_ran(self.role, len(outputs))
+            if any(job.counted for job in jobs):
+                self._metrics.model_ran(self.role, len(outputs))
         except BaseException as exc:  # handed to every waiting request, never lost in this thread
             for job in jobs:
                 job.future.set_exception(exc)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+from contextlib import nullcontext
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
@@ -55,13 +56,15 @@ def _raise_open_file_limit() -> None:
 
 def _check_can_start(settings, host: str, port: int) -> None:
     """What would fail only after the models are loaded, said in one line before: a taken address
-    (uvicorn binds after start-up) and a PostgreSQL gallery without its driver."""
+    (uvicorn binds after start-up) and a PostgreSQL gallery or Milvus index without its client."""
     from importlib.util import find_spec
 
-    from service.gallery.factory import POSTGRES_EXTRA_MISSING
+    from service.gallery.factory import MILVUS_EXTRA_MISSING, POSTGRES_EXTRA_MISSING
 
     if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
         fail(POSTGRES_EXTRA_MISSING)
+    if settings.milvus_uri and find_spec("pymilvus") is None:
+        fail(MILVUS_EXTRA_MISSING)
     try:
         with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
@@ -84,12 +87,24 @@ class _OneLineStartupFailure(logging.Filter):
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
-    workers: Annotated[int, typer.Option(help="uvicorn worker processes (each loads its own models).")] = 1,
+    workers: Annotated[
+        int | None, typer.Option(min=0, help="HTTP worker processes (default FACEGATE_WORKERS; 0: the cores less two).")
+    ] = None,
+    model_host: Annotated[
+        bool | None,
+        typer.Option(
+            "--model-host/--no-model-host",
+            help="Run the models in one model host process that batches the work of every worker (default: with --workers "
+            "above 1); --no-model-host: each worker loads its own.",
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP API. Without API keys it binds loopback only, unless FACEGATE_ALLOW_ANONYMOUS=true."""
     import uvicorn
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
+    from service.core.cpus import available_cores
+    from service.model_host import model_host as hosting
 
     settings = get_settings()
     try:
@@ -106,21 +121,30 @@ def serve(
     _raise_open_file_limit()
     _check_can_start(settings, host, port)
     logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
-    uvicorn.run(
-        "service.api.app:create_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="info",
-        # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
-        http="service.api.server:HeaderDeadlineProtocol",
-        timeout_keep_alive=settings.timeout_keep_alive,
-        # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
-        # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
-        backlog=settings.backlog,
-        h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
-    )
+    workers = settings.workers if workers is None else workers
+    workers = workers or max(2, available_cores() - 2)
+    hosted = workers > 1 if model_host is None else model_host
+    if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
+        os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
+        os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")
+    with hosting() if hosted else nullcontext() as host_socket:
+        if host_socket is not None:  # each worker's settings read it
+            os.environ["FACEGATE_MODEL_HOST"] = str(host_socket)
+        uvicorn.run(
+            "service.api.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="info",
+            # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
+            http="service.api.server:HeaderDeadlineProtocol",
+            timeout_keep_alive=settings.timeout_keep_alive,
+            # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
+            # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
+            backlog=settings.backlog,
+            h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
+        )
 
 
 @models_app.command("pull")
@@ -134,12 +158,19 @@ def models_pull(
         Path | None,
         typer.Option("--file", exists=True, dir_okay=False, help="Use this file, fetched by hand, instead of downloading (one manifest)."),
     ] = None,
+    serving: Annotated[
+        bool, typer.Option("--serving", help="Only the detector and the embedder the settings name (FACEGATE_EMBEDDER): `make serve`.")
+    ] = False,
 ) -> None:
     """Download model files (or the published weights they are converted from) into the model cache, checking their sha256."""
     from service.core.models.files import manifest_path, pull, verify_file, version_note
     from service.core.models.manifest import Manifest
 
     settings = get_settings()
+    if serving:
+        if names:
+            fail("--serving pulls the models the settings name: give no NAME")
+        names = [settings.detector, settings.embedder]
     paths = [manifest_path(n, settings.models_dir) for n in names] if names else sorted(settings.models_dir.glob("*.json"))
     if file is not None and len(paths) != 1:
         fail("--file goes with exactly one manifest name")

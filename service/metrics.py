@@ -5,32 +5,57 @@ from __future__ import annotations
 import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 SEARCH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+MODEL_RUN_METRICS = (
+    "facegate_embed_batch_size",
+    "facegate_embed_queue_wait_seconds",
+    "facegate_faces_embedded",
+    "facegate_detect_batch_size",
+    "facegate_detect_queue_wait_seconds",
+)
+
+
+class HostedModelRuns(Collector):
+    """The model host's model-run metrics (batch sizes, queue waits, faces embedded) as last fetched
+    from it: with a model host the models run there, so a worker has none of its own."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def collect(self) -> list[Metric]:
+        return [f for f in self.families if f.name in MODEL_RUN_METRICS]
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, hosted_models: bool = False) -> None:
+        """`hosted_models`: the models run in a model host, whose model-run metrics `model_host` reports."""
         self.registry = CollectorRegistry()
+        self.model_host: HostedModelRuns | None = HostedModelRuns() if hosted_models else None
         r = self.registry
+        m = None if hosted_models else r  # this process's model-run metrics, registered only where the models run
         self.requests = Counter(
             "facegate_requests", "HTTP requests by route template, method and status.", ["route", "method", "status"], registry=r
         )
         self.latency = Histogram(
             "facegate_request_seconds", "HTTP request latency.", ["route", "method"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.batch_size = Histogram("facegate_embed_batch_size", "Faces per embedder run.", buckets=BATCH_BUCKETS, registry=r)
+        self.batch_size = Histogram("facegate_embed_batch_size", "Faces per embedder run.", buckets=BATCH_BUCKETS, registry=m)
         self.queue_wait = Histogram(
-            "facegate_embed_queue_wait_seconds", "Time faces waited for their embedder run.", buckets=WAIT_BUCKETS, registry=r
+            "facegate_embed_queue_wait_seconds", "Time faces waited for their embedder run.", buckets=WAIT_BUCKETS, registry=m
         )
-        self.faces_embedded = Counter("facegate_faces_embedded", "Faces embedded.", registry=r)
-        self.detect_batch_size = Histogram("facegate_detect_batch_size", "Images per detector run.", buckets=BATCH_BUCKETS, registry=r)
+        self.faces_embedded = Counter("facegate_faces_embedded", "Faces embedded.", registry=m)
+        self.detect_batch_size = Histogram("facegate_detect_batch_size", "Images per detector run.", buckets=BATCH_BUCKETS, registry=m)
         self.detect_queue_wait = Histogram(
-            "facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=r
+            "facegate_detect_queue_wait_seconds", "Time images waited for their detector run.", buckets=WAIT_BUCKETS, registry=m
         )
+        if self.model_host is not None:
+            r.register(self.model_host)
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
         self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
         self.gallery_up = Gauge(

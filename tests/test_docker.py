@@ -33,6 +33,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.requirements import need
+
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "docker").glob("Dockerfile*"))]
 COMPOSE = REPO / "compose.yaml"
@@ -60,10 +62,7 @@ def _tool(name: str, install_hint: str) -> str:
     found = str(beside_python) if beside_python.is_file() else shutil.which(name)
     if found:
         return found
-    reason = f"{name} is not installed ({install_hint})"
-    if os.environ.get("FACEGATE_REQUIRE_DOCKER_TOOLS") == "1":
-        pytest.fail(f"{reason}; FACEGATE_REQUIRE_DOCKER_TOOLS=1 requires it")
-    pytest.skip(reason)
+    need("DOCKER_TOOLS", f"{name} is not installed ({install_hint})")
 
 
 # ---------------------------------------------------------------------------------------- Dockerfile
@@ -180,9 +179,16 @@ def test_image_installs_like_the_makefile(stages, runtime):
     )
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r'pip install --quiet \$\(EDITABLE\) "\.\[\$\(1\)\$\(2\)\]"', makefile), "the Makefile's install line changed"
-    assert re.search(r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(comma\)postgres\$\(comma\)milvus\)$", makefile, re.M), (
-        "install-serve: the onnxruntime extra, postgres (the shared gallery's driver) and milvus (the shared vector index's client) only"
+    assert re.search(
+        r"^install-serve:.*\n\t\$\(call install,\$\(ORT_EXTRA\),\$\(if \$\(SERVE_EXTRAS\),\$\(comma\)\$\(SERVE_EXTRAS\)\)\)$",
+        makefile,
+        re.M,
     )
+    assert re.search(r"^SERVE_EXTRAS \?= postgres,milvus$", makefile, re.M), "make serve: postgres (the shared gallery's driver) and milvus"
+    builder_args = {i.args for i in stages[0].all("ARG")}
+    assert "SERVE_EXTRAS=postgres" in builder_args, "the image: PostgreSQL's driver, Milvus' client only when asked for"
+    for run in installs:
+        assert 'SERVE_EXTRAS="${SERVE_EXTRAS}"' in run
 
 
 def test_runtime_stage_conventions(runtime):
@@ -213,7 +219,7 @@ def make_serve_argv() -> list[str]:
 
 def test_cmd_is_the_make_serve_command(runtime):
     if not shutil.which("make"):
-        pytest.skip("make is not installed")
+        need("DOCKER_TOOLS", "make is not installed")
     (cmd,) = runtime.all("CMD")
     image = exec_form(cmd)
     make = make_serve_argv()
@@ -481,7 +487,7 @@ def test_image_command_serves_with_the_compose_environment(runtime, model_cache,
     the models folder → models/ (the image copies it there), the API-key secret → a file here.
     The embedder is the tests' ONNX embedder (none is shipped yet), through FACEGATE_EMBEDDER."""
     if not shutil.which("make"):
-        pytest.skip("make is not installed")
+        need("DOCKER_TOOLS", "make is not installed")
     env, service, compose = container_environment(runtime)
 
     data_dir = env["FACEGATE_DATA_DIR"]
@@ -539,8 +545,6 @@ def test_image_command_serves_with_the_compose_environment(runtime, model_cache,
         while status == 503 and time.monotonic() < deadline:  # the models warm up after the process answers
             time.sleep(0.25)
             status, body = _get(f"{base}/readyz")
-        if status == 404:
-            pytest.skip("the service has no /readyz route yet (asserted /healthz only)")
         assert status == 200, f"/readyz {status}: {body[:500]!r}\n{log.read_text()[-4000:]}"
 
         # The key from the secret file guards everything but /healthz and /readyz.
@@ -569,6 +573,9 @@ def test_compose_milvus_adds_the_shared_index_to_the_replicas():
     for name in ("facegate-a", "facegate-b"):
         replica = services[name]
         assert _environment(replica)["FACEGATE_MILVUS_URI"] == "http://milvus:19530"
+        assert replica["build"]["args"]["SERVE_EXTRAS"] == "postgres,milvus" and replica["image"].endswith("-milvus"), (
+            "Milvus' client built in"
+        )
         assert replica["depends_on"]["milvus"]["condition"] == "service_healthy"
         assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"  # merged, not replaced
         assert "FACEGATE_DATABASE_URL" in _environment(replica)

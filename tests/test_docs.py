@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.requirements import importorskip
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -48,8 +48,8 @@ def unquote(cell: str) -> str:
 
 
 def test_mkdocs_build_strict(tmp_path):
-    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
-        pytest.skip("mkdocs / mkdocs-material are not installed (they are in the dev extra: pip install -e '.[dev]')")
+    importorskip("mkdocs")
+    importorskip("material")  # mkdocs-material
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(
         [

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.requirements import need
 from tests.test_docker import _free_port, exec_form, parse_dockerfile
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
@@ -46,12 +47,6 @@ CONTAINER_PORT = 8000  # the port the Dockerfile's CMD and HEALTHCHECK name
 TIMES: dict[str, float] = {}
 
 
-def _skip(reason: str) -> None:
-    if os.environ.get("FACEGATE_REQUIRE_IMAGE_TEST") == "1":
-        pytest.fail(f"{reason}; FACEGATE_REQUIRE_IMAGE_TEST=1 requires the image test to run")
-    pytest.skip(reason)
-
-
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
@@ -62,12 +57,12 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 @pytest.fixture(scope="module")
 def engine() -> None:
     if os.environ.get("FACEGATE_IMAGE_TEST") != "1":
-        pytest.skip("opt-in: builds and runs the Docker image (make image-test)")
+        need("IMAGE_TEST", "opt-in: builds and runs the Docker image (make image-test)")
     if not shutil.which("docker"):
-        _skip("the docker client is not installed (apt-get install docker.io)")
+        need("IMAGE_TEST", "the docker client is not installed (apt-get install docker.io)")
     info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=30)
     if info.returncode != 0:
-        _skip(f"no Docker engine answers: {info.stderr.strip()[-300:]}")
+        need("IMAGE_TEST", f"no Docker engine answers: {info.stderr.strip()[-300:]}")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +96,7 @@ def photos() -> tuple[bytes, bytes, bytes]:
     folder = Path(data or "/nonexistent") / "lfw" / "George_W_Bush"
     files = sorted(folder.glob("*.jpg"))[:3]
     if len(files) < 3:
-        _skip("FACEGATE_TEST_DATA is unset or has no lfw/George_W_Bush photos (set it to ../shared/data)")
+        need("TEST_DATA", "FACEGATE_TEST_DATA is unset or has no lfw/George_W_Bush photos (set it to ../shared/data)")
     return tuple(f.read_bytes() for f in files)
 
 

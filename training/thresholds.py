@@ -45,6 +45,9 @@ CURVE_TOP_FAR = 0.1
 TAIL_SCORES = 1000  # the highest impostor scores the exponential tail is fitted to
 SAME_PERSON_FAR = 1e-4
 SAME_PERSON_SHARE = 0.5
+# Fewer people than this and the thresholds rest on the look of a handful of faces: `calibrate` says so
+# (docs/training.md: calibration wants a few dozen people the model never trained on).
+FEW_IDENTITIES = 30
 
 
 @dataclass

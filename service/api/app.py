@@ -26,6 +26,7 @@ from service.engine import Engine
 from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
 from service.gallery.stats import GalleryStats
+from service.hosted_models import HostedModels
 from service.metrics import Metrics
 from service.readiness import Readiness
 
@@ -70,20 +71,25 @@ def _on_signal(signum: int, handler) -> bool:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    metrics = Metrics()
+    metrics = Metrics(hosted_models=settings.model_host is not None)
     keys = ApiKeys.from_settings(settings)
     access_log.install()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         set_search_threads(settings.search_threads)
-        models = load_models(settings)
+        hosted = None
+        if settings.model_host is not None:  # a worker of `facegate serve --workers N`: the models run in its model host
+            hosted = await asyncio.to_thread(HostedModels, settings, settings.model_host, settings.model_host_shared_memory)
+            models = hosted.model_set(settings)
+        else:
+            models = load_models(settings)
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
-        engine = Engine(settings, FacePipeline(settings, models), metrics) if readiness.loaded else None
+        engine = Engine(settings, FacePipeline(settings, models), metrics, hosted) if readiness.loaded else None
         if engine:
-            readiness.serving = engine.describe()
+            readiness.serving = engine.describe
             # In the background: /healthz answers meanwhile, /readyz and image routes say 503 until done;
             # or before the port opens (uvicorn binds it after the lifespan's start-up).
             if settings.warm_up_before_listening:
@@ -92,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         gallery_stats = GalleryStats(gallery)
-        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats)
+        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, hosted)
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
@@ -104,6 +110,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if engine:
                 engine.close()
+            elif hosted:
+                hosted.close()
             gallery_stats.close()
             gallery.close()
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
@@ -117,6 +125,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
     app.add_middleware(Admission, limit=settings.max_inflight_requests)
-    app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS)
+    app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS, refusals=compat.KEY_REFUSALS)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

@@ -20,6 +20,7 @@ from service.core.settings import Settings
 from service.engine import Engine
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.stats import GalleryStats
+from service.hosted_models import HostedModels
 from service.metrics import Metrics
 from service.readiness import Readiness
 
@@ -43,6 +44,7 @@ class Service:
     engine: Engine | None  # None unless both models loaded: routes reach it only past readiness.require()
     gallery: GalleryStore
     gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
+    hosted: HostedModels | None = None  # the model host the models run in (`facegate serve --workers N`), if any
 
     def ready(self) -> Ready:
         """The engine and the embedder's manifest, or readiness.require()'s 503."""

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import console
@@ -55,11 +57,18 @@ class RequestMetrics:
 
 class ApiKeyAuth:
     """`body_key_paths`: routes whose clients send the key in the body (DeepStack's `api_key` form
-    field); their route class checks it, header or field, once the body is read. The console's
-    static files need no key: they hold no data, and every call they make sends one."""
+    field); their route class checks it, header or field, once the body is read. `refusals`: under a
+    path prefix, the answer to a missing or empty (False) or wrong (True) key in a foreign API's shape.
+    The console's static files need no key: they hold no data, and every call they make sends one."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, body_key_paths: frozenset[str] = frozenset()):
-        self.app, self.keys, self.body_key_paths = app, keys, body_key_paths
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: ApiKeys,
+        body_key_paths: frozenset[str] = frozenset(),
+        refusals: Mapping[str, Callable[[bool], Response]] | None = None,
+    ):
+        self.app, self.keys, self.body_key_paths, self.refusals = app, keys, body_key_paths, refusals or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
@@ -68,7 +77,8 @@ class ApiKeyAuth:
             presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
             # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
             if len(presented) != 1 or not self.keys.check(presented[0].decode("latin-1")):
-                response = error_response(Unauthorized("a valid X-API-Key header is required"))
+                refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)
+                response = refuse(any(presented)) if refuse else error_response(Unauthorized("a valid X-API-Key header is required"))
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 

@@ -93,7 +93,7 @@ ERROR_STATUSES = {
     400: "Undecodable image or JSON",
     401: "Missing or invalid X-API-Key (when keys are configured)",
     404: "Unknown subject or face",
-    409: "A subject with this id exists",
+    409: "A subject with this id (or, for a subject of the compatible APIs, this name) exists",
     413: "Body or image too large",
     415: "Unsupported content type or image format",
     422: "Bad parameters, no face, multiple faces, low quality, unknown FAR",

@@ -18,6 +18,7 @@ import asyncio
 import sys
 
 import h11
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.api.error_handlers import error_response
@@ -55,6 +56,22 @@ class HeaderDeadlineProtocol(H11Protocol):
     def _header_deadline(self, waiting_on) -> None:
         if self.cycle is waiting_on and not self.transport.is_closing():
             self.transport.close()
+
+    def shutdown(self) -> None:
+        """Graceful shutdown that races no proxy: uvicorn closes an idle keep-alive connection at once,
+        and a request a proxy sends on it at that moment is lost (nginx cannot resend a POST it sent).
+        Here every response from now on says `Connection: close`, so the proxy takes the connection out
+        of its pool, and an idle connection is left to its keep-alive timeout, after the proxy's own,
+        shorter one (docker/nginx.conf) has closed it. The listening socket is already closed: a new
+        connection is refused, which a proxy retries elsewhere for any request."""
+        state = self.server_state  # its default headers start every request's response from now on
+        if CLOSE_HEADER not in state.default_headers:
+            state.default_headers = [*state.default_headers, CLOSE_HEADER]
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+            if not cycle.response_started and CLOSE_HEADER not in cycle.default_headers:
+                cycle.default_headers = [*cycle.default_headers, CLOSE_HEADER]
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this inside its `except h11.RemoteProtocolError`; h11 hints 431 for a block

@@ -11,8 +11,27 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable
+from typing import TypeVar, cast
 
 import numpy as np
+
+Rows = TypeVar("Rows", np.ndarray, list[np.ndarray])
+
+
+# The batch sizes a model runs at unless FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES say: on a
+# CPU a padded row costs its full compute, so the largest stays small; a GPU runs 32 or 128 rows in
+# little more time than one, and a model host batching for many workers fills them (docs/sizing.md).
+DEFAULT_SIZES = {
+    ("embedder", False): (1, 2, 4, 8, 16, 32),
+    ("embedder", True): (1, 2, 4, 8, 16, 32, 64, 128),
+    ("detector", False): (1, 2, 4, 8),
+    ("detector", True): (1, 2, 4, 8, 16, 32),
+}
+
+
+def default_sizes(role: str, providers: list[str]) -> tuple[int, ...]:
+    """The batch sizes of `role` (embedder or detector) when none are configured, by where its session runs."""
+    return DEFAULT_SIZES[role, bool(providers) and providers[0] != "CPUExecutionProvider"]
 
 
 class BatchShapes:
@@ -37,17 +56,19 @@ class BatchShapes:
         """The smallest size holding n rows (n ≤ largest)."""
         return self.sizes[bisect.bisect_left(self.sizes, n)]
 
-    def run(self, fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    def run(self, fn: Callable[[np.ndarray], Rows], x: np.ndarray) -> Rows:
         """fn over x's rows, fn only ever called with a bucket's number of rows: zero rows pad a
         chunk up to its bucket and their outputs are dropped (models here treat rows independently).
+        fn gives an array of rows, or a list of per-row arrays (the detector's candidates).
         No rows: fn decides (the embedder answers without running its session)."""
         if not len(x):
             return fn(x)
-        out = []
+        out: list[Rows] = []
         for start in range(0, len(x), self.largest):
-            chunk = x[start : start + self.largest]
-            size = self.bucket(len(chunk))
-            if size > len(chunk):
-                chunk = np.concatenate([chunk, np.zeros((size - len(chunk), *chunk.shape[1:]), chunk.dtype)])
-            out.append(fn(chunk)[: min(len(x) - start, self.largest)])
-        return np.concatenate(out)
+            rows: np.ndarray = x[start : start + self.largest]
+            size = self.bucket(len(rows))
+            padded = np.concatenate([rows, np.zeros((size - len(rows), *rows.shape[1:]), rows.dtype)]) if size > len(rows) else rows
+            out.append(fn(padded)[: len(rows)])
+        if isinstance(out[0], list):
+            return cast(Rows, [row for part in out for row in part])
+        return cast(Rows, np.concatenate(out))

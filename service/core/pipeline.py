@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
+from service.core.batch_shapes import default_sizes
 from service.core.decode import Probe, decode_image, probe
 from service.core.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.core.models.detector import Face, FaceDetector
@@ -43,7 +44,7 @@ class EmbeddedFace(FoundFace):
 
 @dataclass(frozen=True)
 class Detect:
-    """A detector run the steps ask of their driver: one letterboxed canvas → its output row."""
+    """A detector run the steps ask of their driver: one letterboxed canvas → its candidates."""
 
     canvas: np.ndarray
 
@@ -89,9 +90,13 @@ class FacePipeline:
             nms_threshold=settings.det_nms_threshold,
             min_face_size=settings.min_face_size,
             sizes=tuple(settings.detect_sizes),
-            batch_sizes=settings.detect_batch_sizes,
+            batch_sizes=settings.detect_batch_sizes or default_sizes("detector", models.detector.session.get_providers()),
+            fork=models.detector.fork,
         )
-        self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, settings.batch_sizes) if models.embedder else None
+        self.embedder = None
+        if models.embedder:
+            sizes = settings.batch_sizes or default_sizes("embedder", models.embedder.session.get_providers())
+            self.embedder = FaceEmbedder(models.embedder.manifest, models.embedder.session, sizes, models.embedder.fork)
 
     @classmethod
     def from_settings(cls, settings: Settings, require_embedder: bool = True) -> FacePipeline:
@@ -158,7 +163,7 @@ class FacePipeline:
         else:
             canvas, scale = self.detector.letterbox(image_bgr)
             row = yield Detect(canvas)
-            found = self._select(image_bgr, row, len(canvas), scale, sent, policy, chips)
+            found = self._select(image_bgr, row, scale, sent, policy, chips)
         embeddings = yield Embed(np.stack([f.crop for f in found]))
         return [f.embedded(e) for f, e in zip(found, embeddings, strict=True)]
 
@@ -175,12 +180,12 @@ class FacePipeline:
         return request
 
     def _select(
-        self, image_bgr: np.ndarray, row: np.ndarray, size: int, scale: float, sent: Probe | None, policy: FacePolicy, chips: bool
+        self, image_bgr: np.ndarray, candidates: np.ndarray, scale: float, sent: Probe | None, policy: FacePolicy, chips: bool
     ) -> list[FoundFace]:
-        """A detector row → the faces the policy keeps, aligned on the pixels decoded; their
+        """A detector's candidates → the faces the policy keeps, aligned on the pixels decoded; their
         detections in the pixels of the image as sent."""
         r = sent.reduction if sent else 1
-        faces = self.detector.faces(row, size, scale / r, _sent_size(image_bgr, sent) if sent else image_bgr.shape[:2])
+        faces = self.detector.faces(candidates, scale / r, _sent_size(image_bgr, sent) if sent else image_bgr.shape[:2])
         if not faces:
             raise NoFace("no face was found in the image")
         if policy == "reject_multiple" and len(faces) > 1:

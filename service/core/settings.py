@@ -53,19 +53,20 @@ class Settings(BaseSettings):
     intra_op_spinning: bool = Field(
         False, description="Let idle onnxruntime threads spin-wait for work (lower latency alone on a host, CPU burnt when sharing it)."
     )
-    batch_sizes: list[int] = Field(
-        [1, 2, 4, 8, 16, 32],
+    batch_sizes: list[int] | None = Field(
+        None,
         min_length=1,
         description=(
             "The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; "
-            "each is warmed up at start-up."
+            "each is warmed up at start-up. Unset: [1, 2, 4, 8, 16, 32] on a CPU, up to 128 on a GPU."
         ),
     )
-    detect_batch_sizes: list[int] = Field(
-        [1, 2, 4, 8],
+    detect_batch_sizes: list[int] | None = Field(
+        None,
         min_length=1,
         description=(
-            "The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size)."
+            "The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size). "
+            "Unset: [1, 2, 4, 8] on a CPU, up to 32 on a GPU."
         ),
     )
     detect_sizes: list[int] = Field(
@@ -202,6 +203,23 @@ class Settings(BaseSettings):
         "load balancer: a connection refused is retried elsewhere, a warm-up 503 is not); /healthz then waits too.",
     )
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
+    workers: int = Field(
+        1,
+        ge=0,
+        description="HTTP worker processes `facegate serve` starts (its --workers); with more than one, one model host runs the "
+        "models for all of them. 0: the cores this process may use less two, at least two (a GPU host's choice).",
+    )
+    model_host: Path | None = Field(
+        None,
+        description="Unix socket of the model host this process runs its models through (`facegate serve --workers N` starts one "
+        "and sets it for its workers); unset: the models run in this process.",
+    )
+    model_host_shared_memory: int = Field(
+        16 * 1024 * 1024,
+        ge=0,
+        description="Bytes of shared memory (/dev/shm) each worker reserves for the pixels it hands the model host; less where "
+        "/dev/shm has less room, 0: they go through the socket.",
+    )
 
     # security and limits
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys, or sha256:<hex> hashes of keys; empty = no auth.")
@@ -255,7 +273,9 @@ class Settings(BaseSettings):
 
     @field_validator("batch_sizes", "detect_batch_sizes")
     @classmethod
-    def _positive_sizes(cls, sizes: list[int]) -> list[int]:
+    def _positive_sizes(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is None:
+            return None
         if any(n < 1 for n in sizes):
             raise ValueError("batch sizes must be positive")
         return sorted(set(sizes))

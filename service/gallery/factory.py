@@ -4,6 +4,7 @@ searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FAC
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 from service.core.errors import GalleryUnavailable
@@ -16,10 +17,16 @@ if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an ex
     from service.gallery.sqlite import SqliteGallery
 
 POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
+MILVUS_EXTRA_MISSING = (
+    "FACEGATE_MILVUS_URI is set, but Milvus' client is not installed: pip install 'facegate[milvus]' "
+    "(the image: build it with --build-arg SERVE_EXTRAS=postgres,milvus, as compose.milvus.yaml does)"
+)
 
 
 def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> SqliteGallery | PostgresGallery:
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
+    if settings.milvus_uri and find_spec("pymilvus") is None:
+        raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
     if settings.database_url.get_secret_value():
         return open_postgres(settings, embedder, searchable)
     from service.gallery.sqlite import SqliteGallery

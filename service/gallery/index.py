@@ -35,10 +35,18 @@ MIN_TRAIN_OTHER = 10_000  # a quantizer outside IVF (HNSW32,SQ8) trains on this 
 REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
 
 
+_search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
+
+
 def set_search_threads(threads: int) -> None:
-    """FAISS's OpenMP threads for the whole process. One is the service's default: requests
-    already search in parallel, and OpenMP workers spinning beside onnxruntime's on a small CPU
-    made a single 10k-face search 50× slower (benchmarks/search.py --threads)."""
+    """FAISS's OpenMP threads for the searches of this process. One is the service's default:
+    requests already search in parallel, and OpenMP workers spinning beside onnxruntime's on a small
+    CPU made a single 10k-face search 50× slower (benchmarks/search.py --threads). OpenMP keeps the
+    number per thread, so each search sets it again in the thread that runs it (`FaissIndex.search`):
+    set once, a request thread's searches fanned out over every core, 16 worker processes' at once
+    on a 16-core GPU host (docs/sizing.md)."""
+    global _search_threads
+    _search_threads = threads
     faiss.omp_set_num_threads(threads)
 
 
@@ -193,6 +201,8 @@ class FaissIndex:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
+        if _search_threads:
+            faiss.omp_set_num_threads(_search_threads)  # OpenMP's count is per thread: this one's, as the process's
         with self._lock.read():  # FAISS searches are safe side by side and release the GIL
             k = min(k, self.size)
             if k <= 0:

@@ -22,6 +22,7 @@ class Subject:
     created: float
     updated: float
     face_count: int
+    unique_name: bool = False  # holds its name's key (names.py): the name alone finds it
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,25 @@ class GalleryStore(Protocol):
 
     def close(self) -> None: ...
 
-    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject: ...
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None, unique_name: bool = False) -> Subject:
+        """SubjectExists where the id is taken, or with `unique_name` where another subject holds the name's key."""
+        ...
 
     def get_subject(self, subject_id: str) -> Subject: ...
 
+    def subject_by_name(self, name: str) -> Subject:
+        """The subject holding `name`'s key (names.py), whatever the case it was given in; SubjectNotFound if none."""
+        ...
+
+    def unique_names(self, subject_ids: list[str]) -> dict[str, str]:
+        """The names of those of `subject_ids` that hold their name's key (others are left out)."""
+        ...
+
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]: ...
 
-    def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject: ...
+    def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
+        """A subject holding its name's key takes the new name's with it (SubjectExists if another holds that)."""
+        ...
 
     def delete_subject(self, subject_id: str) -> int: ...
 
@@ -86,7 +99,10 @@ class GalleryStore(Protocol):
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def counts(self) -> dict[str, int]: ...
+    def counts(self, searchable: int | None = None) -> dict[str, int]:
+        """subjects, faces, searchable_faces (the index's size; `searchable` when the caller has just
+        read it: Milvus counts with a query) and incompatible_faces (another embedder's)."""
+        ...
 
     def index_info(self) -> dict[str, Any] | None:
         """The vector index searches run on (backend, parameters, size); None where nothing is searched."""

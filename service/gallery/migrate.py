@@ -1,7 +1,8 @@
 """Moving a gallery from its SQLite file into PostgreSQL (`facegate gallery migrate`): subjects and
-faces copied as they are (ids, embeddings of every model, chips), a batch per transaction, each with
-its change row so running replicas apply it. Resumable: a rerun skips what is there (by id) and goes
-on after the largest face id PostgreSQL holds. From there `facegate gallery sync-index` fills Milvus.
+faces copied as they are (ids, unique names' keys, embeddings of every model, chips), a batch per
+transaction, each with its change row so running replicas apply it. Resumable: a rerun skips what
+is there (by id) and goes on after the largest face id PostgreSQL holds. From there `facegate
+gallery sync-index` fills Milvus.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from service.gallery.sqlite import FACE_INSERT_COLUMNS, SqliteGallery
 from service.gallery.sync import one_row, record_change
 
 FACE_COLUMNS = f"id, {FACE_INSERT_COLUMNS}"
-SUBJECT_COLUMNS = "id, name, metadata, created, updated"
+SUBJECT_COLUMNS = "id, name, metadata, created, updated, name_key"
 
 
 def sqlite_to_postgres(
@@ -26,7 +27,8 @@ def sqlite_to_postgres(
         with target.pool.connection() as conn:
             inserted = [
                 conn.execute(
-                    f"INSERT INTO subjects ({SUBJECT_COLUMNS}) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id", row
+                    f"INSERT INTO subjects ({SUBJECT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
+                    row,
                 ).fetchone()
                 for row in rows
             ]

@@ -24,16 +24,19 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
+from service.gallery.names import name_key
 from service.gallery.sqlite import (
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
+    LOOKUP_CHUNK,
     SUBJECT_SELECT,
     embedding_blob,
     face_record,
@@ -42,6 +45,8 @@ from service.gallery.sqlite import (
     required_embedder,
     stored_chip,
     subject_record,
+    subject_update,
+    taken,
 )
 from service.gallery.sync import IndexSync, database_sequence, one_row, record_change
 
@@ -49,6 +54,7 @@ log = logging.getLogger("facegate.gallery")
 
 MIGRATIONS = Path(__file__).with_name("migrations")  # NNNN_name.sql, applied in order, each once
 MIGRATION_LOCK = 0x66616365_67617465  # pg_advisory_xact_lock key: replicas starting together migrate one at a time
+NAME_KEY_INDEX = "subjects_name_key"  # migrations/0002_subject_names.sql
 LOAD_BATCH = 50_000  # rows per fetch while loading the index
 SYNC_POLL_SECONDS = 1.0  # catch-up interval when no notification arrives (one should always arrive)
 
@@ -104,7 +110,9 @@ class PostgresGallery(GalleryStore):
         """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
         the change log instead of being rebuilt. Fails at once when the database cannot be reached."""
-        self.url = url
+        # Text as UTF-8 whatever the database's encoding: on a SQL_ASCII database psycopg would
+        # otherwise return text columns as bytes (a model name b'dlib-resnet-v1' is then "another embedder").
+        self.url = make_conninfo(url, client_encoding="UTF8")
         self.embedder = embedder
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
@@ -113,7 +121,7 @@ class PostgresGallery(GalleryStore):
         # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
         # before use, so after a database restart a stale one is replaced rather than failing a request.
         self.pool = ConnectionPool(
-            url,
+            self.url,
             min_size=1,
             max_size=pool_size,
             open=False,
@@ -131,7 +139,7 @@ class PostgresGallery(GalleryStore):
             applied = self._load_index()
             self.sync: IndexSync | None = None  # Milvus is shared: nothing to keep in step
             if isinstance(self.index, FaissIndex):
-                self.sync = IndexSync(url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS)
+                self.sync = IndexSync(self.url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS)
                 with self.pool.connection() as conn:
                     replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
                 if replayed:
@@ -240,19 +248,19 @@ class PostgresGallery(GalleryStore):
 
     # subjects
 
-    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject:
-        """Two replicas creating one id at once: one commits, the other gets subject_exists (409)."""
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None, unique_name: bool = False) -> Subject:
+        """Two replicas creating one id (or unique name) at once: one commits, the other gets subject_exists (409)."""
         subject_id = subject_id or uuid.uuid4().hex
         now = time.time()
         try:
             with self._conn() as conn:
                 conn.execute(
-                    "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (%s, %s, %s, %s, %s)",
-                    (subject_id, name, json.dumps(metadata), now, now),
+                    "INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES (%s, %s, %s, %s, %s, %s)",
+                    (subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
                 )
-        except pg_errors.UniqueViolation:
-            raise SubjectExists(f"a subject with id {subject_id!r} already exists") from None
-        return Subject(subject_id, name, metadata, now, now, 0)
+        except pg_errors.UniqueViolation as exc:
+            raise taken(subject_id, name, exc.diag.constraint_name == NAME_KEY_INDEX) from None
+        return Subject(subject_id, name, metadata, now, now, 0, unique_name)
 
     def _subject_rows(self, conn: psycopg.Connection, where: str, params: tuple) -> list[Subject]:
         return [subject_record(r) for r in conn.execute(SUBJECT_SELECT + where, params)]
@@ -264,25 +272,39 @@ class PostgresGallery(GalleryStore):
             raise SubjectNotFound(f"no subject with id {subject_id!r}")
         return rows[0]
 
+    def subject_by_name(self, name: str) -> Subject:
+        with self._conn() as conn:
+            rows = self._subject_rows(conn, "WHERE s.name_key = %s", (name_key(name),))
+        if not rows:
+            raise SubjectNotFound(f"no subject named {name[:140]!r}")
+        return rows[0]
+
+    def unique_names(self, subject_ids: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._conn() as conn:
+            for start in range(0, len(subject_ids), LOOKUP_CHUNK):
+                chunk = subject_ids[start : start + LOOKUP_CHUNK]
+                out.update(conn.execute("SELECT id, name FROM subjects WHERE name_key IS NOT NULL AND id = ANY(%s)", (chunk,)).fetchall())
+        return out
+
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
         with self._conn() as conn:
             total = one_row(conn.execute("SELECT COUNT(*) FROM subjects"))[0]
             return self._subject_rows(conn, "ORDER BY s.created, s.id LIMIT %s OFFSET %s", (limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
-        with self._conn() as conn:
-            current = conn.execute("SELECT name, metadata FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone()
-            if current is None:
-                raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            conn.execute(
-                "UPDATE subjects SET name = %s, metadata = %s, updated = %s WHERE id = %s",
-                (
-                    name if name is not None else current[0],
-                    json.dumps(metadata) if metadata is not None else current[1],
-                    time.time(),
-                    subject_id,
-                ),
-            )
+        try:
+            with self._conn() as conn:
+                current = conn.execute("SELECT name, metadata, name_key FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone()
+                if current is None:
+                    raise SubjectNotFound(f"no subject with id {subject_id!r}")
+                values = subject_update(current, name, metadata)
+                conn.execute(
+                    "UPDATE subjects SET name = %s, metadata = %s, name_key = %s, updated = %s WHERE id = %s",
+                    (*values, time.time(), subject_id),
+                )
+        except pg_errors.UniqueViolation:
+            raise taken(subject_id, values[0], True) from None
         return self.get_subject(subject_id)
 
     def delete_subject(self, subject_id: str) -> int:
@@ -392,10 +414,11 @@ class PostgresGallery(GalleryStore):
             ).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, searchable: int | None = None) -> dict[str, int]:
         with self._conn() as conn:
             subjects, faces = one_row(conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)"))
-        searchable = self.index.size if self.index is not None else 0
+        if searchable is None:
+            searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
     def index_info(self) -> dict[str, Any] | None:

@@ -3,6 +3,12 @@ an in-memory vector index mirrors the faces made by the active embedder and is r
 
 One lock serializes the connection and keeps the index in step with the database: a face enters
 the index only after its row is committed, and leaves it as soon as its delete is.
+
+Several processes may serve one file (`facegate serve --workers N`): every write that changes the
+searchable faces also commits a numbered row in `changes`, and before each search a process applies
+the changes it has not applied yet, in order, so an enrollment or deletion made through any worker
+is seen by every worker's next search. A process that fell further behind than the log keeps
+(CHANGES_KEPT) rebuilds its index from the faces instead.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from service.core.models.manifest import EmbedderKey
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
+from service.gallery.names import name_key
 
 log = logging.getLogger("facegate.gallery")
 
@@ -69,8 +76,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         f"UPDATE faces SET crop_frame = '{LEGACY_CROP_FRAME}', crop_landmarks = '{json.dumps(TEMPLATES[LEGACY_CROP_FRAME][0].tolist())}' "
         "WHERE crop IS NOT NULL",
     ),
+    # 2: a subject created with a unique name (a CompreFace subject, a DeepStack userid) holds its
+    #    name's key (names.py), which no other subject holds. Those the compatible APIs made before,
+    #    whose id is their name, take theirs; where only case told two apart, the oldest does.
+    (
+        "ALTER TABLE subjects ADD COLUMN name_key TEXT",
+        "UPDATE subjects SET name_key = lower(id) WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
+        "row_number() OVER (PARTITION BY lower(id) ORDER BY created, id) AS n FROM subjects WHERE id = name) WHERE n = 1)",
+        "CREATE UNIQUE INDEX subjects_name_key ON subjects (name_key)",
+    ),
+    # 3: the change log worker processes sharing the file follow (op: add or remove; face_ids: JSON list).
+    ("CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, face_ids TEXT NOT NULL)",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new ones are written
 
 DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
@@ -107,14 +126,29 @@ def embedding_blob(embedding: np.ndarray) -> bytes:
 
 # Row layouts both stores (SQLite here, PostgreSQL in postgres.py) share; only their SQL dialects differ.
 SUBJECT_SELECT = (
-    "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id) FROM subjects s "
+    "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id), "
+    "s.name_key IS NOT NULL FROM subjects s "
 )
 FACE_SELECT = "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces "
 FACE_INSERT_COLUMNS = "subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created"
 
 
 def subject_record(row: tuple) -> Subject:
-    return Subject(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5])
+    return Subject(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], bool(row[6]))
+
+
+def subject_update(current: tuple, name: str | None, metadata: dict[str, Any] | None) -> tuple[str, str, str | None]:
+    """name, metadata and name_key of a subject's UPDATE, from its current row's: a subject holding
+    its name's key takes the new name's."""
+    renamed = name if name is not None else current[0]
+    return renamed, json.dumps(metadata) if metadata is not None else current[1], name_key(renamed) if current[2] is not None else None
+
+
+def taken(subject_id: str, name: str, name_taken: bool) -> SubjectExists:
+    """The conflict a subject's INSERT or UPDATE met: its id, or its unique name's key."""
+    if name_taken:
+        return SubjectExists(f"a subject named {name[:140]!r} already exists (a unique name, whatever its case)")
+    return SubjectExists(f"a subject with id {subject_id!r} already exists")
 
 
 def face_record(row: tuple) -> FaceRecord:
@@ -171,6 +205,7 @@ class SqliteGallery(GalleryStore):
             self._db.execute(f"PRAGMA {pragma}")
         self._migrate()
         self.index: FaissIndex | MilvusIndex | None = None
+        self.applied = 0  # the last change of the log the index reflects
         self._load_index()
 
     def close(self) -> None:
@@ -178,6 +213,7 @@ class SqliteGallery(GalleryStore):
             if isinstance(self.index, MilvusIndex):
                 self.index.close()
             elif self.index is not None and self.index_config is not None:  # a FAISS index is opened only with its config
+                self._follow()  # what other processes wrote, so the saved index matches the fingerprint saved with it
                 save_index(self.index_config, self.index, required_embedder(self.embedder).sha256, {"faces": self._fingerprint()})
             self._db.close()
 
@@ -231,8 +267,9 @@ class SqliteGallery(GalleryStore):
 
     def _load_index(self) -> None:
         """Load the persisted index if it reflects the database as it is, else build it from
-        SQLite (and persist it); report faces another model made (they are never compared)."""
-        with self._lock:
+        SQLite (and persist it); report faces another model made (they are never compared). All
+        read in one snapshot, so the index reflects exactly the changes up to `applied`."""
+        with self._lock, self._snapshot():
             rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
@@ -240,6 +277,7 @@ class SqliteGallery(GalleryStore):
             if self.index_config.shared:  # Milvus: nothing to load
                 self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
                 return
+            self.applied = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
             fingerprint = self._fingerprint()
             sha = self.embedder.sha256
 
@@ -266,6 +304,75 @@ class SqliteGallery(GalleryStore):
                 save_index(self.index_config, index, sha, {"faces": fingerprint})
         log.info("gallery %s: %d faces searchable (%s)", self.path, index.size, index.spec)
 
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """A read transaction: every read inside sees the database as of its first (WAL), whatever
+        other processes commit meanwhile."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
+
+    def _record(self, db: sqlite3.Connection, op: str, face_ids: list[int]) -> int:
+        """Log a change to the searchable faces inside the caller's write; its number."""
+        seq = inserted_id(db.execute("INSERT INTO changes (op, face_ids) VALUES (?, ?)", (op, json.dumps(face_ids))))
+        db.execute("DELETE FROM changes WHERE seq <= ?", (seq - CHANGES_KEPT,))
+        return seq
+
+    def _wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None) -> None:
+        """A change this process committed (under the lock): applied at once when it is the next
+        one, else with the others' before it. A shared index (Milvus) got its adds before the commit;
+        only deletes are applied to it here."""
+        if self.index is None:
+            return
+        if self.index.shared:
+            if op == "remove":
+                self._unindex(face_ids)
+            return
+        if self.applied == seq - 1:
+            if op == "add" and vectors is not None:
+                self.index.add(np.array(face_ids, np.int64), vectors)
+            else:
+                self._unindex(face_ids)
+            self.applied = seq
+        else:
+            self._follow()
+
+    def _follow(self) -> None:
+        """Apply, in order, the changes other processes logged since the last one applied (under the
+        lock); rebuild the index when the log no longer holds them all."""
+        if self.index is None or self.index.shared:
+            return
+        rows = self._db.execute("SELECT seq, op, face_ids FROM changes WHERE seq > ? ORDER BY seq", (self.applied,)).fetchall()
+        if not rows:
+            return
+        if rows[0][0] != self.applied + 1:  # pruned past us: the faces are the truth
+            log.info("gallery %s: the change log no longer reaches change %d; rebuilding the index", self.path, self.applied + 1)
+            self._load_index()
+            return
+        for seq, op, face_ids in rows:
+            ids = json.loads(face_ids)
+            if op == "add":
+                found, vectors = self._embeddings_of(ids)
+                if len(found):
+                    self.index.add(found, vectors)
+            else:
+                self._unindex(ids)
+            self.applied = seq
+
+    def _embeddings_of(self, face_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and embeddings of those of `face_ids` still in the database, made by the active embedder."""
+        key = required_embedder(self.embedder)
+        rows = []
+        for start in range(0, len(face_ids), LOOKUP_CHUNK):
+            chunk = face_ids[start : start + LOOKUP_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows += self._db.execute(
+                f"SELECT id, embedding FROM faces WHERE id IN ({marks}) AND model_sha256 = ?", (*chunk, key.sha256)
+            ).fetchall()
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
+
     @classmethod
     def open(cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
@@ -275,18 +382,18 @@ class SqliteGallery(GalleryStore):
 
     # subjects
 
-    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None) -> Subject:
+    def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None, unique_name: bool = False) -> Subject:
         subject_id = subject_id or uuid.uuid4().hex
         now = time.time()
         try:
             with self._write() as db:
                 db.execute(
-                    "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, ?, ?, ?)",
-                    (subject_id, name, json.dumps(metadata), now, now),
+                    "INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES (?, ?, ?, ?, ?, ?)",
+                    (subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
                 )
-        except sqlite3.IntegrityError:
-            raise SubjectExists(f"a subject with id {subject_id!r} already exists") from None
-        return Subject(subject_id, name, metadata, now, now, 0)
+        except sqlite3.IntegrityError as exc:
+            raise taken(subject_id, name, "name_key" in str(exc)) from None
+        return Subject(subject_id, name, metadata, now, now, 0, unique_name)
 
     def _subject_rows(self, where: str, params: tuple) -> list[Subject]:
         with self._lock:
@@ -299,25 +406,40 @@ class SqliteGallery(GalleryStore):
             raise SubjectNotFound(f"no subject with id {subject_id!r}")
         return rows[0]
 
+    def subject_by_name(self, name: str) -> Subject:
+        rows = self._subject_rows("WHERE s.name_key = ?", (name_key(name),))
+        if not rows:
+            raise SubjectNotFound(f"no subject named {name[:140]!r}")
+        return rows[0]
+
+    def unique_names(self, subject_ids: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._lock:
+            for start in range(0, len(subject_ids), LOOKUP_CHUNK):
+                chunk = subject_ids[start : start + LOOKUP_CHUNK]
+                rows = self._db.execute(
+                    f"SELECT id, name FROM subjects WHERE name_key IS NOT NULL AND id IN ({','.join('?' * len(chunk))})", chunk
+                )
+                out.update(rows)
+        return out
+
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
         with self._lock:
             total = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
             return self._subject_rows("ORDER BY s.created, s.id LIMIT ? OFFSET ?", (limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
-        with self._write() as db:
-            current = db.execute("SELECT name, metadata FROM subjects WHERE id = ?", (subject_id,)).fetchone()
-            if current is None:
-                raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            db.execute(
-                "UPDATE subjects SET name = ?, metadata = ?, updated = ? WHERE id = ?",
-                (
-                    name if name is not None else current[0],
-                    json.dumps(metadata) if metadata is not None else current[1],
-                    time.time(),
-                    subject_id,
-                ),
-            )
+        try:
+            with self._write() as db:
+                current = db.execute("SELECT name, metadata, name_key FROM subjects WHERE id = ?", (subject_id,)).fetchone()
+                if current is None:
+                    raise SubjectNotFound(f"no subject with id {subject_id!r}")
+                values = subject_update(current, name, metadata)
+                db.execute(
+                    "UPDATE subjects SET name = ?, metadata = ?, name_key = ?, updated = ? WHERE id = ?", (*values, time.time(), subject_id)
+                )
+        except sqlite3.IntegrityError:
+            raise taken(subject_id, values[0], True) from None
         return self.get_subject(subject_id)
 
     def delete_subject(self, subject_id: str) -> int:
@@ -327,7 +449,8 @@ class SqliteGallery(GalleryStore):
                 ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ?", (subject_id,))]
                 if db.execute("DELETE FROM subjects WHERE id = ?", (subject_id,)).rowcount == 0:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            self._unindex(ids)
+                seq = self._record(db, "remove", ids)
+            self._wrote(seq, "remove", ids)
         return len(ids)
 
     # faces
@@ -342,10 +465,10 @@ class SqliteGallery(GalleryStore):
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ids = [inserted_id(db.execute(insert, row)) for row in rows]
+                seq = self._record(db, "add", ids)
                 if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
                     self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
-            if self.index is not None and not self.index.shared:  # after the commit: only committed faces are searched
-                self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
+            self._wrote(seq, "add", ids, np.stack([f.embedding for f in faces]))  # after the commit: only committed faces are searched
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
@@ -362,7 +485,8 @@ class SqliteGallery(GalleryStore):
                 if row is None:
                     raise FaceNotFound(f"no face with id {face_id}")
                 db.execute("DELETE FROM faces WHERE id = ?", (face_id,))
-            self._unindex([face_id])
+                seq = self._record(db, "remove", [face_id])
+            self._wrote(seq, "remove", [face_id])
         return row[0]
 
     def face_chip(self, face_id: int) -> bytes | None:
@@ -397,7 +521,11 @@ class SqliteGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted while the search ran are dropped)."""
-        return [] if self.index is None else best_subjects(self.index, query, top_k, self.lookup_faces)
+        if self.index is None:
+            return []
+        with self._lock:
+            self._follow()  # what other worker processes enrolled or deleted since this one's last search
+        return best_subjects(self.index, query, top_k, self.lookup_faces)
 
     def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
         """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
@@ -430,11 +558,13 @@ class SqliteGallery(GalleryStore):
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, searchable: int | None = None) -> dict[str, int]:
         with self._lock:
+            self._follow()
             subjects = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
             faces = self._db.execute("SELECT COUNT(*) FROM faces").fetchone()[0]
-        searchable = self.index.size if self.index is not None else 0
+        if searchable is None:
+            searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
 
     def index_info(self) -> dict[str, Any] | None:

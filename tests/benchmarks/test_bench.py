@@ -49,3 +49,16 @@ def test_the_table_says_which_weights_the_embedder_runs():
 
     assert weights_description(Manifest.load(REPO / "models" / "dlib-resnet-v1-int8.json")) == "QInt8 (7-bit), activations QUInt8"
     assert weights_description(Manifest.load(REPO / "models" / "dlib-resnet-v1.json")) == "float32"
+
+
+def test_bench_load_spawns_workers_with_their_model_host(run, test_data):
+    """`facegate bench load`: the rows of a spawned `facegate serve --workers 2` (its model host
+    running the models), /verify and what the generator offers against /healthz, every answer a 200."""
+    images = [lfw(test_data, "Aaron_Peirsol"), lfw(test_data, "George_W_Bush", 7)]
+    result = run(
+        "bench", "load", *images, "--workers", "2", "--route", "verify", "--route", "healthz", "--concurrency", "2", "--seconds", "0.5"
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("│")[1:-1] for line in result.stdout.splitlines() if line.startswith("│")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("2 workers + model host", "/verify"), ("2 workers + model host", "/healthz")]
+    assert all(r[-1].strip().startswith("200:") and "," not in r[-1] for r in rows), rows

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import select
 import socket
-import time
 
 import httpx
 import pytest
 
 from tests.chaos.server import facegate_serve
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 HEADER_TIMEOUT = 2.0
@@ -42,17 +42,29 @@ def _connect(port: int) -> socket.socket:
     return s
 
 
-def _closed(s: socket.socket) -> bool:
-    """Whether the server closed the socket (EOF or reset), waiting at most the socket's timeout."""
+def _gone(s: socket.socket, line: bytes = b"") -> bool:
+    """Whether the server has closed `s` (EOF or reset), without waiting: what it sent is read off;
+    `line` is sent first, as a client still trickling its headers would."""
     try:
-        while data := s.recv(65536):
-            if not data:
-                break
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
+        if line:
+            s.sendall(line)
+        while select.select([s], [], [], 0)[0]:
+            if not s.recv(65536):
+                return True
         return False
+    except (BrokenPipeError, ConnectionResetError):
+        return True
+
+
+def _until_all_gone(sockets: list[socket.socket], what: str, line: bytes = b"") -> None:
+    """Poll until the server has closed every socket (sending `line` on each still open, each time)."""
+    still = set(sockets)
+
+    def all_gone() -> bool:
+        still.difference_update([s for s in still if _gone(s, line)])
+        return not still
+
+    wait_until(all_gone, f"{what} ({len(still)} of {len(sockets)} still open)", timeout=HEADER_TIMEOUT + 60, step=0.25)
 
 
 def test_idle_and_trickling_sockets_do_not_take_healthz_down_and_are_closed_at_the_deadline(server):
@@ -66,10 +78,9 @@ def test_idle_and_trickling_sockets_do_not_take_healthz_down_and_are_closed_at_t
             r = httpx.get(f"{url}/healthz", timeout=5)
             assert r.status_code == 200, r.text
         assert httpx.head(f"{url}/healthz", timeout=5).status_code == 200  # HEAD as orchestrators send it
-        time.sleep(HEADER_TIMEOUT + 0.5)
-        for s in trickling:
-            s.sendall(b"X: y\r\n")  # still trickling: too late
-        assert all(_closed(s) for s in idle + trickling)
+        # a header line every 0.25 s does not move the deadline: a trickling socket is closed all the same
+        _until_all_gone(trickling, "trickling sockets closed at the header deadline", line=b"X: y\r\n")
+        _until_all_gone(idle, "idle sockets closed at the header deadline")
     finally:
         for s in idle + trickling:
             s.close()
@@ -97,17 +108,17 @@ def test_admission_control_answers_json_503_with_retry_after_and_health_stays_up
     try:
         for s in holders:
             s.sendall(b"POST /subjects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-        time.sleep(0.3)
-        r = httpx.get(f"{url}/subjects", timeout=5)
-        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded", r.text
+        # once both holders are admitted, the next request is refused
+        r = wait_until(lambda: (r := httpx.get(f"{url}/subjects", timeout=5)).status_code == 503 and r, "a request past the limit refused")
+        assert r.json()["error"]["code"] == "overloaded", r.text
         assert int(r.headers["retry-after"]) >= 1
         assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
         assert httpx.get(f"{url}/metrics", timeout=5).status_code == 200
     finally:
         for s in holders:
             s.close()
-    time.sleep(BODY_TIMEOUT + 0.5)  # the holders' slots are released when their deadline passes
-    assert httpx.get(f"{url}/subjects", timeout=5).status_code == 200
+    # the holders' slots are released (at their body deadline at the latest)
+    wait_until(lambda: httpx.get(f"{url}/subjects", timeout=5).status_code == 200, "the holders' slots released", timeout=BODY_TIMEOUT + 60)
 
 
 def _answer(s: socket.socket) -> tuple[bytes, bytes]:
@@ -163,3 +174,50 @@ def test_a_malformed_request_gets_400_in_the_json_shape(server):
         s.close()
     assert head.startswith(b"HTTP/1.1 400"), head[:300]
     assert json.loads(body)["error"]["code"] == "bad_request"
+
+
+def _one_response(s: socket.socket) -> tuple[bytes, bytes]:
+    """One response read off a kept-alive connection: (head, body), by its Content-Length."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = s.recv(65536)
+        assert chunk, f"the connection closed before an answer: {answer!r}"
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head, body
+
+
+def test_a_stopping_server_answers_on_an_idle_keep_alive_connection_with_connection_close(tmp_path):
+    """Graceful shutdown without losing a proxy's request (issue 37): once stopping, the server refuses
+    new connections (a proxy retries those elsewhere, POST included) but keeps an idle keep-alive
+    connection open until its keep-alive timeout, answering a request sent on it with `Connection:
+    close`. uvicorn closed such a connection at once, losing a request the proxy sent at that moment
+    (nginx cannot resend a POST it sent)."""
+    env = {"FACEGATE_DATA_DIR": str(tmp_path / "gallery"), "FACEGATE_MODEL_CACHE": str(tmp_path / "cache"), "FACEGATE_EMBEDDER": "none"}
+    with facegate_serve(env, tmp_path / "server.log") as (_, port, process):
+        pooled = _connect(port)
+        try:
+            pooled.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            head, _ = _one_response(pooled)
+            assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+            process.terminate()
+
+            def refused() -> bool:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except ConnectionRefusedError:
+                    return True
+                return False
+
+            wait_until(refused, "new connections refused after SIGTERM (the listening socket closes first)", timeout=5)
+            pooled.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the proxy's next request on its pooled connection
+            head, body = _one_response(pooled)
+            assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
+            assert json.loads(body) == {"status": "ok"}
+            wait_until(lambda: _gone(pooled), "the connection closed after its Connection: close answer", timeout=5)
+        finally:
+            pooled.close()
+        process.wait(15)  # gone once its connections are (uvicorn re-raises the SIGTERM: exit status -15)

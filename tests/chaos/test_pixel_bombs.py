@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.chaos.server import facegate_serve
+from tests.requirements import need
 
 pytestmark = pytest.mark.slow
 BOMBS = 16
@@ -39,7 +40,7 @@ def bomb() -> bytes:
 
 def test_a_burst_of_pixel_bombs_stays_within_the_memory_bound(tmp_path, model_cache, embedder_manifest, bomb):
     if not Path("/proc/self/status").is_file():
-        pytest.skip("peak RSS is read from /proc (Linux)")
+        need("LINUX_ROOT", "peak RSS is read from /proc (Linux)")
     env = {
         "FACEGATE_DATA_DIR": str(tmp_path / "gallery"),
         "FACEGATE_MODEL_CACHE": str(model_cache),

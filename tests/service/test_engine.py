@@ -159,7 +159,7 @@ def test_close_waits_for_the_warm_up(pipeline, settings):
     results = []
     engine.start_warm_up(results.append)
     engine.close()
-    assert not engine._warm_up_thread.is_alive()
+    assert not engine.models._warm_up_thread.is_alive()
 
 
 def test_an_uncalibrated_embedder_is_a_readiness_problem(settings, embedder_manifest, tmp_path):

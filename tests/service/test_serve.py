@@ -104,6 +104,24 @@ def test_a_database_url_without_the_driver_names_the_extra(serve, monkeypatch):
     assert "pip install 'facegate[postgres]'" in result.output.replace("\n", "")
 
 
+def test_a_milvus_uri_without_the_client_names_the_build_argument(serve, monkeypatch, tmp_path):
+    """The image leaves Milvus' client out unless built with SERVE_EXTRAS=postgres,milvus (issue 37):
+    `facegate serve`, and any command that opens the gallery, says so in one line."""
+    import importlib.util
+
+    from service.core.errors import GalleryUnavailable
+    from service.gallery import factory
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pymilvus" else real(name, *a))
+    monkeypatch.setattr(factory, "find_spec", importlib.util.find_spec)
+    result, started = serve(FACEGATE_MILVUS_URI="http://milvus:19530")
+    assert result.exit_code == 2 and started is None
+    assert "SERVE_EXTRAS=postgres,milvus" in result.output.replace("\n", "")
+    with pytest.raises(GalleryUnavailable, match="facegate\\[milvus\\]"):
+        factory.open_gallery(get_settings().model_copy(update={"milvus_uri": "http://milvus:19530", "data_dir": tmp_path}), None)
+
+
 def test_a_start_up_failure_is_logged_as_its_reason():
     try:
         raise ConnectionError("database unreachable")

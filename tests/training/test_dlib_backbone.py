@@ -19,20 +19,8 @@ DLIB = {"backbone": "dlib_resnet_v1", "embedding_dim": 128, "channels_last": Fal
 
 
 @pytest.fixture(scope="module")
-def dat(dlib_model):
-    """dlib's .dat beside the imported ONNX in the model cache (`facegate models pull dlib-resnet-v1`)."""
-    from service.core.models.manifest import Manifest
-    from tests.conftest import REPO
-
-    path = dlib_model.parent / Manifest.load(REPO / "models" / "dlib-resnet-v1.json").file.source.weights_name
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: run `facegate models pull dlib-resnet-v1`")
-    return path
-
-
-@pytest.fixture(scope="module")
-def model(dat):
-    return build_backbone("dlib_resnet_v1", 128, weights=str(dat)).eval()
+def model(dlib_weights):
+    return build_backbone("dlib_resnet_v1", 128, weights=str(dlib_weights)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +28,9 @@ def data(tmp_path_factory):
     return write_aligned_folders(tmp_path_factory.mktemp("aligned150"), size=150)
 
 
-def _config(folder, out, dat, **overrides):
+def _config(folder, out, weights, **overrides):
     cfg = tiny_config(folder, out, **DLIB, **overrides)
-    return cfg.model_copy(update={"backbone_params": {"weights": str(dat)}})  # not merged with the tiny net's
+    return cfg.model_copy(update={"backbone_params": {"weights": str(weights)}})  # not merged with the tiny net's
 
 
 @pytest.mark.data
@@ -65,7 +53,7 @@ def test_same_descriptors_as_the_imported_onnx_on_real_faces(model, dlib_model, 
     assert np.abs(onnx).max() > 0.05  # real descriptors, not zeros
 
 
-def test_stages_prefix_and_refusals(model, dat):
+def test_stages_prefix_and_refusals(model, dlib_weights):
     assert [len(s[0]) for s in stages(model)] == [4, 3, 4, 3, 3, 1]  # stem (conv, affine, relu, pool), then dlib's levels
     x = torch.from_numpy(
         for_backbone("dlib_resnet_v1", get_settings().models_dir).to_input(
@@ -78,7 +66,7 @@ def test_stages_prefix_and_refusals(model, dat):
             assert torch.allclose(model(model.prefix(x, k), start=k), whole, atol=1e-6)
     assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())  # folded: no statistics
     with pytest.raises(ValueError, match="128"):
-        build_backbone("dlib_resnet_v1", 512, weights=str(dat))
+        build_backbone("dlib_resnet_v1", 512, weights=str(dlib_weights))
 
 
 def _full_loss(trainer) -> float:
@@ -90,10 +78,10 @@ def _full_loss(trainer) -> float:
         return float(trainer.criterion_module(trainer.backbone_module(x), torch.from_numpy(source.labels)))
 
 
-def test_short_finetune_lowers_the_loss_and_keeps_frozen_stages(data, dat, tmp_path):
+def test_short_finetune_lowers_the_loss_and_keeps_frozen_stages(data, dlib_weights, tmp_path):
     from training.trainer import Trainer
 
-    cfg = _config(data, tmp_path, dat, steps=8, optim={"lr": 0.01}, finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1})
+    cfg = _config(data, tmp_path, dlib_weights, steps=8, optim={"lr": 0.01}, finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1})
     trainer = Trainer(cfg, get_settings())
     before = {k: v.clone() for k, v in trainer.backbone_module.state_dict().items()}
     loss_before = _full_loss(trainer)
@@ -104,7 +92,7 @@ def test_short_finetune_lowers_the_loss_and_keeps_frozen_stages(data, dat, tmp_p
     assert changed == {"4", "5"}  # only the unfrozen stages (and fc) moved
 
 
-def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
+def test_prefix_cache_run_is_the_model_and_resumes(data, dlib_weights, tmp_path):
     from scripts.cached_finetune import CachedRun, build_cache
     from training.checkpoint import load_backbone
     from training.data.datasets import open_source
@@ -113,7 +101,7 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     cfg = _config(
         data,
         tmp_path / "run",
-        dat,
+        dlib_weights,
         steps=6,
         optim={"lr": 0.01},
         finetune={"freeze_stages": 4, "backbone_lr_scale": 0.1},
@@ -149,11 +137,11 @@ def test_prefix_cache_run_is_the_model_and_resumes(data, dat, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "cache4" / "features.npy"), np.load(tmp_path / "cache" / "features.npy"), atol=1e-5)
 
 
-def test_export_of_a_finetuned_dlib_names_the_base_model_and_both_licences(data, dat, tmp_path):
+def test_export_of_a_finetuned_dlib_names_the_base_model_and_both_licences(data, dlib_weights, tmp_path):
     from training.onnx_export import export
     from training.trainer import Trainer
 
-    cfg = _config(data, tmp_path / "run", dat, steps=1, finetune={"freeze_stages": 5})
+    cfg = _config(data, tmp_path / "run", dlib_weights, steps=1, finetune={"freeze_stages": 5})
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"license": {"name": "TINY", "terms": "research use only"}})})
     Trainer(cfg, get_settings()).run(progress=False)
     manifest = export(tmp_path / "run" / "last.pt", tmp_path / "m" / "tuned.onnx", get_settings())

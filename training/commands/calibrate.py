@@ -22,6 +22,7 @@ def calibrate(
     dry_run: Annotated[bool, typer.Option(help="Print the thresholds without writing them into the manifest.")] = False,
 ) -> None:
     """Cosine thresholds for FAR 1e-2 … 1e-5 from impostor pairs of unseen identities, into the manifest."""
+    from training.thresholds import FEW_IDENTITIES
     from training.thresholds import calibrate as run
 
     manifest_path = model.with_suffix(".json")
@@ -44,3 +45,9 @@ def calibrate(
         table.add_row(key, "omitted", why, "")
     Console().print(table)
     console.print(f"calibrated on the {origin}" + ("" if dry_run else f"; thresholds written to {manifest_path}"))
+    if result.identities < FEW_IDENTITIES:
+        console.print(
+            f"[yellow]warning:[/yellow] only {result.identities} identities: thresholds from so few people are noisy and will not "
+            f"hold for strangers. Calibrate on at least {FEW_IDENTITIES} (a few dozen or more) people the model never trained on: "
+            "--data ALIGNED_FOLDERS, or train with a larger data.val_fraction."
+        )

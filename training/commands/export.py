@@ -69,6 +69,6 @@ def export(
     if not manifest.thresholds:
         console.print(
             f"[yellow]warning:[/yellow] {out.with_suffix('.json')} has no thresholds yet: served as it is, /verify and /identify at "
-            f"their default FAR answer 422 unknown_far. Run `facegate calibrate {out.with_suffix('.json')} --data ALIGNED_FOLDERS` "
-            "on identities it never trained on."
+            f"their default FAR answer 422 unknown_far. Run `facegate calibrate {out.with_suffix('.json')}` (the run's held-out "
+            "identities; or --data ALIGNED_FOLDERS of other people it never trained on)."
         )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import cv2
 
+from service.core.console import progress_bar
 from service.core.errors import FacegateError
 from service.core.fileio import write_atomically
 from service.core.settings import Settings
@@ -112,13 +113,10 @@ def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, pro
     aligned = no_face = 0
     manifest_fh, manifest = _appender(dst / MANIFEST, MANIFEST_FIELDS)
     report_fh, report = _appender(dst / REPORT, REPORT_FIELDS)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("align"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with (
         manifest_fh,
         report_fh,
-        Progress(*columns, disable=not progress) as bar,
+        progress_bar("align", len(todo), enabled=progress) as advance,
         ProcessPoolExecutor(
             max_workers=max(1, workers),
             # spawn, not fork: a fork of a process whose thread pools (torch, onnxruntime) are running can deadlock
@@ -127,7 +125,6 @@ def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, pro
             initargs=(settings,),
         ) as pool,
     ):
-        task = bar.add_task("align", total=len(todo))
         futures = [pool.submit(_align_one, src, dst, identity, path, template) for identity, path in todo]
         for future in futures:
             result = future.result()
@@ -137,5 +134,5 @@ def align_folder(src: Path, dst: Path, settings: Settings, workers: int = 1, pro
             else:
                 manifest.writerow({**asdict(result), "source_file": result.source})
                 aligned += 1
-            bar.advance(task)
+            advance(1)
     return Summary(aligned, no_face, skipped)

@@ -4,3 +4,5 @@ per API, each out of facegate's OpenAPI schema and answering errors in its API's
 from service.api.compat import compreface, deepstack
 
 ROUTERS = (compreface.router, deepstack.router)
+# The key middleware's answers in the foreign shape; DeepStack's routes check their key themselves.
+KEY_REFUSALS = {compreface.PREFIX + "/": compreface.refused}

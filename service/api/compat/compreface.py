@@ -1,15 +1,18 @@
 """CompreFace's REST API v1 (/api/v1/…) on facegate's own engine, gallery, decisions and keys, so
 its SDKs, Double Take and Viseron work with only the URL and key changed. A CompreFace subject is a
-facegate subject id (created on first enrollment, as CompreFace does); an image_id is a face id;
-adding a face goes through enrollment's quality gate (`prepare_face`), as every enrollment does.
+subject's name (`compat.subjects`: free text, one subject whatever its case, created with its first
+face, deleted with all its faces by `DELETE …/faces?subject=`, as CompreFace does); an image_id is
+a face id; adding a face goes through enrollment's quality gate (`prepare_face`), as every
+enrollment does.
 Similarities are calibrated (`compat.similarity`): 0.5 is facegate's default decision. Errors come
-in CompreFace's shape, `{"message", "code"}`; no face is HTTP 400 with code 28, which clients test for."""
+in CompreFace's shape, `{"message", "code"}`, a refused key's too (`refused`); no face is HTTP 400
+with code 28, which clients test for. `execution_time` and `plugins_versions` come with `status=true`
+only, as CompreFace sends them."""
 
 from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,18 +20,24 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictFloat
+from pydantic import BaseModel, ConfigDict, RootModel, StrictFloat
 from starlette.concurrency import run_in_threadpool
 
+from service.api.compat import subjects
 from service.api.compat.similarity import calibrated_similarity
 from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
-from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
+from service.api.schemas import EnrollOptions
 from service.core.decision import search_fars
-from service.core.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectNotFound
+from service.core.errors import FacegateError, FaceNotFound, InvalidParameters, NoFace, SubjectExists, SubjectNotFound
 
-NO_FACE_CODE = 28  # CompreFace's "No face is found in the given image"
+PREFIX = "/api/v1"
+# CompreFace's codes clients read: NO_FACES_FOUND, MISSING_REQUEST_HEADER, MODEL_NOT_FOUND (its
+# answer to a key no service has); its other errors carry facegate's code names.
+NO_FACE_CODE, MISSING_KEY_CODE, UNKNOWN_KEY_CODE = 28, 20, 10
+# What Spring reads as a Boolean query parameter (`status`); anything else is a 400.
+TRUE_WORDS, FALSE_WORDS = {"true", "on", "yes", "1"}, {"false", "off", "no", "0", ""}
 
 
 class CompreFaceRoute(APIRoute):
@@ -51,7 +60,15 @@ class CompreFaceRoute(APIRoute):
 
 
 # Out of facegate's OpenAPI schema: the contract is CompreFace's (docs/compat.md), with its error shape.
-router = APIRouter(prefix="/api/v1", tags=["compreface"], route_class=CompreFaceRoute, include_in_schema=False)
+router = APIRouter(prefix=PREFIX, tags=["compreface"], route_class=CompreFaceRoute, include_in_schema=False)
+
+
+def refused(presented: bool) -> JSONResponse:
+    """The key middleware's answer on this router (`ApiKeyAuth`): CompreFace's message and code for
+    a missing or an unknown x-api-key, at facegate's 401. The key itself is never echoed."""
+    if presented:
+        return JSONResponse({"message": "Recognition service with this API Key not found", "code": UNKNOWN_KEY_CODE}, status_code=401)
+    return JSONResponse({"message": "Missing header: x-api-key", "code": MISSING_KEY_CODE}, status_code=401)
 
 
 class Options(BaseModel):
@@ -62,7 +79,7 @@ class Options(BaseModel):
 
 
 class SubjectBody(BaseModel):
-    subject: str = Field(pattern=SUBJECT_ID_PATTERN)
+    subject: str
 
 
 class EmbeddingsBody(BaseModel):
@@ -99,16 +116,22 @@ def _query_float(request: Request, name: str) -> float | None:
     return value
 
 
-def _subject(request: Request) -> str | None:
-    subject = request.query_params.get("subject")
-    if subject is not None and not re.fullmatch(SUBJECT_ID_PATTERN, subject):
-        raise InvalidParameters(f"subject must match {SUBJECT_ID_PATTERN}")
-    return subject
+def _subject(request: Request) -> str:
+    return subjects.checked(request.query_params.get("subject"), "subject")
 
 
-async def _found(service: Service, data: bytes, request: Request, chips: bool = False) -> list:
-    """The image's faces, largest first, above `det_prob_threshold`, at most `limit` (0: all)."""
-    faces = await service.ready().engine.faces(data, False, "all", chips=chips)
+def _status(request: Request) -> bool:
+    """CompreFace's `status`: whether `execution_time` and `plugins_versions` are answered."""
+    raw = request.query_params.get("status", "false").strip().lower()
+    if raw not in TRUE_WORDS | FALSE_WORDS:
+        raise InvalidParameters("status must be true or false")
+    return raw in TRUE_WORDS
+
+
+async def _found(service: Service, data: bytes, request: Request, timings: dict[str, float] | None = None) -> list:
+    """The image's faces, largest first, above `det_prob_threshold`, at most `limit` (0: all);
+    `timings` gets the seconds spent on each model (`Engine.faces`)."""
+    faces = await service.ready().engine.faces(data, False, "all", timings=timings)
     floor = _query_float(request, "det_prob_threshold")
     if floor is not None:
         faces = [f for f in faces if f.face is None or f.face.score >= floor]
@@ -131,89 +154,106 @@ def _with_embedding(entry: dict, face: Any, request: Request) -> dict:
     return entry
 
 
-def _ms(start: float) -> dict:
-    return {"detector": round((time.perf_counter() - start) * 1000), "calculator": 0}
+PLUGIN_MODELS = {"detector": "detect", "calculator": "embed"}  # CompreFace's plugin → facegate's model (Engine.faces)
+
+
+def _timed(entry: dict, timings: dict[str, float] | None) -> dict:
+    """`entry` with CompreFace's `execution_time` (ms its image waited on each model), when `status` asked for it."""
+    if timings is not None:
+        entry["execution_time"] = {plugin: round(timings.get(model, 0.0) * 1000, 1) for plugin, model in PLUGIN_MODELS.items()}
+    return entry
+
+
+def _timings(request: Request) -> dict[str, float] | None:
+    return {} if _status(request) else None
+
+
+def _versions(service: Service, calculator: bool = True) -> dict:
+    return {"detector": "facegate", **({"calculator": service.ready().manifest.name} if calculator else {})}
 
 
 @router.post("/recognition/recognize", summary="CompreFace: recognize faces in an image")
 async def recognize(request: Request, service: ServiceDep) -> dict:
-    start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     count = _query_int(request, "prediction_count", 1, low=1)
+    timings = _timings(request)
     manifest = service.ready().manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
-    result = []
-    for face in await _found(service, body.images["file"], request):
+    found = []
+    for face in await _found(service, body.images["file"], request, timings):
         candidates = await run_in_threadpool(service.search, face.embedding, count)
-        fars = search_fars(manifest, service.models.cohort, face.embedding, candidates)
-        subjects = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
+        found.append((face, candidates, search_fars(manifest, service.models.cohort, face.embedding, candidates)))
+    names = await run_in_threadpool(subjects.labels, service.gallery, [c.subject_id for _, candidates, _ in found for c in candidates])
+    result = []
+    for face, candidates, fars in found:
+        similar = [
+            {"subject": names[c.subject_id], "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
             for c, far in zip(candidates, fars, strict=True)
         ]
-        result.append(_with_embedding({"box": _box(face.face), "subjects": subjects, "execution_time": _ms(start)}, face, request))
-    return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
+        result.append(_timed(_with_embedding({"box": _box(face.face), "subjects": similar}, face, request), timings))
+    return {"result": result, **({"plugins_versions": _versions(service)} if timings is not None else {})}
 
 
 @router.post("/detection/detect", summary="CompreFace: detect faces")
 async def detect(request: Request, service: ServiceDep) -> dict:
-    start = time.perf_counter()
     body = await read_image_request(request, service.readiness, Options, required=("file",))
-    faces = await _found(service, body.images["file"], request)
-    versions = {"detector": "facegate", **({"calculator": service.ready().manifest.name} if _calculator(request) else {})}
+    timings = _timings(request)
+    faces = await _found(service, body.images["file"], request, timings)
     return {
-        "result": [_with_embedding({"box": _box(f.face), "execution_time": _ms(start)}, f, request) for f in faces],
-        "plugins_versions": versions,
+        "result": [_timed(_with_embedding({"box": _box(f.face)}, f, request), timings) for f in faces],
+        **({"plugins_versions": _versions(service, _calculator(request))} if timings is not None else {}),
     }
 
 
 @router.post("/verification/verify", summary="CompreFace: compare the faces of two images")
 async def verify(request: Request, service: ServiceDep) -> dict:
-    start = time.perf_counter()
+    """CompreFace's shape: with `status=true`, `execution_time` on the source face and each match
+    (its own image's), `plugins_versions` beside them."""
     body = await read_image_request(request, service.readiness, Options, required=("source_image", "target_image"))
     manifest = service.ready().manifest
-    (source, *_) = await _found(service, body.images["source_image"], request)
-    targets = await _found(service, body.images["target_image"], request)
+    source_timings, target_timings = _timings(request), _timings(request)
+    (source, *_) = await _found(service, body.images["source_image"], request, source_timings)
+    targets = await _found(service, body.images["target_image"], request, target_timings)
     anchor = float(service.settings.default_far)
     matches: list[dict[str, Any]] = [
-        {"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)}
+        _timed(
+            {"box": _box(t.face), "similarity": calibrated_similarity(manifest.far_at(float(source.embedding @ t.embedding)), anchor)},
+            target_timings,
+        )
         for t in targets
     ]
     matches.sort(key=lambda m: m["similarity"], reverse=True)
-    return {"result": [{"source_image_face": {"box": _box(source.face)}, "face_matches": matches, "execution_time": _ms(start)}]}
+    entry = {"source_image_face": _timed({"box": _box(source.face)}, source_timings), "face_matches": matches}
+    return {"result": [{**entry, **({"plugins_versions": _versions(service)} if source_timings is not None else {})}]}
 
 
 @router.post("/recognition/faces", summary="CompreFace: add a face to a subject (created when new)")
 async def add_face(request: Request, service: ServiceDep) -> dict:
-    subject = _subject(request)
-    if subject is None:
-        raise InvalidParameters("subject is required")
+    """Answers the subject as the request named it, as CompreFace does (`Tony_Blair` adds to `tony_blair`)."""
+    name = _subject(request)
     body = await read_image_request(request, service.readiness, Options, required=("file",))
     floor = _query_float(request, "det_prob_threshold")
     new = await prepare_face(service, body.images["file"], EnrollOptions())  # enrollment's quality gate
     if floor is not None and new.score is not None and new.score < floor:  # an aligned crop has no score; _found keeps those too
         raise NoFace("no face above det_prob_threshold")
 
-    def store() -> int:
-        try:
-            service.gallery.get_subject(subject)
-        except SubjectNotFound:
-            service.gallery.create_subject(subject, {}, subject_id=subject)
-        (record,) = service.gallery.add_faces(subject, [new])
-        return record.id
-
-    return {"image_id": str(await run_in_threadpool(store)), "subject": subject}
+    (record,), _ = await run_in_threadpool(subjects.add_faces, service.gallery, name, [new])
+    return {"image_id": str(record.id), "subject": name}
 
 
 @router.get("/recognition/faces", summary="CompreFace: list faces (paged, optionally of one subject)")
 def list_faces(request: Request, service: ServiceDep) -> dict:
-    subject = _subject(request)
+    """A subject no one has is an empty page, as CompreFace answers."""
     page, size = _query_int(request, "page", 0), _query_int(request, "size", 20, low=1)
-    if subject is not None:
-        subjects = [subject]
+    if request.query_params.get("subject", "") != "":
+        found = subjects.find(service.gallery, _subject(request))
+        listed = [found] if found is not None else []
     else:
         listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
-        subjects = [s.id for s in listed]
-    faces = [{"image_id": str(r.id), "subject": r.subject_id} for s in subjects for r in service.gallery.list_faces(s)]
+    faces = []
+    for subject in listed:
+        with contextlib.suppress(SubjectNotFound):  # deleted meanwhile
+            faces += [{"image_id": str(r.id), "subject": subjects.label(subject)} for r in service.gallery.list_faces(subject.id)]
     total = len(faces)
     return {
         "faces": faces[page * size : (page + 1) * size],
@@ -224,15 +264,16 @@ def list_faces(request: Request, service: ServiceDep) -> dict:
     }
 
 
-@router.delete("/recognition/faces", summary="CompreFace: delete every face of a subject")
+@router.delete("/recognition/faces", summary="CompreFace: delete every face of a subject, and the subject")
 def delete_subject_faces(request: Request, service: ServiceDep) -> dict:
-    subject = _subject(request)
-    if subject is None:
-        raise InvalidParameters("subject is required")
-    records = service.gallery.list_faces(subject)
-    for record in records:
-        service.gallery.delete_face(record.id)
-    return {"deleted": len(records)}
+    """The subject goes with its faces, and one no one has deletes nothing: as CompreFace does."""
+    found = subjects.find(service.gallery, _subject(request))
+    if found is None:
+        return {"deleted": 0}
+    try:
+        return {"deleted": service.gallery.delete_subject(found.id)}
+    except SubjectNotFound:  # deleted meanwhile
+        return {"deleted": 0}
 
 
 def _delete_ids(service: Service, ids: list[int]) -> list[dict]:
@@ -240,8 +281,9 @@ def _delete_ids(service: Service, ids: list[int]) -> list[dict]:
     deleted = []
     for face_id in ids:
         with contextlib.suppress(FaceNotFound):
-            deleted.append({"image_id": str(face_id), "subject": service.gallery.delete_face(face_id)})
-    return deleted
+            deleted.append((face_id, service.gallery.delete_face(face_id)))
+    names = subjects.labels(service.gallery, [owner for _, owner in deleted])
+    return [{"image_id": str(face_id), "subject": names[owner]} for face_id, owner in deleted]
 
 
 def _face_id(raw: str) -> int:
@@ -250,40 +292,44 @@ def _face_id(raw: str) -> int:
     return int(raw)
 
 
-@router.delete("/recognition/faces/{image_id}", summary="CompreFace: delete one face")
+@router.delete("/recognition/faces/{image_id}", summary="CompreFace: delete one face (its subject stays)")
 def delete_face(image_id: str, service: ServiceDep) -> dict:
     face_id = _face_id(image_id)
-    return {"image_id": str(face_id), "subject": service.gallery.delete_face(face_id)}
+    owner = service.gallery.delete_face(face_id)
+    return {"image_id": str(face_id), "subject": subjects.labels(service.gallery, [owner])[owner]}
 
 
 @router.post("/recognition/faces/{image_id}/verify", summary="CompreFace: compare an image's faces with one stored face")
 async def verify_face(image_id: str, request: Request, service: ServiceDep) -> dict:
     """Each face of `file` against the stored face `image_id`, its similarity calibrated as a pair's
     (`verification/verify`: anchored at FACEGATE_DEFAULT_FAR), most similar first."""
-    start = time.perf_counter()
     face_id = _face_id(image_id)
     manifest = service.ready().manifest  # the stored face is looked up for the embedder loaded
     known = await run_in_threadpool(service.gallery.lookup_faces, [face_id])
     if face_id not in known:
         raise FaceNotFound(f"no face with image_id {image_id!r}")
-    subject, _, stored = known[face_id]
+    owner, _, stored = known[face_id]
+    subject = (await run_in_threadpool(subjects.labels, service.gallery, [owner]))[owner]
     body = await read_image_request(request, service.readiness, Options, required=("file",))
+    timings = _timings(request)
     anchor = float(service.settings.default_far)
     result = [
-        _with_embedding(
-            {
-                "box": _box(f.face),
-                "subject": subject,
-                "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor),
-                "execution_time": _ms(start),
-            },
-            f,
-            request,
+        _timed(
+            _with_embedding(
+                {
+                    "box": _box(f.face),
+                    "subject": subject,
+                    "similarity": calibrated_similarity(manifest.far_at(float(stored @ f.embedding)), anchor),
+                },
+                f,
+                request,
+            ),
+            timings,
         )
-        for f in await _found(service, body.images["file"], request)
+        for f in await _found(service, body.images["file"], request, timings)
     ]
     result.sort(key=lambda r: r["similarity"], reverse=True)
-    return {"result": result, "plugins_versions": {"detector": "facegate", "calculator": manifest.name}}
+    return {"result": result, **({"plugins_versions": _versions(service)} if timings is not None else {})}
 
 
 @router.post("/recognition/faces/delete", summary="CompreFace: delete several faces")
@@ -294,23 +340,28 @@ async def delete_faces(request: Request, service: ServiceDep) -> list[dict]:
 
 @router.post("/recognition/subjects", summary="CompreFace: create a subject")
 async def add_subject(request: Request, service: ServiceDep) -> dict:
-    subject = (await read_json_model(request, SubjectBody)).subject
-    await run_in_threadpool(service.gallery.create_subject, subject, {}, subject)
-    return {"subject": subject}
+    """A name taken, whatever its case, is CompreFace's "Subject already exists" (409 here)."""
+    name = subjects.checked((await read_json_model(request, SubjectBody)).subject, "subject")
+    _, made = await run_in_threadpool(subjects.ensure, service.gallery, name)
+    if not made:
+        raise SubjectExists("Subject already exists")
+    return {"subject": name}
 
 
 @router.get("/recognition/subjects", summary="CompreFace: list subjects")
 def list_subjects(service: ServiceDep) -> dict:
     listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
-    return {"subjects": [s.id for s in listed]}
+    return {"subjects": [subjects.label(s) for s in listed]}
 
 
-@router.delete("/recognition/subjects/{subject}", summary="CompreFace: delete a subject and its faces")
+@router.delete("/recognition/subjects/{subject:path}", summary="CompreFace: delete a subject and its faces")
 def delete_subject(subject: str, service: ServiceDep) -> dict:
-    if not re.fullmatch(SUBJECT_ID_PATTERN, subject):
-        raise SubjectNotFound(f"no subject {subject[:140]!r}")
-    service.gallery.delete_subject(subject)
-    return {"subject": subject}
+    """Answers the subject's name as stored, as CompreFace does; a name with a `/` is sent as %2F."""
+    found = subjects.find(service.gallery, subjects.checked(subject, "subject"))
+    if found is None:
+        raise SubjectNotFound(f"Subject {subject[:140]} not found")
+    service.gallery.delete_subject(found.id)
+    return {"subject": subjects.label(found)}
 
 
 @router.delete("/recognition/subjects", summary="CompreFace: delete every subject and its faces")
@@ -359,12 +410,15 @@ async def recognize_embeddings(request: Request, service: ServiceDep) -> dict:
         )
     manifest = service.ready().manifest
     searched = (service.gallery.index_info() or {}).get("size", 0) or 1
-    result = []
-    for row, received in zip(rows, body.embeddings, strict=True):
+    found = []
+    for row in rows:
         candidates = await run_in_threadpool(service.search, row, count)
-        fars = search_fars(manifest, service.models.cohort, row, candidates)
+        found.append((candidates, search_fars(manifest, service.models.cohort, row, candidates)))
+    names = await run_in_threadpool(subjects.labels, service.gallery, [c.subject_id for candidates, _ in found for c in candidates])
+    result = []
+    for (candidates, fars), received in zip(found, body.embeddings, strict=True):
         similarities = [
-            {"subject": c.subject_id, "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
+            {"subject": names[c.subject_id], "similarity": calibrated_similarity(far, service.settings.default_fpir, searched)}
             for c, far in zip(candidates, fars, strict=True)
         ]
         result.append({"embedding": received, "similarities": similarities})

@@ -1,16 +1,17 @@
 """DeepStack's / CodeProject.AI's face API (/v1/vision/face…) on facegate's own engine, gallery,
 decisions and keys, so Double Take, Home Assistant's DeepStack face integration and their Python
-clients work with only the URL (and key) changed. A userid is a facegate subject id (created on
-first registration); `confidence` is the calibrated similarity of `compat.similarity`, and a face
-gets its userid only where facegate's own FPIR decision (as /identify's) matches, else "unknown".
+clients work with only the URL (and key) changed. A userid is a subject's name (`compat.subjects`:
+free text, one subject whatever its case, created on first registration); `confidence` is the
+calibrated similarity of `compat.similarity`, and a face gets its userid only where facegate's own
+FPIR decision (as /identify's) matches, else "unknown".
 Requests are DeepStack's forms, answers `{"success": true, …}`; errors are `{"success": false,
 "error"}` with DeepStack's 400 for bad input (facegate's 422s become 400), its 401 for a key."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,13 +23,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
+from service.api.compat import subjects
 from service.api.compat.similarity import calibrated_similarity
 from service.api.deps import Service, ServiceDep, get_service
 from service.api.requests import MAX_FORM_FIELDS
 from service.api.routes.faces import prepare_face
-from service.api.schemas import SUBJECT_ID_PATTERN, EnrollOptions
+from service.api.schemas import EnrollOptions
 from service.core.decision import decide_search, search_scores
-from service.core.errors import FacegateError, InvalidParameters, NoFace, SubjectExists, SubjectNotFound, Unauthorized
+from service.core.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound, Unauthorized
 from service.gallery.interface import NewFace
 
 
@@ -109,9 +111,7 @@ def _userid(form: FormData) -> str:
     userid = _text(form, "userid")
     if userid is None:
         raise InvalidParameters("userid not specified")
-    if not re.fullmatch(SUBJECT_ID_PATTERN, userid):
-        raise InvalidParameters(f"userid must match {SUBJECT_ID_PATTERN} (a facegate subject id)")
-    return userid
+    return subjects.checked(userid, "userid")
 
 
 def _box(face: Any) -> dict:
@@ -146,15 +146,18 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     manifest, fpir = service.ready().manifest, service.settings.default_fpir
     searched = (service.gallery.index_info() or {}).get("size", 0)
     decision = decide_search(manifest, None, None, None, searched, fpir, service.models.cohort)
-    predictions = []
+    found = []
     for face in await _faces(service, data):
         best = await run_in_threadpool(service.search, face.embedding, 1)
         score = float(search_scores(decision.cohort, face.embedding, best)[0]) if best else -math.inf  # what the decision holds
         confidence = calibrated_similarity((decision.cohort or manifest).far_at(score), fpir, searched) if best else 0.0
         known = score >= decision.threshold and (floor is None or confidence >= floor)
-        predictions.append(
-            {"confidence": confidence if known else 0, "userid": best[0].subject_id if known else "unknown", **_box(face.face)}
-        )
+        found.append((face, best[0].subject_id if known else None, confidence))
+    names = await run_in_threadpool(subjects.labels, service.gallery, [owner for _, owner, _ in found if owner is not None])
+    predictions = [
+        {"confidence": confidence if owner else 0, "userid": names[owner] if owner else "unknown", **_box(face.face)}
+        for face, owner, confidence in found
+    ]
     return _ok(request, predictions=predictions)
 
 
@@ -181,40 +184,31 @@ async def register(request: Request, service: ServiceDep) -> dict:
     if not ready:  # every outcome is then a FacegateError: the first image's is the answer
         raise next(o for o in outcomes if isinstance(o, FacegateError))
 
-    def store() -> str:
-        gallery, message = service.gallery, "face updated"
-        try:
-            gallery.get_subject(userid)
-        except SubjectNotFound:
-            try:
-                gallery.create_subject(userid, {}, subject_id=userid)
-                message = "face added"
-            except SubjectExists:  # registered by a concurrent request
-                pass
-        gallery.add_faces(userid, ready)
-        return message
-
-    return _ok(request, message=await run_in_threadpool(store))
+    _, made = await run_in_threadpool(subjects.add_faces, service.gallery, userid, ready)
+    return _ok(request, message="face added" if made else "face updated")
 
 
 @router.post("/delete", summary="DeepStack: delete a userid and its faces")
 def delete(request: Request, service: ServiceDep) -> dict:
-    """Success whether or not the userid existed, as DeepStack answers."""
+    """Success whether or not the userid existed, as DeepStack answers any userid: one no subject
+    could hold (over the length limit, a control character) deletes nothing."""
     userid = _text(request.state.deepstack_form, "userid")
     if userid is None:
         raise InvalidParameters("userid not specified")
-    if re.fullmatch(SUBJECT_ID_PATTERN, userid):
-        try:
-            service.gallery.delete_subject(userid)
-        except SubjectNotFound:
-            pass
+    try:
+        found = subjects.find(service.gallery, subjects.checked(userid, "userid"))
+    except InvalidParameters:  # no subject holds such a name
+        found = None
+    if found is not None:
+        with contextlib.suppress(SubjectNotFound):  # deleted meanwhile
+            service.gallery.delete_subject(found.id)
     return _ok(request)
 
 
 @router.post("/list", summary="DeepStack: list userids")
 def list_userids(request: Request, service: ServiceDep) -> dict:
     listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
-    return _ok(request, faces=[s.id for s in listed])
+    return _ok(request, faces=[subjects.label(s) for s in listed])
 
 
 PATHS = frozenset(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import suppress
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -51,4 +54,7 @@ async def metrics(service: ServiceDep) -> Response:
     """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size
     (the last known while the database does not answer: `facegate_gallery_up` 0)."""
     service.metrics.observe_gallery(await service.gallery_stats.snapshot())
+    if service.hosted is not None and service.metrics.model_host is not None:  # the model-run metrics are the host's
+        with suppress(Exception):  # a host that does not answer in time: the last ones fetched
+            service.metrics.model_host.families = await asyncio.wait_for(asyncio.wrap_future(service.hosted.ask("metrics")), 2.0)
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -68,11 +68,13 @@ def get_subject(subject_id: SubjectIdPath, service: ServiceDep) -> SubjectOut:
 @router.patch(
     "/subjects/{subject_id}",
     response_model=SubjectOut,
-    responses=error_responses(400, 401, 404, 413, 415, 422),
+    responses=error_responses(400, 401, 404, 409, 413, 415, 422),
     openapi_extra=_json_body(SubjectPatch),
 )
 async def update_subject(subject_id: SubjectIdPath, request: Request, service: ServiceDep) -> SubjectOut:
-    """Rename a subject and/or replace its metadata."""
+    """Rename a subject and/or replace its metadata. A subject made through the CompreFace or
+    DeepStack API is found there by its name (docs/compat.md): renamed, it is found by the new one,
+    which no other such subject may hold (409 subject_exists)."""
     body = await read_json_model(request, SubjectPatch)
     metadata.check(body.metadata, service.settings)
     updated = await run_in_threadpool(service.gallery.update_subject, subject_id, body.name, body.metadata)

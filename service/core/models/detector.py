@@ -3,7 +3,7 @@ serves the detector too. The output decoding is hand-written: no library exposes
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import cv2
@@ -14,6 +14,7 @@ from service.core.batch_shapes import BatchShapes
 from service.core.models.manifest import Manifest
 
 STRIDES = (8, 16, 32)
+CANDIDATE = 15  # columns of a candidate detection: score, box x y w h, five landmarks x y
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,15 @@ class FaceDetector:
         top_k: int = 5000,
         sizes: tuple[int, ...] = (),
         batch_sizes: Iterable[int] = (1,),
+        fork: Callable[[], ort.InferenceSession] | None = None,
     ):
         """`sizes`: the square inputs an image may run at (multiples of the largest stride; few and
         fixed, so a GPU warms each shape once at start-up); a graph whose image size is fixed (or
         could not be freed: service/core/models/rebatch.py) runs at its own. `batch_sizes`: the only
-        batch sizes the session runs at (`BatchShapes`; YuNet as published fixes 1)."""
+        batch sizes the session runs at (`BatchShapes`; YuNet as published fixes 1). A session
+        taking uint8 NHWC canvases (service/core/models/in_graph.py, on a GPU) is fed them as they are.
+        `fork` (on a GPU): more sessions of the model, one per batch and image size, so no session
+        ever changes input shape."""
         self.manifest = manifest
         self.session = session
         self.score_threshold = score_threshold
@@ -78,12 +83,13 @@ class FaceDetector:
         self.top_k = top_k
         self.input_name = manifest.input.name
         self.output_names = [f"{kind}_{s}" for s in STRIDES for kind in ("cls", "obj", "bbox", "kps")]
-        width = session.get_inputs()[0].shape[3]
+        spec = session.get_inputs()[0]
+        self.uint8_input = spec.type == "tensor(uint8)"
+        width = spec.shape[2] if self.uint8_input else spec.shape[3]
         self.sizes = (manifest.input.width,) if isinstance(width, int) or not sizes else tuple(sorted(set(sizes)))
         self._grids = {size: self._grid(size) for size in self.sizes}
-        # Where each output sits in an `infer` row of each size, and its width: computed once.
-        self._layouts = {size: self._layout(size) for size in self.sizes}
-        self.shapes = BatchShapes.for_model(session.get_inputs()[0].shape[0], batch_sizes)
+        self.shapes = BatchShapes.for_model(spec.shape[0], batch_sizes)
+        self.sessions = {(n, size): fork() for n in self.shapes.sizes for size in self.sizes} if fork else {}
 
     @staticmethod
     def _grid(size: int) -> dict[int, np.ndarray]:
@@ -94,16 +100,6 @@ class FaceDetector:
             xs, ys = np.meshgrid(cells, cells)
             grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
         return grid
-
-    def _layout(self, size: int) -> list[tuple[str, int, int, int]]:
-        layout, start = [], 0
-        for name in self.output_names:
-            kind, stride = name.split("_")
-            width = {"cls": 1, "obj": 1, "bbox": 4, "kps": 10}[kind]
-            end = start + (size // int(stride)) ** 2 * width
-            layout.append((name, start, end, width))
-            start = end
-        return layout
 
     def size_for(self, image_size: tuple[int, int]) -> int:
         """The smallest size holding the image's longer side, else the largest (with 320/480/640: an
@@ -123,52 +119,48 @@ class FaceDetector:
         canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
         return canvas, scale
 
-    def infer(self, canvases: np.ndarray) -> np.ndarray:
-        """N letterboxed BGR canvases of one size → N rows of the network's outputs, flattened and
-        packed (`_unpack` reads one back), so a micro-batcher can hand each image its own row; run
+    def infer(self, canvases: np.ndarray) -> list[np.ndarray]:
+        """N letterboxed BGR canvases of one size → each one's candidates (CANDIDATE columns, in
+        canvas pixels, before NMS): a few hundred bytes an image instead of the network's dense
+        outputs, so a micro-batcher (or the model host, over a socket) hands each image its own; run
         at the detector's batch shapes."""
         return self.shapes.run(self._run, canvases)
 
-    def _run(self, canvases: np.ndarray) -> np.ndarray:
-        blob = np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
-        values = self.session.run(self.output_names, {self.input_name: blob})
-        return np.concatenate([v.reshape(len(blob), -1) for v in values], axis=1)
+    def _run(self, canvases: np.ndarray) -> list[np.ndarray]:
+        blob = canvases if self.uint8_input else np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
+        session = self.sessions.get((len(canvases), canvases.shape[1]), self.session)
+        outputs = dict(zip(self.output_names, session.run(self.output_names, {self.input_name: blob}), strict=True))
+        return self._candidates(outputs, canvases.shape[1], len(canvases))
 
-    def _unpack(self, row: np.ndarray, size: int) -> dict[str, np.ndarray]:
-        return {name: row[start:stop].reshape(1, -1, width) for name, start, stop, width in self._layouts[size]}
-
-    def _decode(self, outputs: dict[str, np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        boxes, landmarks, scores = [], [], []
+    def _candidates(self, outputs: dict[str, np.ndarray], size: int, n: int) -> list[np.ndarray]:
+        """The anchors scoring at least the threshold, decoded for the whole batch at once, then
+        split by image."""
+        rows, owners = [], []
         for stride in STRIDES:
-            cls = outputs[f"cls_{stride}"][0, :, 0]
-            obj = outputs[f"obj_{stride}"][0, :, 0]
-            score = np.sqrt(np.clip(cls, 0, 1) * np.clip(obj, 0, 1))
-            keep = score >= self.score_threshold
-            if not keep.any():
-                continue
-            grid = self._grids[size][stride][keep]
-            bbox = outputs[f"bbox_{stride}"][0][keep]
-            kps = outputs[f"kps_{stride}"][0][keep].reshape(-1, 5, 2)
+            score = np.sqrt(np.clip(outputs[f"cls_{stride}"][..., 0], 0, 1) * np.clip(outputs[f"obj_{stride}"][..., 0], 0, 1))
+            image, anchor = np.nonzero(score >= self.score_threshold)
+            grid = self._grids[size][stride][anchor]
+            bbox = outputs[f"bbox_{stride}"][image, anchor]
             centre = (grid + bbox[:, :2]) * stride
             extent = np.exp(bbox[:, 2:4]) * stride
-            boxes.append(np.concatenate([centre - extent / 2, extent], axis=1))  # x, y, w, h
-            landmarks.append((kps + grid[:, None, :]) * stride)
-            scores.append(score[keep])
-        if not boxes:
-            return np.zeros((0, 4), np.float32), np.zeros((0, 5, 2), np.float32), np.zeros((0,), np.float32)
-        return np.concatenate(boxes), np.concatenate(landmarks), np.concatenate(scores)
+            landmarks = (outputs[f"kps_{stride}"][image, anchor].reshape(-1, 5, 2) + grid[:, None, :]) * stride
+            rows.append(np.concatenate([score[image, anchor][:, None], centre - extent / 2, extent, landmarks.reshape(-1, 10)], axis=1))
+            owners.append(image)
+        found, owner = np.concatenate(rows).astype(np.float32), np.concatenate(owners)
+        order = np.argsort(owner, kind="stable")  # each image's candidates stride by stride, as that image alone gives them
+        return np.split(found[order], np.searchsorted(owner[order], np.arange(1, n)))
 
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         """Faces sorted by box area, largest first."""
         canvas, scale = self.letterbox(image_bgr)
-        return self.faces(self.infer(canvas[None])[0], len(canvas), scale, image_bgr.shape[:2])
+        return self.faces(self.infer(canvas[None])[0], scale, image_bgr.shape[:2])
 
-    def faces(self, row: np.ndarray, size: int, scale: float, image_size: tuple[int, int]) -> list[Face]:
-        """One image's row of `infer` at `size` → its faces in image pixels (through the letterbox's
-        scale), sorted by box area, largest first."""
-        boxes, landmarks, scores = self._decode(self._unpack(row, size), size)
-        if len(scores) == 0:
+    def faces(self, candidates: np.ndarray, scale: float, image_size: tuple[int, int]) -> list[Face]:
+        """One image's candidates from `infer` → its faces in image pixels (through the letterbox's
+        scale) after non-maximum suppression, sorted by box area, largest first."""
+        if len(candidates) == 0:
             return []
+        scores, boxes, landmarks = candidates[:, 0], candidates[:, 1:5], candidates[:, 5:].reshape(-1, 5, 2)
         keep = cv2.dnn.NMSBoxes(boxes.tolist(), scores.tolist(), self.score_threshold, self.nms_threshold, top_k=self.top_k)
         h, w = image_size
         faces = []

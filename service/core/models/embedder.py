@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import onnxruntime as ort
@@ -27,10 +27,11 @@ def normalize(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
     return x
 
 
-def preprocess(crops_rgb: np.ndarray, spec: InputSpec) -> np.ndarray:
+def preprocess(crops_rgb: np.ndarray, spec: InputSpec, in_graph: bool | None = None) -> np.ndarray:
     """N×H×W×3 uint8 RGB → what the model's input takes: the crops themselves when its graph
-    preprocesses them (uint8 NHWC), else `normalize`d in numpy."""
-    if spec.in_graph:
+    preprocesses them (uint8 NHWC: the manifest says so, or `in_graph` where the session was
+    wrapped at load), else `normalize`d in numpy."""
+    if spec.in_graph if in_graph is None else in_graph:
         return np.ascontiguousarray(crops_rgb, dtype=np.uint8)
     return normalize(crops_rgb, spec)
 
@@ -42,8 +43,15 @@ def uses_io_binding(providers: list[str]) -> bool:
 
 
 class FaceEmbedder:
-    def __init__(self, manifest: Manifest, session: ort.InferenceSession, batch_sizes: Iterable[int] = (32,)):
-        """`batch_sizes`: the only batch sizes the session runs at (`BatchShapes`)."""
+    def __init__(
+        self,
+        manifest: Manifest,
+        session: ort.InferenceSession,
+        batch_sizes: Iterable[int] = (32,),
+        fork: Callable[[], ort.InferenceSession] | None = None,
+    ):
+        """`batch_sizes`: the only batch sizes the session runs at (`BatchShapes`). `fork` (on a GPU):
+        more sessions of the model, one per batch size, so no session ever changes input shape."""
         self.manifest = manifest
         self.session = session
         self.input_name = manifest.input.name
@@ -52,6 +60,9 @@ class FaceEmbedder:
         self.size = (manifest.input.height, manifest.input.width)
         self.shapes = BatchShapes.for_model(manifest.input.shape[0], batch_sizes)
         self.io_binding = uses_io_binding(session.get_providers())
+        # uint8 NHWC in: the file's own (`facegate export`), or a float32 one wrapped on a GPU at load
+        self.in_graph = session.get_inputs()[0].type == "tensor(uint8)"
+        self.sessions = {n: fork() for n in self.shapes.sizes} if fork else {}
 
     def embed(self, crops_rgb: np.ndarray) -> np.ndarray:
         """N aligned crops (uint8 RGB) → N×D float32 unit vectors."""
@@ -67,16 +78,20 @@ class FaceEmbedder:
         if len(crops_rgb) == 0:
             return np.zeros((0, self.dim), np.float32)
         run = self.run_bound if self.io_binding else self.run
-        return self.shapes.run(lambda chunk: run(preprocess(chunk, self.manifest.input)), crops_rgb).astype(np.float32)
+        return self.shapes.run(lambda chunk: run(preprocess(chunk, self.manifest.input, self.in_graph)), crops_rgb).astype(np.float32)
+
+    def session_for(self, batch: np.ndarray) -> ort.InferenceSession:
+        return self.sessions.get(len(batch), self.session)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """One session run on an already preprocessed batch."""
-        return self.session.run([self.output_name], {self.input_name: batch})[0]
+        return self.session_for(batch).run([self.output_name], {self.input_name: batch})[0]
 
     def run_bound(self, batch: np.ndarray) -> np.ndarray:
         """`run` through IO binding: input from host memory, output copied back to host memory."""
-        binding = self.session.io_binding()
+        session = self.session_for(batch)
+        binding = session.io_binding()
         binding.bind_cpu_input(self.input_name, batch)
         binding.bind_output(self.output_name)
-        self.session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()[0]

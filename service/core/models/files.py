@@ -17,16 +17,20 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
+import onnx
 import onnxruntime as ort
 
 from service.core.errors import ModelError
 from service.core.fileio import replacing, sha256_file
+from service.core.models.in_graph import uint8_nhwc_input
 from service.core.models.manifest import ImportSource, Manifest
-from service.core.models.providers import Runtime, create_session
+from service.core.models.providers import CPU, Runtime, create_session
 from service.core.models.rebatch import free_batch, free_size, same_outputs, scales_with_area
 
 log = logging.getLogger("facegate.models")
@@ -256,6 +260,10 @@ class LoadedModel:
     manifest: Manifest
     path: Path
     session: ort.InferenceSession
+    # On a GPU: another session of the same verified graph. The model wrappers keep one per input
+    # shape, since a CUDA session whose input shape changes from one run to the next rebuilds its
+    # convolutions' cuDNN plans on the CPU each time (docs/sizing.md); None on a CPU, where it costs nothing.
+    fork: Callable[[], ort.InferenceSession] | None = None
 
 
 def load_model(
@@ -266,12 +274,15 @@ def load_model(
     runtime: Runtime | None = None,
     free_batch_dim: bool = False,
     free_sizes: tuple[int, ...] = (),
+    feed_color: str | None = None,
 ) -> LoadedModel:
     """Manifest → verified file → onnxruntime session whose inputs/outputs match the manifest.
     `runtime`: how the session runs (the service passes its settings'); else `device`'s defaults.
     `free_batch_dim`: a graph with a fixed batch of 1 gets a free one, and `free_sizes`: a graph with
     a fixed image size gets a free one that runs at those sizes, each when that provably gives the
-    same outputs (service/core/models/rebatch.py); the file on disk is never changed."""
+    same outputs (service/core/models/rebatch.py). `feed_color`: the channel order of the uint8
+    pixels the caller has; on a GPU a float32 NCHW graph then takes them as they are, its
+    preprocessing moved onto the device (service/core/models/in_graph.py). The file on disk is never changed."""
     runtime = runtime or Runtime(device=device)
     mpath = manifest_path(name_or_path, models_dir)
     manifest = Manifest.load(mpath)
@@ -279,17 +290,32 @@ def load_model(
     verify_file(manifest, path)
     session = create_session(path, runtime)
     verify_io(manifest, session.get_inputs(), session.get_outputs())
-    if free_batch_dim or free_sizes:
-        session = _with_free_dims(manifest, path, session, runtime, free_batch_dim, free_sizes)
-    return LoadedModel(manifest, path, session)
-
-
-def _with_free_dims(
-    manifest: Manifest, path: Path, session: ort.InferenceSession, runtime: Runtime, batch: bool, sizes: tuple[int, ...]
-) -> ort.InferenceSession:
-    data = path.read_bytes()
+    on_gpu = session.get_providers()[0] != CPU
+    wrap = on_gpu and feed_color is not None and not manifest.input.in_graph
+    if not (free_batch_dim or free_sizes or wrap):
+        return LoadedModel(manifest, path, session, partial(create_session, path, runtime) if on_gpu else None)
+    data = original = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != manifest.file.sha256:  # the bytes rewritten are the bytes verified
         raise ModelError(f"{path} changed while it was loaded (sha256 no longer matches manifest {manifest.name})")
+    if free_batch_dim or free_sizes:
+        on_cpu = Runtime(device="cpu", intra_op_threads=1) if on_gpu else runtime
+        data, checked = _free_dims(manifest, data, create_session(data, on_cpu) if on_gpu else session, on_cpu, free_batch_dim, free_sizes)
+        session = session if on_gpu else checked
+    if wrap and feed_color is not None:
+        data = uint8_nhwc_input(onnx.load_from_string(data), manifest.input, feed_color).SerializeToString()
+    if on_gpu and data is not original:
+        session = create_session(data, runtime)
+    return LoadedModel(manifest, path, session, partial(create_session, data, runtime) if on_gpu else None)
+
+
+def _free_dims(
+    manifest: Manifest, data: bytes, session: ort.InferenceSession, runtime: Runtime, batch: bool, sizes: tuple[int, ...]
+) -> tuple[bytes, ort.InferenceSession]:
+    """The graph's bytes with its batch and image size freed where the rewrite gives the fixed graph's
+    outputs, and a session of them; `session` and `runtime` are on the CPU provider. Whether a rewrite
+    holds is a property of the graph, checked where kernels are exact: a GPU's kernels differ between
+    batch sizes by more than any fixed tolerance on raw tensors (their detections do not:
+    tests/service/test_engine.py)."""
     if batch and (graph := free_batch(data)) is not None:
         batched = create_session(graph, runtime)
         if same_outputs(session, batched):
@@ -299,7 +325,7 @@ def _with_free_dims(
     if sizes and (graph := free_size(data)) is not None:
         sized = create_session(graph, runtime)
         if scales_with_area(session, sized, sizes):
-            session = sized
+            session, data = sized, graph
         else:
             log.warning("%s: a free image size changes its outputs; running every image at its fixed size", manifest.name)
-    return session
+    return data, session

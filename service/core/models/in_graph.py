@@ -1,8 +1,10 @@
-"""Preprocessing moved into the graph: a float32 NCHW embedder becomes one that takes the aligned
-uint8 RGB crops (NHWC) and does the cast, channel order, mean/std and transpose itself. On a GPU
-that work then runs on the device, and a quarter of the bytes cross the bus; on a CPU it costs what
-numpy did. `facegate export` uses it (the shipped files keep float32 NCHW: a new file would need a
-`gallery reembed`); the manifest's input says uint8 NHWC."""
+"""Preprocessing moved into the graph: a float32 NCHW model becomes one that takes uint8 pixels
+(NHWC: the aligned RGB crops of an embedder, the BGR canvases of the detector) and does the cast,
+channel order, mean/std and transpose itself. On a GPU that work then runs on the device, and a
+quarter of the bytes cross the bus; on a CPU it costs what numpy did. `facegate export` writes it
+into a new file (its manifest's input says uint8 NHWC); on a GPU provider the service wraps a
+shipped float32 model in memory at load (service/core/models/files.py), after the file's sha256 is
+checked: the same float32 arithmetic, so the same embeddings, and no `gallery reembed`."""
 
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ def in_graph_spec(spec: InputSpec) -> InputSpec:
     return spec.model_copy(update={"dtype": "uint8", "layout": "NHWC", "shape": [batch, height, width, channels]})
 
 
-def uint8_nhwc_input(model, spec: InputSpec):
-    """`model` (an onnx.ModelProto taking `spec`, float32 NCHW) with uint8 NHWC crops as its input:
-    Cast → (BGR: reverse channels) → Sub mean → Div std → Transpose, in front of the old graph.
-    The arithmetic is numpy's (`service.core.models.embedder.normalize`), in float32 and the same order."""
+def uint8_nhwc_input(model, spec: InputSpec, feed_color: str = "RGB"):
+    """`model` (an onnx.ModelProto taking `spec`, float32 NCHW) with uint8 NHWC pixels in
+    `feed_color`'s channel order as its input: Cast → (other order: reverse channels) → Sub mean →
+    Div std → Transpose, in front of the old graph. The arithmetic is numpy's
+    (`service.core.models.embedder.normalize`), in float32 and the same order."""
     from onnx import TensorProto, checker, helper, numpy_helper
 
     graph = model.graph
@@ -47,7 +50,7 @@ def uint8_nhwc_input(model, spec: InputSpec):
         return f"{spec.name}_{name}"
 
     add("Cast", [], to=TensorProto.FLOAT)
-    if spec.color == "BGR":
+    if spec.color != feed_color:
         add("Gather", [const("bgr", [2, 1, 0], np.int64)], axis=3)
     if spec.mean is not None:
         add("Sub", [const("mean", spec.mean, np.float32)])
@@ -58,11 +61,8 @@ def uint8_nhwc_input(model, spec: InputSpec):
     del graph.node[:]
     graph.node.extend(nodes)
 
-    dims = old.type.tensor_type.shape.dim
-    batch = dims[0].dim_param or dims[0].dim_value
-    new_input = helper.make_tensor_value_info(
-        spec.name, TensorProto.UINT8, [batch, dims[2].dim_value, dims[3].dim_value, dims[1].dim_value]
-    )
+    batch, channels, height, width = (d.dim_param or d.dim_value for d in old.type.tensor_type.shape.dim)
+    new_input = helper.make_tensor_value_info(spec.name, TensorProto.UINT8, [batch, height, width, channels])
     index = list(graph.input).index(old)
     graph.input.remove(old)
     graph.input.insert(index, new_input)

@@ -65,14 +65,20 @@ def load_models(settings: Settings) -> ModelSet:
                 runtime=runtime,
                 free_batch_dim=detector,
                 free_sizes=tuple(settings.detect_sizes) if detector else (),
+                feed_color="BGR" if detector else "RGB",  # the detector sees decoded BGR images, the embedder aligned RGB crops
             )
         except ModelError as exc:
             loaded[role] = None
             problems.append(Problem(role, name, str(exc), FIXES[role]))
+    return with_cohort(settings, loaded["detector"], loaded["embedder"], problems)
+
+
+def with_cohort(settings: Settings, detector: LoadedModel | None, embedder: LoadedModel | None, problems: list[Problem]) -> ModelSet:
+    """The model set, with FACEGATE_COHORT loaded against the embedder (a problem when it does not fit)."""
     cohort = None
-    if settings.cohort is not None and loaded["embedder"] is not None:
+    if settings.cohort is not None and embedder is not None:
         try:
-            cohort = Cohort.load(settings.cohort, loaded["embedder"].manifest)
+            cohort = Cohort.load(settings.cohort, embedder.manifest)
         except ModelError as exc:
-            problems.append(Problem("cohort", str(settings.cohort), str(exc), FIXES["cohort"]))
-    return ModelSet(loaded["detector"], loaded["embedder"], problems, cohort)
+            problems = [*problems, Problem("cohort", str(settings.cohort), str(exc), FIXES["cohort"])]
+    return ModelSet(detector, embedder, problems, cohort)

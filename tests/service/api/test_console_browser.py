@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from tests.chaos.server import facegate_serve
+from tests.requirements import need
 
 pytestmark = [pytest.mark.data, pytest.mark.slow]
 
@@ -35,12 +36,6 @@ DESKTOP, PHONE = (1100, 900), (390, 844)
 SHOTS = os.environ.get("FACEGATE_CONSOLE_SCREENSHOTS")
 
 
-def _missing(reason: str) -> None:
-    if os.environ.get("FACEGATE_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{reason}; FACEGATE_REQUIRE_BROWSER=1 requires the browser tests to run")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium through chromedriver, both from Debian (`apt-get install chromium chromium-driver`)."""
@@ -48,10 +43,10 @@ def browser():
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        _missing("selenium is not installed (the dev extra: make install-test)")
+        need("BROWSER", "selenium is not installed (the dev extra: make install-test)")
     chromium, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
     if not chromium or not driver:
-        _missing("no chromium / chromedriver on PATH (apt-get install chromium chromium-driver)")
+        need("BROWSER", "no chromium / chromedriver on PATH (apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     arguments = ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", f"--window-size={DESKTOP[0]},{DESKTOP[1]}"]

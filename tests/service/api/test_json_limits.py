@@ -51,5 +51,6 @@ def test_json_is_parsed_off_the_event_loop(api, monkeypatch):
 
     monkeypatch.setattr(requests_module, "parse_json", spy)
     assert api.post("/subjects", json={"id": "p1", "name": "x"}).status_code == 201
-    assert api.post("/verify", json={"image1": "AAAA"}).status_code in (400, 422)
+    refused = api.post("/verify", json={"image1": "AAAA"})  # parsed, then refused: no image2 nor subject_id
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_parameters", refused.text
     assert on_loop == [False, False]

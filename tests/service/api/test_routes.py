@@ -433,10 +433,10 @@ def test_identify_with_a_cohort_decides_on_as_norm_scores(api_settings, make_cli
     """FACEGATE_COHORT: FPIR decisions hold the best candidate's AS-norm score to the cohort's curve
     (here a synthetic cohort and a standard-normal impostor curve); far and threshold stay cosines.
     A cohort made for another embedder leaves the service unready rather than deciding differently."""
+    from statistics import NormalDist
+
     import numpy as np
 
-    from service.core.decision import per_comparison_far
-    from service.core.models.cohort import Cohort
     from service.core.models.manifest import Manifest
     from training.cohort_builder import write
     from training.thresholds import far_curve
@@ -451,9 +451,10 @@ def test_identify_with_a_cohort_decides_on_as_norm_scores(api_settings, make_cli
         new_subject(api, name.lower(), name)
         enroll(api, name.lower(), lfw_faces[name][0])
     found = api.post("/identify", files={"image": lfw_faces[POWELL][0]}).json()
-    cohort = Cohort.load(tmp_path / "cohort.json", embedder)
     assert found["score"] == "as-norm" and found["match"]["subject_id"] == "colin_powell"
-    assert found["threshold"] == pytest.approx(cohort.threshold_at(per_comparison_far(0.01, 2)), abs=1e-6)
+    # the curve is a standard normal's: at FPIR 1% over 2 faces the best of two impostor scores passes
+    # with probability 1 − Φ(t)², so t = Φ⁻¹(0.99^½) (200 000 samples: the curve is within 0.03 of it)
+    assert found["threshold"] == pytest.approx(NormalDist().inv_cdf(0.99**0.5), abs=0.03)
     assert api.post("/identify", files={"image": lfw_faces[POWELL][0]}, data={"far": "1e-3"}).json()["score"] == "cosine"
 
     other = Manifest.load(embedder_manifest).model_copy(update={"name": "another-embedder"})

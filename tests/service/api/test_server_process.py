@@ -44,13 +44,16 @@ class Server:
         }
         self.log = log
         self.process: subprocess.Popen | None = None
+        self.new_session = False  # its own process group, signalled as one (a server of several processes)
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(self.port)]
 
     def start(self) -> Server:
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(self.command(), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.command(), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -4,9 +4,8 @@ search latency measured. Test embedder, real detector on LFW images."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.conftest import LFW_PEOPLE
+from tests.requirements import importorskip
 
 PEOPLE = LFW_PEOPLE[:3]
 
@@ -35,7 +34,7 @@ def test_identify_on_hnsw_answers_as_the_flat_index_does(api_settings, make_clie
 
 
 def test_milvus_backend_in_readyz_metrics_and_503_when_unreachable(api_settings, make_client, lfw_faces, tmp_path):
-    pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+    importorskip("milvus_lite")
     api = make_client(api_settings.model_copy(update={"milvus_uri": str(tmp_path / "milvus.db"), "milvus_index": "FLAT"}))
     name = PEOPLE[0]
     assert api.post("/subjects", json={"id": name, "name": name}).status_code == 201

@@ -75,7 +75,7 @@ def test_decoder_matches_opencv_facedetectoryn(detections, model_cache):
     for size in detector.sizes:
         for _, image, _ in results[:20]:
             canvas, scale = detector.letterbox(image, size)
-            faces = detector.faces(detector.infer(canvas[None])[0], size, scale, image.shape[:2])
+            faces = detector.faces(detector.infer(canvas[None])[0], scale, image.shape[:2])
             _, ref = references[size].detect(canvas)
             if ref is not None:  # OpenCV keeps faces below the service's minimum size
                 ref = ref[np.minimum(ref[:, 2], ref[:, 3]) >= detector.min_face_size * scale]
@@ -89,22 +89,30 @@ def test_decoder_matches_opencv_facedetectoryn(detections, model_cache):
                 assert abs(face.score - row[14]) < 1e-3
 
 
-def test_landmarks_at_the_small_size_stay_near_the_640_path(detections):
-    """An LFW photo (250×250) runs at 320, not upscaled to 640. YuNet's landmarks move by a few
-    pixels between scales (measured on 300 photos: median 3.6 px, 95th percentile 6.5 px); the
-    photos with a face do not change, and LFW 10-fold is no worse (docs/benchmarks.md, with the
-    TAR at the calibrated thresholds, a little lower)."""
+def test_the_service_finds_opencvs_faces_on_the_photo_at_its_size(detections, model_cache):
+    """The whole detection path (the input size picked, the letterbox, YuNet, the decoding, the way
+    back to photo pixels) against OpenCV's FaceDetectorYN on the photo scaled by this test itself to
+    the size the service runs it at (an LFW photo, 250×250, at 320, not upscaled to 640): the same
+    faces, scores and landmarks, on 60 photos. How far YuNet's landmarks move between 320 and 640 is
+    a property of the model, measured by benchmarks/detect_sizes.py, not held to a figure here."""
     pipeline, results = detections
     detector = pipeline.detector
-    shifts = []
-    for _, image, faces in results[:200]:
-        assert detector.size_for(image.shape[:2]) == 320
-        canvas, scale = detector.letterbox(image, 640)
-        reference = detector.faces(detector.infer(canvas[None])[0], 640, scale, image.shape[:2])
-        assert bool(faces) == bool(reference)
-        if faces:
-            shifts.append(np.linalg.norm(faces[0].landmarks - reference[0].landmarks, axis=1).mean())
-    assert np.median(shifts) < 5.0 and np.percentile(shifts, 90) < 8.0, (np.median(shifts), np.percentile(shifts, 90))
+    size = 320
+    reference = cv2.FaceDetectorYN.create(str(model_cache / "face_detection_yunet_2023mar.onnx"), "", (size, size), 0.6, 0.3, 5000)
+    for path, image, faces in results[:60]:
+        assert detector.size_for(image.shape[:2]) == size, path
+        h, w = image.shape[:2]
+        scale = size / max(h, w)  # upscaled: bilinear, padded right and bottom
+        canvas = np.zeros((size, size, 3), np.uint8)
+        canvas[: round(h * scale), : round(w * scale)] = cv2.resize(
+            image, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_LINEAR
+        )
+        _, ref = reference.detect(canvas)
+        ref = np.zeros((0, 15)) if ref is None else ref[np.minimum(ref[:, 2], ref[:, 3]) >= detector.min_face_size * scale]
+        assert len(faces) == len(ref), path
+        for face, row in zip(faces, ref[np.argsort(-ref[:, 2] * ref[:, 3])], strict=True):
+            assert np.allclose(face.landmarks, row[4:14].reshape(5, 2) / scale, atol=0.05), (path, face.landmarks, row[4:14] / scale)
+            assert abs(face.score - row[14]) < 1e-3, path
 
 
 def _noses_matched(faces, noses) -> int:

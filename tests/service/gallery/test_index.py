@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from service.gallery.index import FaissIndex, IndexConfig, ReadWriteLock, best_subjects, open_index, read_meta, save_index
+from tests.polling import wait_until
 
 
 def unit(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
@@ -155,8 +156,22 @@ def test_a_bad_factory_string_is_a_clear_start_up_error(tmp_path):
         open_index(IndexConfig("IVF4,PQ3", "", tmp_path), 16, "a" * 64, 0, lambda m: True, *build_inputs(unit(1)))
 
 
+class _CountingCondition(threading.Condition):
+    """A condition that counts the threads waiting on it: the lock's state, observed instead of timed."""
+
+    waiting = 0
+
+    def wait(self, timeout=None):
+        self.waiting += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
 def test_searches_share_the_lock_and_a_write_waits_for_them():
     lock = ReadWriteLock()
+    lock._cond = cond = _CountingCondition()
     order = []
 
     def hold(mode, what):
@@ -168,11 +183,39 @@ def test_searches_share_the_lock_and_a_write_waits_for_them():
             order.append("two readers")
         writer = threading.Thread(target=hold, args=("write", "writer"), daemon=True)
         writer.start()
-        writer.join(0.2)
+        wait_until(lambda: cond.waiting == 1, "the writer waiting for the search")
         late = threading.Thread(target=hold, args=("read", "late reader"), daemon=True)  # queued behind the waiting writer
         late.start()
-        late.join(0.2)
+        wait_until(lambda: cond.waiting == 2 or not late.is_alive(), "the late reader waiting, or through")
         assert writer.is_alive() and late.is_alive() and order == ["two readers"]
-    writer.join(5)
-    late.join(5)
+    writer.join(30)
+    late.join(30)
     assert order == ["two readers", "writer", "late reader"]
+
+
+def test_a_search_in_any_thread_uses_the_configured_openmp_threads(monkeypatch):
+    """OpenMP keeps its thread count per thread: set once at start-up, the searches that requests
+    run on other threads fanned out over every core (16 worker processes' at once on a GPU host)."""
+    from service.gallery import index as index_module
+
+    monkeypatch.setattr(index_module, "_search_threads", 0)
+    before = faiss.omp_get_max_threads()
+    index_module.set_search_threads(1)
+    try:
+        index = FaissIndex(16)
+        index.add(np.arange(50), unit(50))
+        seen = []
+
+        def search_in_a_new_thread():
+            fresh = faiss.omp_get_max_threads()
+            index.search(unit(1, seed=3), 5)
+            seen.append((fresh, faiss.omp_get_max_threads()))
+
+        thread = threading.Thread(target=search_in_a_new_thread)
+        thread.start()
+        thread.join(10)
+        assert seen == [(seen[0][0], 1)]
+        if before > 1:  # what the bug looked like: a new thread starts at OpenMP's default, not at the setting
+            assert seen[0][0] == before
+    finally:
+        index_module.set_search_threads(before)

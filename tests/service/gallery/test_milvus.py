@@ -18,8 +18,9 @@ from service.gallery.interface import NewFace
 from service.gallery.milvus import fill
 from service.gallery.postgres import PostgresGallery
 from service.gallery.sqlite import SqliteGallery
+from tests.requirements import importorskip
 
-pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+importorskip("milvus_lite")
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)
@@ -176,3 +177,24 @@ def test_a_milvus_deadline_is_a_503_too(tmp_path, milvus):
         assert g.search(unit(0), 1) == []
     finally:
         g.close()
+
+
+def test_readyz_counts_the_collection_once_per_read(tmp_path, milvus, monkeypatch):
+    """/readyz and /metrics read the counts and the index's description together: on Milvus each
+    size is a count(*) query, which one read must not run twice (issue 37)."""
+    import asyncio
+
+    from service.gallery.stats import GalleryStats
+
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    g.create_subject("A", {}, "a")
+    g.add_faces("a", [NewFace(unit(0)), NewFace(unit(1))])
+    calls = []
+    call = g.index._call
+    monkeypatch.setattr(g.index, "_call", lambda fn: calls.append(fn) or call(fn))
+    stats = GalleryStats(g, wait=30)
+    snapshot = asyncio.run(stats.snapshot())
+    stats.close()
+    assert snapshot.fresh and snapshot.counts["searchable_faces"] == 2 and snapshot.index["size"] == 2
+    assert len(calls) == 1, f"{len(calls)} Milvus calls for one read"
+    g.close()

@@ -21,6 +21,7 @@ from service.gallery.index import IndexConfig, read_meta
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery, migrations
 from service.gallery.sync import LISTENER_NAME
+from tests.requirements import importorskip
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)
@@ -66,7 +67,7 @@ def database_face_ids(url: str, key=KEY) -> set[int]:
 @pytest.mark.parametrize("backend", ["faiss", "milvus"])
 def test_subject_crud_search_and_deletes(open_store, backend, tmp_path):
     if backend == "milvus":
-        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+        importorskip("milvus_lite")
     g = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if backend == "milvus" else None)
     for i in range(5):
         g.create_subject(f"person {i}", {"i": i, "nested": {"z": 1, "a": 2}}, f"s{i}")
@@ -249,6 +250,30 @@ def test_other_models_faces_are_kept_not_searched_and_reembed_reaches_running_re
     wait_for(lambda: serving.index.size == 1, "the re-embedded face reaches the new model's replica")
     assert serving.search(unit(9), 1)[0].similarity > 0.999
     wait_for(lambda: a.index.size == 1, "the old model's replica drops it")
+
+
+def test_a_sql_ascii_database_reads_text_as_text(postgres_server):
+    """A cluster created as SQL_ASCII (issue 37): psycopg returns its text columns as bytes unless the
+    connection asks for UTF-8, and the gallery then took its own faces for another embedder's."""
+    import uuid
+
+    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}", encoding="SQL_ASCII")
+    with psycopg.connect(url) as conn:  # what the gallery would read without asking for UTF-8
+        assert conn.execute("SHOW server_encoding").fetchone()[0] == b"SQL_ASCII"
+    writer = PostgresGallery(url, KEY, pool_size=2)
+    try:
+        writer.create_subject("Zoë Ångström", {"site": "Malmö"}, "zoe")
+        (face,) = writer.add_faces("zoe", [NewFace(unit(0))])
+    finally:
+        writer.close()
+    store = PostgresGallery(url, KEY, pool_size=2)  # a restart: the index loads from the snapshot
+    try:
+        assert store.incompatible == {} and store.counts()["incompatible_faces"] == 0
+        assert store.index.size == 1 and store.search(unit(0), 1)[0].face_id == face.id
+        subject = store.get_subject("zoe")
+        assert subject.name == "Zoë Ångström" and subject.metadata == {"site": "Malmö"}
+    finally:
+        store.close()
 
 
 def test_the_settings_choose_the_store(database_url, tmp_path):

@@ -12,6 +12,7 @@ from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
+from tests.requirements import importorskip
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 OTHER = EmbedderKey("model-b", "b" * 64, 8)
@@ -26,7 +27,7 @@ def unit(seed: int) -> np.ndarray:
 def gallery(tmp_path, request):
     """The store on its own FAISS index, and on Milvus Lite (FACEGATE_MILVUS_URI)."""
     if request.param == "milvus":
-        pytest.importorskip("milvus_lite", reason="Milvus Lite is not installed (the milvus extra)")
+        importorskip("milvus_lite")
     index = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT") if request.param == "milvus" else None
     g = SqliteGallery.open(tmp_path, KEY, index=index)
     yield g

@@ -77,3 +77,16 @@ def test_calibrate_cohort_writes_a_cohort_the_service_loads(tmp_path):
     assert cohort.manifest.metrics["calibration_identities"] == 40 and cohort.manifest.metrics["impostor_pairs"] == 80 * 79 // 2 - 40
     too_few = CliRunner().invoke(app, [*args[:-1], "500", "--license", "x"])
     assert too_few.exit_code != 0 and "fewer than top=500" in too_few.output
+
+
+def test_calibrating_on_few_people_warns(tmp_path):
+    """Eight held-out people were accepted without a word (issue 37): the command now says the
+    thresholds are noisy and what to do, and still writes them."""
+    manifest_path = write_test_embedder(tmp_path / "models")
+    aligned_folder(tmp_path / "few", identities=8, per_identity=3)
+    result = CliRunner().invoke(app, ["calibrate", str(manifest_path), "--data", str(tmp_path / "few")])
+    assert result.exit_code == 0, result.output
+    assert "only 8 identities" in result.output and "--data ALIGNED_FOLDERS" in result.output
+    aligned_folder(tmp_path / "many", identities=50, per_identity=2)
+    result = CliRunner().invoke(app, ["calibrate", str(manifest_path), "--data", str(tmp_path / "many")])
+    assert result.exit_code == 0 and "warning" not in result.output

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+from tests.requirements import importorskip
 
-pytest.importorskip("torch")
+importorskip("torch")
 
 
 def test_cli_module_imports_without_torch():
@@ -16,7 +16,7 @@ def test_cli_module_imports_without_torch():
 
 
 def test_plot_logits_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from typer.testing import CliRunner
 
     from training.commands.heads import heads_app

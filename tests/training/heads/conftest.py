@@ -6,7 +6,8 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    torch = pytest.importorskip("torch")
+    import torch  # each head test module imports it first, or skips for want of it (tests/requirements.py)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

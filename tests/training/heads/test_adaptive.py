@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.requirements import importorskip
+
+torch = importorskip("torch")
 
 from tests.training.heads.common import D, make_head  # noqa: E402
 from training.heads import build_head  # noqa: E402

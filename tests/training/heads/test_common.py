@@ -9,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.requirements import importorskip
+
+torch = importorskip("torch")
 
 from tests.training.heads.common import C, D, make_head, target_curve  # noqa: E402
 from training.heads import EPS, HEADS, build_head, head_params  # noqa: E402

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+from tests.requirements import importorskip
 
-torch = pytest.importorskip("torch")
+torch = importorskip("torch")
 
 from tests.training.heads.common import C, D  # noqa: E402
 from training.heads import build_head  # noqa: E402

@@ -84,6 +84,35 @@ def test_deepstack_round_trip(ds, examples):
     assert ds.post(f"{FACE}/delete", data={"userid": "nobody"}).json()["success"] is True  # DeepStack: success either way
 
 
+def test_deepstack_userids_are_names(ds, examples):
+    """Issue 36, items 1, 2 and 7: Home Assistant's teach_face with a real name; one userid whatever
+    its case, answered as registered; delete answers success for any userid, as DeepStack does."""
+    obama = photo(examples, "knn_examples/train/obama/obama.jpg")
+    first = ds.post(f"{FACE}/register", files={"image": obama}, data={"userid": "Barack Obama"})
+    assert first.status_code == 200 and first.json()["message"] == "face added", first.text
+    again = ds.post(
+        f"{FACE}/register", files={"image": photo(examples, "knn_examples/train/obama/obama2.jpg")}, data={"userid": "barack OBAMA"}
+    )
+    assert again.json()["message"] == "face updated"
+    biden = ds.post(
+        f"{FACE}/register", files={"image": photo(examples, "knn_examples/train/biden/biden.jpg")}, data={"userid": "Joe Biden 🇺🇸"}
+    )
+    assert biden.json()["success"] is True
+    assert sorted(ds.post(f"{FACE}/list").json()["faces"]) == ["Barack Obama", "Joe Biden 🇺🇸"]
+    (prediction,) = ds.post(f"{FACE}/recognize", files={"image": photo(examples, "knn_examples/test/obama1.jpg")}).json()["predictions"]
+    assert prediction["userid"] == "Barack Obama" and prediction["confidence"] >= 0.5, prediction
+
+    for invalid in ("x" * 257, "a\x00b", "   "):  # no subject can hold it: nothing deleted, success
+        answer = ds.post(f"{FACE}/delete", data={"userid": invalid})
+        assert answer.status_code == 200 and answer.json()["success"] is True, answer.text
+    assert ds.post(f"{FACE}/delete", data={"userid": "Nobody"}).json()["success"] is True
+    assert len(ds.post(f"{FACE}/list").json()["faces"]) == 2
+    assert ds.post(f"{FACE}/delete", data={"userid": "BARACK OBAMA"}).json()["success"] is True
+    assert ds.post(f"{FACE}/list").json()["faces"] == ["Joe Biden 🇺🇸"]
+    gone = ds.post(f"{FACE}/recognize", files={"image": photo(examples, "knn_examples/test/obama1.jpg")}).json()
+    assert [p["userid"] for p in gone["predictions"]] == ["unknown"]
+
+
 def test_deepstack_bad_input_keeps_its_shape(ds, examples):
     blank = cv2.imencode(".png", np.full((120, 120, 3), 128, np.uint8))[1].tobytes()
     cases = [
@@ -96,7 +125,8 @@ def test_deepstack_bad_input_keeps_its_shape(ds, examples):
         (f"{FACE}/register", {"image": photo(examples, "obama.jpg")}, {}, "userid not specified"),
         (f"{FACE}/register", {}, {"userid": "obama"}, "No valid image file found"),
         (f"{FACE}/register", {"image": blank}, {"userid": "obama"}, None),
-        (f"{FACE}/register", {"image": photo(examples, "obama.jpg")}, {"userid": "User Name"}, None),
+        (f"{FACE}/register", {"image": photo(examples, "obama.jpg")}, {"userid": "x" * 257}, None),  # over the name limit
+        (f"{FACE}/register", {"image": photo(examples, "obama.jpg")}, {"userid": "User\tName"}, None),  # a control character
         (f"{FACE}/delete", {}, {}, "userid not specified"),
     ]
     for path, files, data, message in cases:

@@ -76,9 +76,18 @@ def cf_recognize(client, image: tuple[str, bytes], plugins: str = "undefined", k
     return client.post(url, content=body, headers={**headers, "x-api-key": key})
 
 
-def cf_train(client, name: str, image: tuple[str, bytes]):
+def cf_train(client, name: str, image: tuple[str, bytes], key: str = KEY):
     body, headers = form_data(("file", *image))
-    return client.post("/api/v1/recognition/faces", params={"subject": name}, content=body, headers={**headers, "x-api-key": KEY})
+    return client.post("/api/v1/recognition/faces", params={"subject": name}, content=body, headers={**headers, "x-api-key": key})
+
+
+def cf_remove(client, name: str):
+    """compreface.js's remove: what untraining a name sends (every face of the subject), any status accepted."""
+    return client.delete("/api/v1/recognition/faces", params={"subject": name}, headers={"x-api-key": KEY})
+
+
+def cf_subjects(client) -> list[str]:
+    return client.get("/api/v1/recognition/subjects", headers={"x-api-key": KEY}).json()["subjects"]
 
 
 def cf_normalize(answer) -> list[dict]:
@@ -139,9 +148,10 @@ def ds_post(client, path: str, key: str | None, *parts: tuple):
 
 
 def ds_normalize(answer) -> list[dict]:
+    """What deepstack.js's normalize reads from a successful answer. It reads an error answer
+    (`success: false`) as no face too, which would hide any error here: these calls must succeed."""
     data = answer.json()
-    if not data["success"]:
-        return []
+    assert answer.status_code == 200 and data["success"] is True, answer.text
     faces = []
     for p in data["predictions"]:
         confidence = round(p["confidence"] * 100, 2)
@@ -162,10 +172,83 @@ def test_double_take_deepstack(served, examples, detector):
     assert face["name"] == "obama" and face["match"], face
     (stranger,) = ds_normalize(ds_post(client, "recognize", key, ("image", *snapshot(examples, "lin-manuel-miranda.png"))))
     assert stranger == {"name": "unknown", "confidence": 0, "match": False}, stranger
-    assert ds_normalize(ds_post(client, "recognize", key, ("image", *blank()))) == []  # no face: nothing found
+    no_face = ds_post(client, "recognize", key, ("image", *blank()))  # DeepStack's answer: success, no predictions
+    assert no_face.json()["predictions"] == [] and ds_normalize(no_face) == [], no_face.text
 
     assert ds_post(client, "delete", key, ("userid", "obama")).json()["success"] is True
     (face,) = ds_normalize(ds_post(client, "recognize", key, ("image", *snapshot(examples, "knn_examples/test/obama1.jpg"))))
     assert not face["match"], face
     if key:
         assert ds_post(client, "recognize", "wrong", ("image", *snapshot(examples, "obama.jpg"))).status_code == 401
+
+
+def test_double_take_compreface_subject_names(served, examples):
+    """Issue 36, items 1-4, as Double Take's compreface detector meets them: a name with spaces is
+    trained and recognized (lowercased, over its 60 % line, a box over 10,000 px²); the same name in
+    another case is the same person; untraining removes the person (subject and all); untraining a
+    name never trained is a 200, so delete-then-add retraining works."""
+    client = served()
+    obama, obama2 = snapshot(examples, "knn_examples/train/obama/obama.jpg"), snapshot(examples, "knn_examples/train/obama/obama2.jpg")
+    probe = snapshot(examples, "knn_examples/test/obama1.jpg")
+    trained = cf_train(client, "Barack Obama", obama)
+    assert trained.status_code == 200 and trained.json()["subject"] == "Barack Obama", trained.text  # item 1: was a 422
+    (face,) = cf_normalize(cf_recognize(client, probe))
+    assert face["name"] == "barack obama" and face["match"], face
+    again = cf_train(client, "BARACK OBAMA", obama2)  # item 2: one person, however it is spelled
+    assert again.status_code == 200 and cf_subjects(client) == ["Barack Obama"], again.text
+    (stranger,) = cf_normalize(cf_recognize(client, snapshot(examples, "lin-manuel-miranda.png")))
+    assert not stranger["match"], stranger
+
+    never = cf_remove(client, "Joe Biden")  # item 4: untraining a name this detector never had
+    assert never.status_code == 200 and never.json() == {"deleted": 0}, never.text
+    removed = cf_remove(client, "barack obama")  # item 3: the name as Double Take shows it
+    assert removed.status_code == 200 and removed.json() == {"deleted": 2}, removed.text
+    assert cf_subjects(client) == []  # the subject went with its faces
+    (face,) = cf_normalize(cf_recognize(client, probe))
+    assert face == {"name": "unknown", "confidence": 0, "match": False}, face  # no subject left to name
+    # untrain one file: remove the name, then train the files it keeps
+    assert cf_remove(client, "Barack Obama").json() == {"deleted": 0}
+    assert cf_train(client, "Barack Obama", obama2).status_code == 200
+    (face,) = cf_normalize(cf_recognize(client, probe))
+    assert face["name"] == "barack obama" and face["match"], face
+
+
+def test_double_take_compreface_keys(served, examples):
+    """Issue 36, items 5 and 6: a refused key is an error with a `message` Double Take logs (not
+    "[object Object]"); facegate without keys takes any non-empty key, which Double Take 1.13.1
+    must send (docs/compat.md)."""
+    client = served()
+    refused = cf_train(client, "obama", snapshot(examples, "obama.jpg"), key="wrong")
+    assert refused.status_code == 401 and isinstance(refused.json()["message"], str) and refused.json()["message"], refused.text
+    unrecognized = cf_recognize(client, snapshot(examples, "obama.jpg"), key="")
+    assert unrecognized.status_code == 401 and unrecognized.json()["message"] == "Missing header: x-api-key"
+    open_client = served("")
+    assert cf_train(open_client, "obama", snapshot(examples, "obama.jpg"), key="anything").status_code == 200
+    (face,) = cf_normalize(cf_recognize(open_client, snapshot(examples, "knn_examples/test/obama1.jpg"), key="anything"))
+    assert face["name"] == "obama" and face["match"], face
+
+
+@pytest.mark.parametrize("detector", ["deepstack", "aiserver"])
+def test_double_take_deepstack_userid_names(served, examples, detector):
+    """Issue 36, items 1, 2 and 7 through Double Take's deepstack and aiserver detectors: a userid
+    with spaces, one person whatever its case, and untraining that answers success for any userid."""
+    key = KEY if detector == "deepstack" else None
+    client = served(KEY if key else "")
+    obama = snapshot(examples, "knn_examples/train/obama/obama.jpg")
+    trained = ds_post(client, "register", key, ("image", *obama), ("userid", "Barack Obama"))
+    assert trained.status_code == 200 and trained.json()["message"] == "face added", trained.text
+    again = ds_post(
+        client, "register", key, ("image", *snapshot(examples, "knn_examples/train/obama/obama2.jpg")), ("userid", "barack obama")
+    )
+    assert again.json()["message"] == "face updated"
+    probe = snapshot(examples, "knn_examples/test/obama1.jpg")
+    (face,) = ds_normalize(ds_post(client, "recognize", key, ("image", *probe)))
+    assert face["name"] == "barack obama" and face["match"], face
+    assert ds_post(client, "list", key).json()["faces"] == ["Barack Obama"]
+
+    for userid in ("Joe Biden", "x" * 300):  # never registered, or no subject could hold it: success, as DeepStack
+        answer = ds_post(client, "delete", key, ("userid", userid))
+        assert answer.status_code == 200 and answer.json()["success"] is True, answer.text
+    assert ds_post(client, "delete", key, ("userid", "BARACK OBAMA")).json()["success"] is True
+    (face,) = ds_normalize(ds_post(client, "recognize", key, ("image", *probe)))
+    assert face == {"name": "unknown", "confidence": 0, "match": False}, face

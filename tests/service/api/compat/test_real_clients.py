@@ -19,6 +19,7 @@ import pytest
 
 from tests.chaos.server import facegate_serve
 from tests.conftest import REPO
+from tests.requirements import need
 
 pytestmark = [pytest.mark.data, pytest.mark.slow]
 
@@ -50,7 +51,7 @@ def _importable(package: str, module: str) -> str:
     python = _clients_python()
     found = Path(python).exists() and subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
     if not found:
-        pytest.skip(f"{package} is not importable by {python}: run `make clients` or set FACEGATE_CLIENTS_PYTHON (docs/compat.md)")
+        need("CLIENTS", f"{package} is not importable by {python}: run `make clients` or set FACEGATE_CLIENTS_PYTHON (docs/compat.md)")
     return python
 
 
@@ -78,9 +79,9 @@ def test_compreface_js_sdk(request, test_data):
     node = shutil.which("node")
     folder = Path(os.environ.get("FACEGATE_CLIENTS_JS") or REPO / ".clients-js")
     if node is None:
-        pytest.skip("node is not on PATH: the JavaScript SDK's test needs Node (docs/compat.md)")
+        need("CLIENTS", "node is not on PATH: the JavaScript SDK's test needs Node (docs/compat.md)")
     if not (folder / "node_modules" / "@exadel" / "compreface-js-sdk").is_dir():
-        pytest.skip(f"@exadel/compreface-js-sdk is not installed under {folder}: run `make clients` or set FACEGATE_CLIENTS_JS")
+        need("CLIENTS", f"@exadel/compreface-js-sdk is not installed under {folder}: run `make clients` or set FACEGATE_CLIENTS_JS")
     _, port = request.getfixturevalue("empty_gallery")
     examples = str(test_data / "tests" / "face_recognition" / "examples")
     driver = str(DRIVERS / "drive_compreface_js_sdk.mjs")

@@ -11,6 +11,7 @@ from service.core.fileio import sha256_file
 from service.core.models import dlib_resnet
 from service.core.models.manifest import Manifest
 from tests.conftest import REPO
+from tests.requirements import importorskip
 
 MANIFEST = REPO / "models" / "dlib-resnet-v1.json"
 
@@ -54,7 +55,7 @@ def test_a_file_that_is_not_dlibs_is_refused(tmp_path):
 def test_descriptors_equal_dlibs_on_real_aligned_chips(dat, pipeline_with, test_data):
     """Real faces aligned by our pipeline onto the dlib template; dlib computes the descriptor of
     the same 150×150 chip. ≤ 1e-5 per element is float32 rounding, i.e. the same network."""
-    dlib = pytest.importorskip("dlib", reason="dlib-bin (dev extra) is the parity reference")
+    dlib = importorskip("dlib")  # dlib-bin (dev extra): the parity reference
     pipeline = pipeline_with("dlib-resnet-v1")
     paths = sorted((test_data / "lfw").glob("*/*_0001.jpg"))[:24]
     chips = []

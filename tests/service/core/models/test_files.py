@@ -112,3 +112,30 @@ def test_cli_pull_uses_the_manifest_folder_and_cache(server, tmp_path, monkeypat
         assert result.exit_code == 2 and "sha256" in result.output
     finally:
         get_settings.cache_clear()
+
+
+def test_cli_pull_serving_fetches_only_the_named_embedder_and_the_detector(server, tmp_path, monkeypatch):
+    """`make serve` runs `models pull --serving`: the embedder FACEGATE_EMBEDDER names and the detector,
+    never the other manifests' downloads (dlib's weights when another embedder is served)."""
+    from service import cli
+    from service.core.settings import get_settings
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("detector", "served", "other"):
+        manifest = _manifest(f"{server}/good.onnx")
+        manifest.name, manifest.file.name = name, f"{name}.onnx"
+        manifest.save(models / f"{name}.json")
+    monkeypatch.setenv("FACEGATE_MODELS_DIR", str(models))
+    monkeypatch.setenv("FACEGATE_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FACEGATE_DETECTOR", "detector")
+    monkeypatch.setenv("FACEGATE_EMBEDDER", "served")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(cli.app, ["models", "pull", "--serving"])
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["detector.onnx", "served.onnx"]
+        result = CliRunner().invoke(cli.app, ["models", "pull", "--serving", "other"])
+        assert result.exit_code == 2 and "give no NAME" in result.output
+    finally:
+        get_settings.cache_clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import cv2
 import numpy as np
 import pytest
 
@@ -98,3 +99,126 @@ def test_io_binding_on_gpu_providers_only(tmp_path):
     assert not embedder.io_binding  # a CPU session runs plainly
     batch = preprocess(_crops(3), embedder.manifest.input)
     np.testing.assert_array_equal(embedder.run_bound(batch), embedder.run(batch))
+
+
+class _ReportsCuda:
+    """A CPU session that says it runs on CUDA: load_model then takes its GPU path (preprocessing
+    wrapped into the graph, free dimensions checked on CPU sessions), which this host can run."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def get_providers(self):
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+@pytest.fixture
+def gpu_path(monkeypatch):
+    """Call it to make the models loaded after it take the GPU path."""
+    from service.core.models import files
+
+    real = files.create_session
+    return lambda: monkeypatch.setattr(files, "create_session", lambda model, runtime=None: _ReportsCuda(real(model, runtime)))
+
+
+@pytest.mark.data
+def test_on_a_gpu_the_detector_takes_uint8_canvases_and_finds_the_same_faces(gpu_path, lfw_faces, settings):
+    """YuNet, its batch and image size freed and its cast and transpose moved into the graph (the
+    GPU path), finds on real photos at every size and batch the faces the float32 graph finds."""
+    from service.core.models.detector import FaceDetector
+    from service.core.models.model_set import load_models
+
+    reference = load_models(settings).detector  # the CPU path: the shipped float32 input
+    gpu_path()
+    wrapped = load_models(settings).detector
+    assert wrapped is not None and reference is not None
+    spec = wrapped.session.get_inputs()[0]
+    assert spec.type == "tensor(uint8)" and isinstance(spec.shape[0], str) and spec.shape[3] == 3 and isinstance(spec.shape[1], str)
+    assert reference.session.get_inputs()[0].type == "tensor(float)"
+    sizes = tuple(settings.detect_sizes)
+    a = FaceDetector(wrapped.manifest, wrapped.session, sizes=sizes, batch_sizes=[1, 4])
+    b = FaceDetector(reference.manifest, reference.session, sizes=sizes, batch_sizes=[1, 4])
+    assert a.uint8_input and not b.uint8_input and a.sizes == b.sizes == sizes
+    images = [cv2.imdecode(np.frombuffer(photo, np.uint8), cv2.IMREAD_COLOR) for photos in lfw_faces.values() for photo in photos]
+    for size in sizes:
+        canvases = np.stack([a.letterbox(image, size)[0] for image in images])
+        for got, want in zip(a.infer(canvases), b.infer(canvases), strict=True):
+            assert got.shape == want.shape and len(got) > 0
+            assert np.allclose(got, want, atol=1e-3)
+
+
+def test_on_a_gpu_a_float32_embedder_is_wrapped_to_take_uint8_crops(gpu_path, dlib_model, tmp_path):
+    """The shipped dlib-resnet-v1 (float32 NCHW, preprocessing in numpy) is wrapped at load on a GPU:
+    same file, same sha256, same embeddings, its preprocessing run by the provider."""
+    from tests.conftest import REPO
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "dlib-resnet-v1.json").write_bytes((REPO / "models" / "dlib-resnet-v1.json").read_bytes())
+    (folder / dlib_model.name).symlink_to(dlib_model)
+    reference = _load(folder / "dlib-resnet-v1.json")
+    gpu_path()
+    loaded = load_model("dlib-resnet-v1", folder, folder, feed_color="RGB")
+    embedder = FaceEmbedder(loaded.manifest, loaded.session, batch_sizes=[4])
+    assert embedder.in_graph and not loaded.manifest.input.in_graph and embedder.io_binding
+    crops = _crops(5, size=150)
+    assert np.abs(embedder.embed(crops) - reference.embed(crops)).max() <= 1e-5
+
+
+def test_on_a_gpu_each_input_shape_runs_on_a_session_of_its_own(gpu_path, settings):
+    """A CUDA session whose input shape changes between runs rebuilds its cuDNN plans on the CPU each
+    time: on a GPU every batch size (and detector image size) has its own session, the same graph."""
+    from service.core.pipeline import FacePipeline
+
+    settings = settings.model_copy(update={"batch_sizes": [1, 4], "detect_batch_sizes": [1, 2], "detect_sizes": [320, 640]})
+    reference = FacePipeline.from_settings(settings)
+    gpu_path()
+    pipeline = FacePipeline.from_settings(settings)
+    embedder, detector = pipeline.require_embedder(), pipeline.detector
+    assert reference.require_embedder().sessions == {} and reference.detector.sessions == {}  # a CPU needs none
+    assert set(embedder.sessions) == {1, 4} and len({id(s) for s in embedder.sessions.values()} | {id(embedder.session)}) == 3
+    assert set(detector.sessions) == {(1, 320), (2, 320), (1, 640), (2, 640)}
+    seen = {}
+    for key, session in [*embedder.sessions.items(), *detector.sessions.items()]:
+        spy = _Spy(session)
+        seen[key] = spy.shapes
+        (embedder.sessions if isinstance(key, int) else detector.sessions)[key] = spy
+    crops = _crops(3, size=embedder.size[0])
+    assert np.abs(embedder.embed(crops) - reference.require_embedder().embed(crops)).max() <= 1e-5
+    detector.infer(np.zeros((2, 640, 640, 3), np.uint8))
+    detector.infer(np.zeros((1, 320, 320, 3), np.uint8))
+    assert seen[4] and all(s[0] == 4 for s in seen[4]) and not seen[1]  # 3 crops run padded to 4, on the 4's session
+    assert seen[2, 640] and seen[1, 320] and not seen[1, 640] and not seen[2, 320]
+
+
+class _Spy:
+    def __init__(self, session):
+        self._session, self.shapes = session, []
+
+    def run(self, names, feed, *args):
+        self.shapes += [v.shape for v in feed.values()]
+        return self._session.run(names, feed, *args)
+
+    def io_binding(self):
+        return _SpyBinding(self, self._session.io_binding())
+
+    def run_with_iobinding(self, binding, *args):
+        return self._session.run_with_iobinding(binding.binding, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+class _SpyBinding:
+    def __init__(self, spy, binding):
+        self.spy, self.binding = spy, binding
+
+    def bind_cpu_input(self, name, value):
+        self.spy.shapes.append(value.shape)
+        self.binding.bind_cpu_input(name, value)
+
+    def __getattr__(self, name):
+        return getattr(self.binding, name)

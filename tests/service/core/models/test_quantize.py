@@ -1,6 +1,11 @@
 """dlib-resnet-v1-int8, made on the user's machine from dlib's weights and the committed ranges: the
 same bytes as the manifest pins, served by name, close to the float model on real faces, and
-refused when its ranges or its onnxruntime differ from what made the pinned file."""
+refused when its ranges or its onnxruntime differ from what made the pinned file.
+
+Only the pinned bytes need the onnxruntime that made them (the `int8_cache` fixture: a skip, a
+failure under FACEGATE_REQUIRE_PINNED_ONNXRUNTIME=1, which .ci/run sets); the cpu extra caps
+onnxruntime at that version, so a fresh install gets it, and a release past it moves nothing until
+the manifest is re-pinned together with the cap. The ranges and the refusals run on any version."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from service.core.models import quantize
 from service.core.models.files import pull
 from service.core.models.manifest import Manifest
 from tests.conftest import REPO, YUNET
+from tests.requirements import need
 
 MANIFEST = REPO / "models" / "dlib-resnet-v1-int8.json"
 
@@ -27,16 +33,25 @@ def manifest() -> Manifest:
 
 
 @pytest.fixture(scope="module")
-def int8_cache(tmp_path_factory, dlib_model, manifest):
+def int8_cache(tmp_path_factory, dlib_model, dlib_weights, manifest):
     """A model cache with the float model, dlib's weights and the int8 file pulled from them."""
     pinned = manifest.file.source.quantization.onnxruntime
     if ort.__version__ != pinned:
-        pytest.skip(f"the int8 file's pinned bytes are onnxruntime {pinned}'s; this is {ort.__version__}")
+        need("PINNED_ONNXRUNTIME", f"the int8 file's pinned bytes are onnxruntime {pinned}'s; this is {ort.__version__}")
     cache = tmp_path_factory.mktemp("int8-cache")
-    for path in (REPO / "models" / YUNET, dlib_model, dlib_model.parent / manifest.file.source.weights_name):
+    for path in (REPO / "models" / YUNET, dlib_model, dlib_weights):
         (cache / path.name).symlink_to(path)
     pull(manifest, cache, manifest_dir=MANIFEST.parent)
     return cache
+
+
+def test_the_cpu_extra_installs_the_pinned_onnxruntime(manifest):
+    """A fresh install (CI's, the CPU image's) gets the version the int8 file's bytes are pinned to:
+    the cpu extra caps onnxruntime there, and the two move together."""
+    import tomllib
+
+    (requirement,) = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
+    assert requirement.endswith(f",<={manifest.file.source.quantization.onnxruntime}"), requirement
 
 
 def test_two_builds_give_the_pinned_bytes(int8_cache, manifest):
@@ -66,12 +81,11 @@ def test_served_by_name_and_close_to_the_float_model(int8_cache, test_data, monk
     assert cosine.min() >= 0.99, cosine
 
 
-def test_ranges_depend_on_the_sample_alone(int8_cache, manifest, tmp_path):
+def test_ranges_depend_on_the_sample_alone(dlib_weights, manifest, tmp_path):
     """What `facegate calibrate-int8` writes: the same crops give the same bytes, other crops others."""
-    weights = int8_cache / manifest.file.source.weights_name
     crops = np.random.default_rng(0).normal(0, 0.3, (3, 3, 150, 150)).astype(np.float32)
     for name, sample in (("a", crops), ("b", crops), ("c", crops[:2])):
-        quantize.calibrate_ranges(weights, sample, manifest.input.name, "MinMax", tmp_path / name)
+        quantize.calibrate_ranges(dlib_weights, sample, manifest.input.name, "MinMax", tmp_path / name)
     assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes() != (tmp_path / "c").read_bytes()
 
 
@@ -84,8 +98,8 @@ def _copy(manifest_dir, manifest: Manifest, **quantization) -> Manifest:
     )
 
 
-def test_tampered_ranges_are_refused_and_leave_nothing(int8_cache, manifest, tmp_path):
-    changed = _copy(tmp_path, manifest)
+def test_tampered_ranges_are_refused_and_leave_nothing(dlib_weights, manifest, tmp_path):
+    changed = _copy(tmp_path, manifest, onnxruntime=ort.__version__)  # past the version check on any onnxruntime
     ranges = tmp_path / changed.file.source.quantization.ranges
     payload = json.loads(ranges.read_text())
     name = sorted(payload["data"])[0]
@@ -93,7 +107,7 @@ def test_tampered_ranges_are_refused_and_leave_nothing(int8_cache, manifest, tmp
     ranges.write_text(json.dumps(payload, sort_keys=True, indent=1) + "\n")
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / manifest.file.source.weights_name).symlink_to(int8_cache / manifest.file.source.weights_name)
+    (cache / dlib_weights.name).symlink_to(dlib_weights)
     with pytest.raises(ModelError, match="ranges: sha256 .* does not match the manifest"):
         pull(changed, cache, manifest_dir=tmp_path)
     assert not (cache / manifest.file.name).exists()

@@ -1,6 +1,8 @@
 """CompreFace's own Python SDK (`compreface-sdk`, as Viseron uses it), unchanged, against a running
-facegate: add → list → recognize → verify (two images, and against a stored face) → delete. Run by
-test_real_clients.py in the clients' Python: drive_compreface_sdk.py URL PORT KEY EXAMPLES."""
+facegate: add → list → recognize → verify (two images, and against a stored face) → delete, with
+subjects as CompreFace names them (spaces, one subject whatever its case), and its answers to a
+wrong key and to an unknown subject. Run by test_real_clients.py in the clients' Python:
+drive_compreface_sdk.py URL PORT KEY EXAMPLES."""
 
 import sys
 from pathlib import Path
@@ -11,19 +13,24 @@ url, port, key, examples = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[
 compre_face = CompreFace(url, port, {"prediction_count": 1})
 recognition = compre_face.init_face_recognition(key)
 faces = recognition.get_face_collection()
+subjects = recognition.get_subjects()
 
-added = faces.add(str(examples / "knn_examples/train/obama/obama.jpg"), "obama")
-assert added["subject"] == "obama" and added["image_id"], added
-assert faces.add(str(examples / "knn_examples/train/biden/biden.jpg"), "biden")["subject"] == "biden"
+added = faces.add(str(examples / "knn_examples/train/obama/obama.jpg"), "Barack Obama")
+assert added["subject"] == "Barack Obama" and added["image_id"], added
+# one subject whatever its case, answered as sent
+assert faces.add(str(examples / "knn_examples/train/obama/obama2.jpg"), "barack obama")["subject"] == "barack obama"
+assert faces.add(str(examples / "knn_examples/train/biden/biden.jpg"), "Joe Biden")["subject"] == "Joe Biden"
 listed = faces.list()
-assert sorted(f["subject"] for f in listed["faces"]) == ["biden", "obama"] and listed["total_elements"] == 2, listed
-assert sorted(recognition.get_subjects().list()["subjects"]) == ["biden", "obama"]
+assert sorted(f["subject"] for f in listed["faces"]) == ["Barack Obama", "Barack Obama", "Joe Biden"], listed
+assert listed["total_elements"] == 3, listed
+assert sorted(subjects.list()["subjects"]) == ["Barack Obama", "Joe Biden"]
+assert subjects.add("JOE BIDEN") == {"message": "Subject already exists", "code": "subject_exists"}
 
 (result,) = recognition.recognize(str(examples / "knn_examples/test/obama1.jpg"))["result"]
 best = result["subjects"][0]
-assert (
-    best["subject"] == "obama" and best["similarity"] >= 0.5 and set(result["box"]) >= {"x_min", "y_min", "x_max", "y_max", "probability"}
-), result
+assert best["subject"] == "Barack Obama" and best["similarity"] >= 0.5, result
+assert set(result["box"]) >= {"x_min", "y_min", "x_max", "y_max", "probability"}, result
+assert "execution_time" not in result, result  # only with status=true, as CompreFace
 (stranger,) = recognition.recognize(str(examples / "lin-manuel-miranda.png"))["result"]
 assert stranger["subjects"][0]["similarity"] < 0.5, stranger
 
@@ -35,11 +42,19 @@ assert other["result"][0]["face_matches"][0]["similarity"] < 0.5, other
 
 # a photo against a stored face (recognition/faces/{image_id}/verify)
 (match,) = faces.verify(str(examples / "knn_examples/train/obama/obama2.jpg"), added["image_id"])["result"]
-assert match["subject"] == "obama" and match["similarity"] >= 0.5, match
+assert match["subject"] == "Barack Obama" and match["similarity"] >= 0.5, match
 (mismatch,) = faces.verify(str(examples / "knn_examples/train/biden/biden.jpg"), added["image_id"])["result"]
 assert mismatch["similarity"] < 0.5, mismatch
 
-assert faces.delete(added["image_id"]) == {"image_id": added["image_id"], "subject": "obama"}
-assert [f["subject"] for f in faces.list()["faces"]] == ["biden"]
-assert recognition.get_subjects().delete("biden") == {"subject": "biden"}
+# one face deleted: its subject stays; all of them: the subject goes; an unknown subject: nothing
+assert faces.delete(added["image_id"]) == {"image_id": added["image_id"], "subject": "Barack Obama"}
+assert "Barack Obama" in subjects.list()["subjects"]
+assert faces.delete_all("BARACK OBAMA") == {"deleted": 1}
+assert subjects.list()["subjects"] == ["Joe Biden"]
+assert faces.delete_all("Nobody") == {"deleted": 0}
+assert [f["subject"] for f in faces.list()["faces"]] == ["Joe Biden"]
+assert subjects.delete("joe biden") == {"subject": "Joe Biden"}  # the name as stored
+
+wrong = CompreFace(url, port).init_face_recognition("wrong-key").get_subjects().list()
+assert wrong["code"] == 10 and wrong["message"], wrong  # CompreFace's shape, which its users log
 print("compreface-sdk: ok")

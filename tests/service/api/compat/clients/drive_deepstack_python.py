@@ -1,5 +1,6 @@
 """`deepstack-python` (the client of Home Assistant's DeepStack face integration), unchanged,
-against a running facegate: register → recognize → list → detect (it has no delete). Run by
+against a running facegate: register → recognize → list → detect (it has no delete), with userids
+as Home Assistant's teach_face sends them (a person's name, spaces and all). Run by
 test_real_clients.py in the clients' Python: drive_deepstack_python.py HOST PORT KEY EXAMPLES."""
 
 import sys
@@ -10,13 +11,13 @@ import deepstack.core as ds
 host, port, key, examples = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 face = ds.DeepstackFace(ip=host, port=port, api_key=key, timeout=60)
 
-assert face.register("obama", (examples / "knn_examples/train/obama/obama.jpg").read_bytes()) == "face added"
-assert face.register("obama", (examples / "knn_examples/train/obama/obama2.jpg").read_bytes()) == "face updated"
-assert face.register("biden", (examples / "knn_examples/train/biden/biden.jpg").read_bytes()) == "face added"
-assert sorted(face.get_registered_faces()) == ["biden", "obama"]
+assert face.register("Barack Obama", (examples / "knn_examples/train/obama/obama.jpg").read_bytes()) == "face added"
+assert face.register("barack obama", (examples / "knn_examples/train/obama/obama2.jpg").read_bytes()) == "face updated"  # one person
+assert face.register("Joe Biden", (examples / "knn_examples/train/biden/biden.jpg").read_bytes()) == "face added"
+assert sorted(face.get_registered_faces()) == ["Barack Obama", "Joe Biden"]
 
 predictions = face.recognize((examples / "knn_examples/test/obama1.jpg").read_bytes())
-assert ds.get_recognized_faces(predictions) and predictions[0]["userid"] == "obama", predictions
+assert list(ds.get_recognized_faces(predictions)) == ["Barack Obama"], predictions
 stranger = face.recognize((examples / "lin-manuel-miranda.png").read_bytes())
 assert [p["userid"] for p in stranger] == ["unknown"], stranger
 assert len(face.detect((examples / "knn_examples/test/obama_and_biden.jpg").read_bytes())) >= 2

@@ -18,29 +18,31 @@ options = {"limit": 0, "det_prob_threshold": 0.8, "prediction_count": 1, "status
 recognition = CompreFace(domain=url, port=port, options=options).init_face_recognition(key)
 blank = io.BytesIO()
 Image.new("RGB", (240, 240), (128, 128, 128)).save(blank, "JPEG")
-# its train folder: a folder per subject, each photo sent as JPEG bytes
+# its train folder: a folder per subject, named as the person is, each photo sent as JPEG bytes
 train = {
-    "obama": [(examples / "knn_examples/train/obama" / n).read_bytes() for n in ("obama.jpg", "obama2.jpg")],
-    "biden": [(examples / "knn_examples/train/biden" / n).read_bytes() for n in ("biden.jpg", "biden2.jpg")] + [blank.getvalue()],
+    "Barack Obama": [(examples / "knn_examples/train/obama" / n).read_bytes() for n in ("obama.jpg", "obama2.jpg")],
+    "Joe Biden": [(examples / "knn_examples/train/biden" / n).read_bytes() for n in ("biden.jpg", "biden2.jpg")] + [blank.getvalue()],
 }
 
 
-def train_all() -> int:
+def train_all() -> tuple[int, list]:
     """CompreFaceTrain.train: per subject, delete_all then add each photo; an answer with a
-    `message` is a photo "not suitable for training" (logged). Returns how many were."""
+    `message` is a photo "not suitable for training" (logged). Returns how many were, and what
+    each delete_all answered."""
     collection = recognition.get_face_collection()
-    unsuitable = 0
+    unsuitable, cleared = 0, []
     for subject, photos in train.items():
-        collection.delete_all(subject)
+        cleared.append(collection.delete_all(subject))
         for photo in photos:
             unsuitable += "message" in collection.add(image_path=photo, subject=subject)
-    return unsuitable
+    return unsuitable, cleared
 
 
-assert train_all() == 1  # the blank photo: CompreFace's 400 {"message", "code": 28}
-assert train_all() == 1
+# the blank photo: CompreFace's 400 {"message", "code": 28}; the first run clears subjects no one has yet
+assert train_all() == (1, [{"deleted": 0}, {"deleted": 0}])
+assert train_all() == (1, [{"deleted": 2}, {"deleted": 2}])
 assert recognition.get_face_collection().list()["total_elements"] == 4  # training again on restart replaces
-assert sorted(recognition.get_subjects().list()["subjects"]) == ["biden", "obama"]  # use_subjects
+assert sorted(recognition.get_subjects().list()["subjects"]) == ["Barack Obama", "Joe Biden"]  # use_subjects
 
 found = {}
 for photo in ("knn_examples/test/obama1.jpg", "knn_examples/test/obama_and_biden.jpg", "lin-manuel-miranda.png"):
@@ -51,7 +53,7 @@ for photo in ("knn_examples/test/obama1.jpg", "knn_examples/test/obama_and_biden
         known = subject["similarity"] >= SIMILARITY_THRESHOLD
         assert all(isinstance(result["box"][k], int) for k in ("x_min", "y_min", "x_max", "y_max")), result
         found.setdefault(photo, []).append(subject["subject"] if known else "unknown")
-assert found["knn_examples/test/obama1.jpg"] == ["obama"], found
-assert {"obama", "biden"} <= set(found["knn_examples/test/obama_and_biden.jpg"]), found
+assert found["knn_examples/test/obama1.jpg"] == ["Barack Obama"], found
+assert {"Barack Obama", "Joe Biden"} <= set(found["knn_examples/test/obama_and_biden.jpg"]), found
 assert found["lin-manuel-miranda.png"] == ["unknown"], found
 print("viseron (compreface-sdk): ok")

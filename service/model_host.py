@@ -1,0 +1,238 @@
+"""The model host: one process that runs the detector and the embedder for every HTTP worker process
+of a host (`facegate serve --workers N`). HTTP parsing, decoding, letterboxing and alignment spread
+over the workers; the models run once, here, through one set of sessions and micro-batchers fed by
+all of them — cross-process dynamic batching, the shape Triton gives a model — so a GPU sees large
+batches on one CUDA context instead of N processes' small ones on N contexts that take turns.
+
+Workers reach it over a Unix socket in a private folder (mode 0700, the only access control it
+needs); the pixels go through memory each worker shares with it (`service.shm_arena`), the socket
+carries only small messages (`service.hosted_models` is the other side).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+
+from service.core.models.files import LoadedModel
+from service.core.models.model_set import load_models
+from service.core.pipeline import FacePipeline
+from service.core.settings import Settings
+from service.local_models import LocalModels
+from service.metrics import Metrics
+from service.shm_arena import Arena
+
+log = logging.getLogger("facegate.model_host")
+
+SOCKET = "models.sock"
+RESTART_DELAY = 1.0  # seconds between a model host's death and its restart
+
+
+def session_info(loaded: LoadedModel | None) -> dict | None:
+    """What a worker needs to know of a session that runs here: its inputs and outputs as
+    onnxruntime reports them, and its providers with their options (for /readyz)."""
+    if loaded is None:
+        return None
+    session = loaded.session
+    return {
+        "path": str(loaded.path),
+        "inputs": [(i.name, list(i.shape), i.type) for i in session.get_inputs()],
+        "outputs": [(o.name, list(o.shape), o.type) for o in session.get_outputs()],
+        "providers": session.get_providers(),
+        "provider_options": session.get_provider_options(),
+    }
+
+
+class ModelHost:
+    def __init__(self, settings: Settings, folder: Path):
+        self.models = load_models(settings)
+        for problem in self.models.problems:
+            log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
+        self.metrics = Metrics()
+        self.warmed = threading.Event()
+        self.warmup_error: str | None = None
+        self.local: LocalModels | None = None
+        if self.models.detector is not None and self.models.embedder is not None:
+            self.local = LocalModels(settings, FacePipeline(settings, self.models), self.metrics, executor=None)
+            self.local.start_warm_up(self._warmed)
+        self.listener = Listener(str(folder / SOCKET), family="AF_UNIX")
+
+    def _warmed(self, error: str | None) -> None:
+        self.warmup_error = error
+        self.warmed.set()
+
+    def description(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "detector": session_info(self.models.detector),
+            "embedder": session_info(self.models.embedder),
+            "problems": [asdict(p) for p in self.models.problems if p.model != "cohort"],  # a worker loads its cohort itself
+            "serving": self.local.describe() if self.local else {},
+        }
+
+    def serve_forever(self) -> None:
+        """Serve each worker that connects, until `close`."""
+        while True:
+            try:
+                connection = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=_Worker(self, connection).serve, name="facegate-model-host-conn", daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+        if self.local is not None:
+            self.local.close()
+
+
+class _Worker:
+    """One connected worker process: a thread reads its requests, another writes the answers in
+    the order their runs finish (a batcher thread never waits on a socket)."""
+
+    def __init__(self, host: ModelHost, connection: Connection):
+        self.host = host
+        self.connection = connection
+        self.arena: Arena | None = None
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()
+
+    def serve(self) -> None:
+        writer = threading.Thread(target=self._write, name="facegate-model-host-answers", daemon=True)
+        writer.start()
+        try:
+            while True:
+                self._handle(self.connection.recv())
+        except (EOFError, OSError):
+            pass  # the worker went away: its arena is its own to remove
+        finally:
+            self.answers.put(None)
+            writer.join()
+            self.connection.close()
+            if self.arena is not None:
+                self.arena.close()
+
+    def _handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "hello":
+            _, path, size = message
+            self.arena = Arena(Path(path), size) if path else None
+            self.answers.put(("models", self.host.description()))
+        elif kind == "ready":
+            threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
+        elif kind == "metrics":
+            self.answers.put(("metrics", message[1], list(self.host.metrics.registry.collect())))
+        elif kind == "run":
+            _, number, role, offset, shape, dtype, inline = message
+            rows = inline if offset is None else self._arena().view(offset, shape, dtype)
+            local = self.host.local
+            if local is None:
+                self.answers.put(("error", number, "RuntimeError: the model host has no models loaded"))
+                return
+            future = local.detect(rows) if role == "detect" else local.embed(rows)
+            room = 0 if offset is None else rows.nbytes
+            future.add_done_callback(lambda f: self.answers.put((number, offset, room, f)))
+
+    def _arena(self) -> Arena:
+        if self.arena is None:
+            raise OSError("a run in shared memory before the worker shared any")
+        return self.arena
+
+    def _answer_ready(self, number: int) -> None:
+        self.host.warmed.wait()
+        self.answers.put(("ready", number, self.host.warmup_error))
+
+    def _write(self) -> None:
+        while (item := self.answers.get()) is not None:
+            if isinstance(item[0], str):  # an answer already made
+                self._send(item)
+                continue
+            number, offset, room, future = item
+            try:
+                out = future.result()
+            except Exception as exc:  # the model run failed: the worker's request gets it as its error
+                self._send(("error", number, f"{type(exc).__name__}: {exc}"))
+                continue
+            if offset is not None and out.nbytes <= room:  # written back over its input, in place
+                self._arena().view(offset, out.shape, out.dtype.str)[...] = out
+                self._send(("done", number, offset, out.shape, out.dtype.str, None))
+            else:
+                self._send(("done", number, None, out.shape, out.dtype.str, out))
+
+    def _send(self, message: tuple) -> None:
+        with suppress(OSError):  # the worker went away; its reader ends this connection
+            self.connection.send(message)
+
+
+def run_host(folder: str) -> None:
+    """The model host process's main: the settings from the environment, as each worker reads them."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops this one last
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="facegate-model-host-parent", daemon=True).start()
+    ModelHost(Settings(), Path(folder)).serve_forever()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A `facegate serve` killed outright (kill -9, the OOM killer) cannot stop its model host: it
+    stops itself once orphaned, rather than hold the GPU for nobody."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+@contextmanager
+def model_host() -> Iterator[Path]:
+    """A model host process for the duration of the block (restarted if it dies); yields the path
+    of its socket, which the workers find in FACEGATE_MODEL_HOST."""
+    shm = Path("/dev/shm")
+    folder = Path(tempfile.mkdtemp(prefix="facegate-models-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
+    stopping = threading.Event()
+    process = context.Process(target=run_host, args=(str(folder),), name="facegate-model-host", daemon=True)
+
+    def watch() -> None:
+        nonlocal process
+        while True:
+            process.join()
+            if stopping.is_set():
+                return
+            log.error("the model host exited (code %s); restarting it", process.exitcode)
+            (folder / SOCKET).unlink(missing_ok=True)
+            time.sleep(RESTART_DELAY)
+            process = context.Process(target=run_host, args=(str(folder),), name="facegate-model-host", daemon=True)
+            process.start()
+
+    process.start()
+    watcher = threading.Thread(target=watch, name="facegate-model-host-watch", daemon=True)
+    watcher.start()
+    try:
+        yield folder / SOCKET
+    finally:
+        stopping.set()
+        process.terminate()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def connect(socket: Path, timeout: float) -> Connection:
+    """A connection to the model host at `socket`, waiting up to `timeout` seconds for it to listen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return Client(str(socket), family="AF_UNIX")
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -1,0 +1,82 @@
+"""Memory a worker process shares with the model host: a file on a RAM-backed file system (the
+model host's private folder under /dev/shm where it exists), mapped by both. The worker writes a
+model's input (a canvas, crops) into blocks of it, the host reads them in place and writes the
+output back over them, so pixels never pass through the socket. The space is reserved when the
+file is made (posix_fallocate): a /dev/shm too small is a smaller arena at start-up, never a
+SIGBUS in the middle of a request. What does not fit travels inline in the message instead."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+BLOCK = 64 * 1024
+
+
+class Arena:
+    def __init__(self, path: Path, size: int, create: bool = False):
+        """Map the arena at `path`: made and reserved (`create`, the worker's side), or opened (the host's)."""
+        self.path = Path(path)
+        self.size = size - size % BLOCK
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.posix_fallocate(fd, 0, self.size)
+            self._map = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            if create:
+                self.path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        self._free = bytearray(b"\1") * (self.size // BLOCK)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def reserve(cls, path: Path, size: int, smallest: int = 4 * 1024 * 1024) -> Arena | None:
+        """An arena of `size` bytes, or of the largest half, quarter… of it the file system can
+        reserve down to `smallest`; None when not even that fits (every payload then goes inline)."""
+        while size >= smallest:
+            try:
+                return cls(path, size, create=True)
+            except OSError:
+                size //= 2
+        return None
+
+    def allocate(self, nbytes: int) -> int | None:
+        """The offset of `nbytes` of free blocks, or None when no run of free blocks is that long."""
+        blocks = max(1, -(-nbytes // BLOCK))
+        with self._lock:
+            start = self._free.find(b"\1" * blocks)
+            if start < 0:
+                return None
+            self._free[start : start + blocks] = b"\0" * blocks
+        return start * BLOCK
+
+    def release(self, offset: int, nbytes: int) -> None:
+        blocks = max(1, -(-nbytes // BLOCK))
+        with self._lock:
+            self._free[offset // BLOCK : offset // BLOCK + blocks] = b"\1" * blocks
+
+    def view(self, offset: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """The array at `offset`, in place (no copy)."""
+        return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset)
+
+    def put(self, array: np.ndarray) -> int | None:
+        """Copy `array` into newly allocated blocks; their offset, or None when it does not fit."""
+        offset = self.allocate(array.nbytes)
+        if offset is not None:
+            np.copyto(self.view(offset, array.shape, array.dtype.str), array)
+        return offset
+
+    def close(self, unlink: bool = False) -> None:
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive somewhere: the mapping goes with the process
+            pass
+        if unlink:
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,129 @@
+"""`facegate serve --workers N`, as a many-core host runs it: several HTTP worker processes on one
+SQLite gallery, with the models in one model host process (the default) or in each worker. A
+subject enrolled through any worker is found by every worker's next search, and deleted, by none;
+a model host that dies is restarted and the workers go on through it. Every wait is bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.polling import wait_until
+from tests.service.api.test_server_process import REQUEST_TIMEOUT, Server, crop_b64, enroll
+
+pytestmark = pytest.mark.slow
+WORKERS = 3
+
+
+class WorkersServer(Server):
+    def __init__(self, *args, model_host: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model_host = model_host
+        self.new_session = True
+
+    def command(self) -> list[str]:
+        host = "--model-host" if self.model_host else "--no-model-host"
+        return [
+            sys.executable,
+            "-c",
+            "from service.cli import main; main()",
+            "serve",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(WORKERS),
+            host,
+        ]
+
+    def stop(self) -> None:
+        """`facegate serve` stops its workers and its model host; whatever is left of the group goes too."""
+        super().stop()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def workers_server(tmp_path, embedder_manifest, model_cache, request):
+    server = WorkersServer(tmp_path / "gallery", embedder_manifest, model_cache, tmp_path / "server.log", model_host=request.param)
+    server.start()
+    yield server
+    server.stop()
+
+
+def ready_pid(client: httpx.Client) -> int:
+    """The pid of the worker behind this connection, once that worker is ready (each warms up on its
+    own without a model host)."""
+    ready = wait_until(lambda: (r := client.get("/readyz")).status_code == 200 and r, "the worker is ready", timeout=120)
+    return ready.json()["serving"]["pid"]
+
+
+def one_client_per_worker(url: str) -> dict[int, httpx.Client]:
+    """A keep-alive connection to each worker process (a connection stays with the worker that
+    accepted it), told apart by the pid /readyz reports."""
+    clients: dict[int, httpx.Client] = {}
+    for _ in range(200):
+        client = httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT, limits=httpx.Limits(max_connections=1))
+        pid = ready_pid(client)
+        if pid in clients:
+            client.close()
+        else:
+            clients[pid] = client
+        if len(clients) == WORKERS:
+            return clients
+    raise AssertionError(f"reached {len(clients)} of {WORKERS} workers in 200 connections")
+
+
+def candidates(client: httpx.Client, seed: int) -> list[str]:
+    response = client.post("/identify", json={"image": crop_b64(seed), "aligned": True, "top_k": 100})
+    assert response.status_code == 200, response.text
+    return [c["subject_id"] for c in response.json()["candidates"]]
+
+
+@pytest.mark.parametrize("workers_server", [True, False], ids=["model-host", "no-model-host"], indirect=True)
+def test_every_worker_sees_every_enrollment_and_deletion(workers_server):
+    clients = list(one_client_per_worker(workers_server.url).values())
+    try:
+        for i, writer in enumerate(clients):  # enrolled through each worker in turn: found by all
+            enroll(writer, f"s{i}", seed=i)
+            for reader in clients:
+                assert f"s{i}" in candidates(reader, i)
+        for i, writer in enumerate(clients):  # deleted through another worker: found by none
+            assert writer.delete(f"/subjects/s{(i + 1) % WORKERS}").status_code == 204
+            for reader in clients:
+                assert f"s{(i + 1) % WORKERS}" not in candidates(reader, (i + 1) % WORKERS)
+        face = enroll(clients[0], "again", seed=99)
+        assert all("again" in candidates(reader, 99) for reader in clients)
+        assert clients[1].delete(f"/faces/{face}").status_code == 204  # one face, through another worker
+        assert all("again" not in candidates(reader, 99) for reader in clients)
+        assert all(reader.get("/readyz").json()["gallery"]["searchable_faces"] == 0 for reader in clients)
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
+    url = workers_server.url
+    with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT) as client:
+        enroll(client, "kept", seed=7)
+        host = client.get("/readyz").json()["serving"]["model_host"]["pid"]
+        os.kill(host, signal.SIGKILL)
+        statuses = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            response = client.post("/identify", json={"image": crop_b64(7), "aligned": True})
+            statuses.append(response.status_code)
+            if response.status_code == 503:
+                assert response.json()["error"]["code"] == "model_unavailable", response.text
+            elif response.status_code == 200 and statuses.count(200) >= 3:
+                break
+        assert set(statuses) <= {200, 503}, statuses  # never a 500 while the host is down
+        assert statuses[-1] == 200 and "kept" in candidates(client, 7)
+        assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host

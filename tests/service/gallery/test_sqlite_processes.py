@@ -1,0 +1,99 @@
+"""Several processes on one SQLite gallery (`facegate serve --workers N`): each keeps its own index
+and follows the change log, so what one commits is in every other's next search, in commit order;
+one that fell behind the log rebuilds its index from the faces. Two stores on one file stand for
+two processes (each its own connection and index). Synthetic embeddings, no models."""
+
+import numpy as np
+import pytest
+
+from service.core.models.manifest import EmbedderKey
+from service.gallery import sqlite
+from service.gallery.index import IndexConfig
+from service.gallery.interface import NewFace
+from service.gallery.sqlite import SqliteGallery
+
+KEY = EmbedderKey("model-a", "a" * 64, 8)
+
+
+def unit(seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
+    return x / np.linalg.norm(x)
+
+
+def found(store: SqliteGallery, seed: int) -> list[str]:
+    return [c.subject_id for c in store.search(unit(seed), top_k=10)]
+
+
+@pytest.fixture(params=[("Flat", ""), ("HNSW32", "efSearch=64")], ids=["Flat", "HNSW32"])
+def two(tmp_path, request):
+    """Two processes' stores on one gallery, on the exact index and on a persisted approximate one."""
+    config = IndexConfig(*request.param, tmp_path / "index")
+    first, second = SqliteGallery.open(tmp_path, KEY, index=config), SqliteGallery.open(tmp_path, KEY, index=config)
+    yield first, second
+    first.close()
+    second.close()
+
+
+def test_an_enrollment_through_one_is_found_by_the_other(two):
+    a, b = two
+    a.create_subject("A", {}, "a")
+    a.add_faces("a", [NewFace(unit(1))])
+    assert found(b, 1)[0] == "a" and found(a, 1)[0] == "a"
+    b.create_subject("B", {}, "b")
+    b.add_faces("b", [NewFace(unit(2)), NewFace(unit(3))])
+    assert found(a, 2)[0] == "b" and found(a, 3)[0] == "b"
+    assert a.counts()["searchable_faces"] == b.counts()["searchable_faces"] == 3
+
+
+def test_deletions_through_one_reach_the_other(two):
+    a, b = two
+    a.create_subject("A", {}, "a")
+    one, _ = a.add_faces("a", [NewFace(unit(1)), NewFace(unit(2))])
+    a.create_subject("C", {}, "c")
+    a.add_faces("c", [NewFace(unit(5))])
+    assert found(b, 1)[0] == "a"
+    b.delete_face(one.id)  # one face, through the other process
+    assert "a" in found(a, 2) and a.index.size == 2
+    b.delete_subject("a")
+    assert "a" not in found(a, 2) and a.index.size == b.index.size == 1
+    assert found(a, 5)[0] == "c"
+
+
+def test_interleaved_writes_apply_in_commit_order(two):
+    """Each store's own write lands in its index at once; the other's, before its next search."""
+    a, b = two
+    for i in range(6):
+        writer, other = (a, b) if i % 2 else (b, a)
+        writer.create_subject(f"s{i}", {}, f"s{i}")
+        writer.add_faces(f"s{i}", [NewFace(unit(10 + i))])
+        if i % 3 == 2:
+            other.delete_subject(f"s{i - 1}")
+    expected = {f"s{i}" for i in range(6)} - {"s1", "s4"}
+    for store in (a, b):
+        assert {c.subject_id for c in store.search(unit(10), top_k=100)} == expected
+        assert store.index.size == len(expected)
+
+
+def test_a_process_behind_the_whole_log_rebuilds_its_index(two, monkeypatch):
+    monkeypatch.setattr(sqlite, "CHANGES_KEPT", 3)
+    a, b = two
+    for i in range(8):  # more changes than the log keeps, while b searches nothing
+        a.create_subject(f"s{i}", {}, f"s{i}")
+        a.add_faces(f"s{i}", [NewFace(unit(20 + i))])
+    a.delete_subject("s0")
+    assert a._db.execute("SELECT COUNT(*) FROM changes").fetchone()[0] == 3
+    assert {c.subject_id for c in b.search(unit(21), top_k=100)} == {f"s{i}" for i in range(1, 8)}
+    assert b.index.size == 7 and b.applied == a.applied
+
+
+def test_a_reopened_store_applies_only_what_came_after_its_snapshot(tmp_path):
+    """The index is built and its change number read in one snapshot: nothing applied twice, nothing missed."""
+    a = SqliteGallery.open(tmp_path, KEY)
+    a.create_subject("A", {}, "a")
+    a.add_faces("a", [NewFace(unit(1))])
+    b = SqliteGallery.open(tmp_path, KEY)
+    assert b.applied == a.applied == 1 and b.index.size == 1
+    a.add_faces("a", [NewFace(unit(2))])
+    assert found(b, 2)[0] == "a" and b.index.size == 2
+    a.close()
+    b.close()
