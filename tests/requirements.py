@@ -22,6 +22,7 @@ NEEDS = {
     "DOCKER_TOOLS": "hadolint, docker-compose and make",
     "CLIENTS": "the published CompreFace and DeepStack clients (make clients), and Node for the JavaScript SDK",
     "LINUX_ROOT": "Linux (/proc) and root (mounting a tmpfs)",
+    "BROWSER": "Debian's chromium and chromium-driver, and selenium (the dev extra), for the console's browser test",
     "IMAGE_TEST": "a Docker engine and root, FACEGATE_IMAGE_TEST=1 (make image-test)",
 }
 

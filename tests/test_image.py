@@ -7,7 +7,7 @@ package index) on the base FACEGATE_PYTHON_IMAGE names: `facegate-base:bookworm`
 debootstrap stand-in for python:3.11-slim-bookworm that docker/test-base.sh makes when it is missing
 (Docker Hub need not be reachable). Then runs it with `--network host`, the image's command line on
 a free port, an API key and a named data volume (the models are the image's own), and checks: /readyz ready, /verify on two LFW photos
-of one person, a non-root user, the health check turning healthy, and an enrollment surviving
+of one person, the web console's files served, a non-root user, the health check turning healthy, and an enrollment surviving
 `docker restart`. The container and the volume are removed afterwards, pass or fail; the image
 (FACEGATE_IMAGE_TAG, default facegate:image-test) is kept as the next build's layer cache.
 
@@ -205,6 +205,14 @@ def test_verify_two_photos_of_one_person(container, photos):
     status, body = container.request("POST", "/verify", {"image1": b64(photos[0]), "image2": b64(photos[1])})
     assert status == 200, body
     assert body["match"] is True, body
+
+
+def test_the_console_ships_in_the_image(container):
+    """/console's files are package data of a plain install: served, with their policy, without a key."""
+    for path in ("/console/", "/console/js/main.js", "/console/console.css"):
+        with urllib.request.urlopen(container.base + path, timeout=30) as response:
+            assert response.status == 200 and "script-src 'self'" in response.headers["Content-Security-Policy"], path
+            assert response.read(), path
 
 
 def test_runs_as_a_non_root_user(container):

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__
-from service.api import access_log, compat, docs_ui, error_handlers
+from service.api import access_log, compat, console, docs_ui, error_handlers
 from service.api.admission import Admission
 from service.api.auth import ApiKeys
 from service.api.compat import deepstack
@@ -127,6 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     error_handlers.install(app)
     docs_ui.install(app)
+    console.install(app)
     for router in ROUTERS + compat.ROUTERS:
         app.include_router(router)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).

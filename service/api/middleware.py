@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api import console
 from service.api.admission import AUTHENTICATED
 from service.api.auth import ApiKeys
 from service.api.error_handlers import error_response
@@ -60,7 +61,8 @@ class ApiKeyAuth:
     field); their route class checks it, header or field, once the body is read. A request whose
     key checked out here (or that needs none) is marked `AUTHENTICATED` for admission control.
     `refusals`: under a path prefix, the answer to a missing or empty (False) or wrong (True) key in
-    a foreign API's shape."""
+    a foreign API's shape.
+    The console's static files need no key: they hold no data, and every call they make sends one."""
 
     def __init__(
         self,
@@ -78,11 +80,14 @@ class ApiKeyAuth:
         # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
         valid = not self.keys.enabled or (len(presented) == 1 and self.keys.check(presented[0].decode("latin-1")))
         path = scope.get("path")
-        if not valid and path not in PUBLIC_PATHS and path not in self.body_key_paths:
+        public = path in PUBLIC_PATHS or path in self.body_key_paths or (path is not None and console.is_console(path))
+        if not valid and not public:
             refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)
             response = refuse(any(presented)) if refuse else error_response(Unauthorized("a valid X-API-Key header is required"))
             return await response(scope, receive, send)
-        scope[AUTHENTICATED] = valid
+        # A body-key route's key is not known yet; the console's files need none (they take keyed slots,
+        # not the few a client without a key may hold: a browser fetches several at once).
+        scope[AUTHENTICATED] = valid or (public and path not in self.body_key_paths)
         await self.app(scope, receive, send)
 
 

@@ -136,6 +136,15 @@ class ModelOut(BaseModel):
         return cls(name=manifest.name, version=manifest.version, sha256=manifest.file.sha256)
 
 
+class ModelsResponse(BaseModel):
+    detector: dict[str, Any] | None = Field(description="The served detector's manifest; null when none is loaded (/readyz says why).")
+    embedder: dict[str, Any] | None = Field(
+        description="The served embedder's manifest (license, thresholds per FAR, the calibrated far_curve, accuracy in `metrics`)."
+    )
+    default_far: str = Field(description="FACEGATE_DEFAULT_FAR: the FAR /verify decides at when a request names none.")
+    default_fpir: float = Field(description="FACEGATE_DEFAULT_FPIR: the FPIR /identify decides at when a request names none.")
+
+
 class VerifyResponse(BaseModel):
     match: bool
     similarity: float = Field(description="Cosine similarity; against a subject, the max over its enrolled faces.", examples=[0.71])

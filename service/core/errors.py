@@ -65,6 +65,12 @@ class FaceNotFound(FacegateError):
     code, status = "face_not_found", 404
 
 
+class FaceChipNotStored(FacegateError):
+    """The face exists, but was enrolled while FACEGATE_STORE_CROPS was off: no image of it is kept."""
+
+    code, status = "face_chip_not_stored", 404
+
+
 class MethodNotAllowed(FacegateError):
     code, status = "method_not_allowed", 405
 

@@ -88,6 +88,10 @@ class GalleryStore(Protocol):
     def delete_faces(self, face_ids: list[int]) -> dict[int, str]:
         """Delete those of `face_ids` the store holds, whichever model made them, in one statement
         (the caller bounds the list); {face id: its subject's id} of those deleted."""
+
+    def face_chip(self, face_id: int) -> bytes | None:
+        """The PNG of a face's stored chip; None for a face enrolled without FACEGATE_STORE_CROPS
+        (FaceNotFound if none has the id)."""
         ...
 
     def subject_embeddings(self, subject_id: str) -> np.ndarray: ...

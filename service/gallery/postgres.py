@@ -392,6 +392,13 @@ class PostgresGallery(GalleryStore):
         self._unshare(deleted)
         return dict(rows)
 
+    def face_chip(self, face_id: int) -> bytes | None:
+        with self._conn() as conn:
+            row = conn.execute("SELECT crop FROM faces WHERE id = %s", (face_id,)).fetchone()
+        if row is None:
+            raise FaceNotFound(f"no face with id {face_id}")
+        return None if row[0] is None else bytes(row[0])
+
     def _unshare(self, face_ids: list[int]) -> None:
         """Take committed deletes out of a shared index (Milvus). If it cannot be reached the vectors
         stay, never answered: search looks every candidate up in the database first."""

@@ -524,6 +524,13 @@ class SqliteGallery(GalleryStore):
                 self._wrote(seq, "remove", [r[0] for r in rows])
         return dict(rows)
 
+    def face_chip(self, face_id: int) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT crop FROM faces WHERE id = ?", (face_id,)).fetchone()
+        if row is None:
+            raise FaceNotFound(f"no face with id {face_id}")
+        return row[0]
+
     def _unindex(self, face_ids: list[int]) -> None:
         """Take committed deletes out of the index. A shared index that cannot be reached keeps the
         vectors, which are never answered: search looks every candidate up here first."""

@@ -27,7 +27,7 @@ from service.api.schemas import (
     error_responses,
 )
 from service.core.decision import decide_search
-from service.core.errors import EnrollmentFailed, FacegateError, InvalidParameters, LowQualityFace
+from service.core.errors import EnrollmentFailed, FaceChipNotStored, FacegateError, InvalidParameters, LowQualityFace
 from service.core.open_set import GalleryShape
 from service.gallery.interface import FaceRecord, NewFace
 
@@ -42,10 +42,29 @@ def list_faces(subject_id: SubjectIdPath, service: ServiceDep) -> FacePage:
     return FacePage(faces=[StoredFaceOut.of(r, key.sha256 if key else None) for r in records])
 
 
+FaceIdPath = Annotated[int, Path(ge=1, le=INT64_MAX)]
+
+
 @router.delete("/faces/{face_id}", status_code=204, response_class=Response, responses=error_responses(401, 404, 422))
-def delete_face(face_id: Annotated[int, Path(ge=1, le=INT64_MAX)], service: ServiceDep) -> Response:
+def delete_face(face_id: FaceIdPath, service: ServiceDep) -> Response:
     service.gallery.delete_face(face_id)
     return Response(status_code=204)
+
+
+@router.get(
+    "/faces/{face_id}/chip",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}, "description": "The chip, a PNG."}, **error_responses(401, 404, 422)},
+    dependencies=[StrictQuery],
+)
+def face_chip(face_id: FaceIdPath, service: ServiceDep) -> Response:
+    """The image of an enrolled face that FACEGATE_STORE_CROPS=true keeps (a 320×320 PNG with margin
+    around the face; an aligned upload as sent): a thumbnail for the console. Biometric data, so
+    never cached; 404 face_chip_not_stored for a face enrolled while the setting was off."""
+    png = service.gallery.face_chip(face_id)
+    if png is None:
+        raise FaceChipNotStored(f"face {face_id} was enrolled while FACEGATE_STORE_CROPS was off: no image of it is kept")
+    return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 
 
 async def prepare_face(service: Service, data: bytes, options: EnrollOptions) -> NewFace:

@@ -64,6 +64,7 @@ LEFT_OUT = {
     "/openapi.json": "the schema itself",
     "/docs": "Swagger UI's page",
     "/docs/assets/{path}": "Swagger UI's static files",
+    "/console/{path}": "the web console's static files (tests/service/api/test_console.py)",
 }
 LEFT_OUT_PREFIXES = {
     "/api/v1/": "CompreFace's API (docs/compat.md): requests in its own shape, tested in tests/service/api/compat/",

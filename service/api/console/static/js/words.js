@@ -1,0 +1,73 @@
+// Rates in plain words: 1e-3 → "1 in 1,000". A decision's promise is written out, never left as
+// an exponent for the operator to decode.
+
+/** "1 in 1,000" for 1e-3; two significant digits for rates that are not a power of ten. */
+export function oneIn(rate) {
+  const value = Number(rate);
+  if (!(value > 0)) return "none";
+  if (value >= 0.5) return `${Math.round(value * 100)} in 100`;
+  const n = 1 / value;
+  const digits = Math.floor(Math.log10(n)) + 1;
+  const rounded = digits <= 2 ? Math.round(n) : Number(n.toPrecision(2));
+  return `1 in ${rounded.toLocaleString("en-US")}`;
+}
+
+export function number(value, digits = 3) {
+  return Number(value).toFixed(digits);
+}
+
+/** The plain-words promise of a /verify answer. */
+export function verifyDecision(result) {
+  if (result.far === null || result.far === undefined) {
+    return `Decided at an explicit threshold of ${number(result.threshold, 4)}: no calibrated error rate stands behind it.`;
+  }
+  const against = result.subject_id ? "a photo of someone else compared with an enrolled subject" : "two photos of different people";
+  return (
+    `Decided at a false-accept rate (FAR) of ${result.far}: about ${oneIn(result.far)} comparisons of ` +
+    `${against} would be wrongly accepted as a match at this setting.`
+  );
+}
+
+/** The plain-words promise of an /identify answer, and the details behind it. */
+export function identifyDecision(result) {
+  const scale = { cosine: "cosine similarity", "as-norm": "cohort-normalized (AS-norm) score", margin: "margin score" }[result.score] || result.score;
+  const threshold = `the best candidate's ${scale} must reach ${number(result.threshold, 4)}`;
+  const faces = result.gallery_faces;
+  const size = faces !== null && faces !== undefined ? `${faces.toLocaleString("en-US")} searchable ${faces === 1 ? "face" : "faces"}` : null;
+  const extra = result.extrapolated ? " This threshold lies beyond the model's calibrated points (read from its fitted tail)." : "";
+  if (result.fpir !== null && result.fpir !== undefined) {
+    return {
+      promise: `${oneIn(result.fpir)} strangers would be matched at this setting.`,
+      detail: `Decided at a false-positive identification rate (FPIR) of ${result.fpir}: ${threshold}` + (size ? `, for a gallery of ${size}.` : ".") + extra,
+    };
+  }
+  if (result.far !== null && result.far !== undefined && result.gallery_faces) {
+    const strangers = 1 - Math.pow(1 - Number(result.far), result.gallery_faces);
+    return {
+      promise: `About ${oneIn(strangers)} strangers would be matched at this setting.`,
+      detail: `Decided at a per-comparison FAR of ${result.far} (each of the ${size} is one comparison): ${threshold}.` + extra,
+    };
+  }
+  return {
+    promise: "No calibrated rate stands behind this decision.",
+    detail: `Decided at an explicit threshold: ${threshold}.`,
+  };
+}
+
+/** What an error code means for the person holding the photo. */
+export const WHY = {
+  low_quality_face: "The quality gate refused this face",
+  no_face: "No face was found",
+  multiple_faces: "More than one face was found",
+  image_too_small: "The image is too small",
+  image_too_large: "The image is too large",
+  invalid_image: "The file is not an image the service can read",
+  unsupported_media_type: "The service does not take this image format",
+  too_many_faces: "Too many faces in one photo",
+  model_unavailable: "The service's models are not ready",
+};
+
+export function why(error) {
+  const reason = WHY[error.code];
+  return reason ? `${reason}: ${error.message}` : `${error.message} (${error.code})`;
+}
