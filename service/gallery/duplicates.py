@@ -62,7 +62,8 @@ def build(gallery: GalleryStore) -> LeaveOneOut:
 
 def find(state: LeaveOneOut, manifest: Manifest, fpir: float | None, default_fpir: float) -> Duplicates:
     """The pairs /identify would confuse at `fpir` (default `default_fpir`): per pair of subjects,
-    the face scoring highest against the other. Decided without a cohort, on the margin score when
+    the face scoring highest against the other (of equal ones, the lowest id: the same whatever order
+    the guard holds its faces in). Decided without a cohort, on the margin score when
     the manifest has its open-set table, else on cosines."""
     shape = state.shape()
     others = GalleryShape(max(shape.subjects - 1, 1), max(shape.faces - 1, 1), shape.tail)
@@ -71,9 +72,9 @@ def find(state: LeaveOneOut, manifest: Manifest, fpir: float | None, default_fpi
     for face_id, subject, other, cosine, score in state.nearest_others(decision.threshold, by_cosine=decision.margin is None):
         held = score if decision.margin else cosine
         key = (min(subject, other), max(subject, other))
-        if key not in best or held > best[key].score:
+        if key not in best or (held, -face_id) > (best[key].score, -best[key].face_id):  # a tie: the older face
             best[key] = Pair(face_id, subject, other, cosine, held)
-    return Duplicates(sorted(best.values(), key=lambda p: -p.score), decision, shape)
+    return Duplicates(sorted(best.values(), key=lambda p: (-p.score, p.face_id)), decision, shape)
 
 
 def names(gallery: GalleryStore, pairs: list[Pair]) -> tuple[list[Pair], dict[str, str]]:

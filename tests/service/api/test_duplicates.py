@@ -91,3 +91,19 @@ def test_a_key_is_needed(api_settings, make_client):
     assert api.get("/gallery/duplicates").status_code == 401
     assert api.get("/gallery/duplicates", headers={"X-API-Key": "wrong"}).json()["error"]["code"] == "unauthorized"
     assert api.get("/gallery/duplicates", headers={"X-API-Key": "s3cret"}).json()["total"] == 0
+
+
+def test_the_guard_and_a_fresh_build_list_the_same_pairs(api):
+    """What the route reads from the guard, whose rows a delete reorders, is what the CLI builds from
+    the database: pairs, the face chosen for each (of equal scores, the older), and their order."""
+    enroll_people(api)
+    enroll(api, "again3", 103)
+    enroll(api, "again7", 107)
+    assert api.delete("/subjects/p0").status_code == 204  # the guard's last row moves into the freed one
+    enroll(api, "again5", 105)
+    answer = api.get("/gallery/duplicates", params={"fpir": "0.5", "limit": "1000"}).json()
+    service = api.app.state.service
+    built = duplicates.find(duplicates.build(service.gallery), service.ready().manifest, 0.5, service.settings.default_fpir)
+    listed = [(p["face_id"], p["subject_id"], p["other_subject_id"], p["score"]) for p in answer["pairs"]]
+    assert listed == [(p.face_id, p.subject_id, p.other_subject_id, round(p.score, 6)) for p in built.pairs]
+    assert answer["total"] == len(built.pairs) >= 3
