@@ -269,9 +269,9 @@ class LeaveOneOut:
     def nearest_others(self, at_least: float = -np.inf, by_cosine: bool = False) -> list[tuple[int, str, str, float, float]]:
         """Per face whose score (`by_cosine`: whose cosine with the most similar other subject) is at
         least `at_least`: (face id, its subject, that other subject, its best face's cosine, the face's
-        score). The faces are picked in one pass over the arrays, so the lock is held for about a
-        millisecond per 100k faces plus the faces kept (what `facegate gallery duplicates` and
-        GET /gallery/duplicates list)."""
+        score). The faces are picked in one vectorized pass over the arrays, so the lock is held for
+        Python work on the faces kept only (what `facegate gallery duplicates` and GET
+        /gallery/duplicates list, at their threshold)."""
         with self._lock:
             n = self._n
             held = self._top[:n, 0].astype(np.float64) if by_cosine else self._score[:n]
