@@ -393,11 +393,8 @@ def gallery_duplicates(
     scored against the other subjects (the open-set guard's leave-one-out scores), as enrollment's
     `possible_duplicate_of` scores a new face. Such pairs also make the guard stricter for everyone:
     merge them (enroll the faces under one subject, delete the other)."""
-    import numpy as np
-
-    from service.core.decision import decide_search
     from service.core.models.model_set import load_models
-    from service.core.open_set import GalleryShape, LeaveOneOut
+    from service.gallery import duplicates
     from service.gallery.factory import open_gallery
 
     settings = get_settings()
@@ -406,45 +403,27 @@ def gallery_duplicates(
         models.require("embedder")
         assert models.embedder is not None and models.embedder_key is not None  # require() passed
         gallery = open_gallery(settings, models.embedder_key, searchable=False)
-        ids, subjects, vectors, names = [], [], [], {}
         try:
-            after = 0
-            while len(page := gallery.embeddings_after(after, 10_000)[0]):
-                for face_id, (subject, name, vector) in sorted(gallery.lookup_faces(page.tolist()).items()):
-                    ids.append(face_id)
-                    subjects.append(subject)
-                    vectors.append(vector)
-                    names[subject] = name
-                after = int(page[-1])
+            state = duplicates.build(gallery)
+            if not state.shape().faces:
+                fail("the gallery holds no faces of the active embedder")
+            found = duplicates.find(state, models.embedder.manifest, fpir, settings.default_fpir)
+            ranked, names = duplicates.names(gallery, found.pairs[:limit])
         finally:
             gallery.close()
-        if not ids:
-            fail("the gallery holds no faces of the active embedder")
-        state = LeaveOneOut.build(np.array(ids, np.int64), subjects, np.stack(vectors))
-        shape = state.shape()
-        others = GalleryShape(max(shape.subjects - 1, 1), max(shape.faces - 1, 1), shape.tail)
-        decision = decide_search(models.embedder.manifest, fpir, None, None, others, settings.default_fpir)
-    pairs: dict[tuple[str, str], dict] = {}
-    for face_id, subject, other, cosine, score in state.nearest_others():
-        held = score if decision.margin else cosine  # what the decision holds: the margin score, or (no open-set table) the cosine
-        key = (min(subject, other), max(subject, other))
-        if held >= decision.threshold and held > pairs.get(key, {}).get("score", -np.inf):
-            pairs[key] = {
-                "face_id": face_id,
-                "subject_id": subject,
-                "other_subject_id": other,
-                "similarity": round(cosine, 6),
-                "score": round(held, 6),
-            }
-    ranked = sorted(pairs.values(), key=lambda p: -p["score"])[:limit]
+    decision, shape = found.decision, found.shape
     if as_json:
         for pair in ranked:
             typer.echo(
                 json.dumps(
                     {
-                        **pair,
-                        "name": names[pair["subject_id"]],
-                        "other_name": names[pair["other_subject_id"]],
+                        "face_id": pair.face_id,
+                        "subject_id": pair.subject_id,
+                        "other_subject_id": pair.other_subject_id,
+                        "similarity": round(pair.similarity, 6),
+                        "score": round(pair.score, 6),
+                        "name": names[pair.subject_id],
+                        "other_name": names[pair.other_subject_id],
                         "threshold": decision.threshold,
                     }
                 )
@@ -456,16 +435,16 @@ def gallery_duplicates(
         "would be identified as",
         "cosine",
         decision.score,
-        title=f"{len(pairs)} pairs at fpir {decision.fpir:g} "
+        title=f"{len(found.pairs)} pairs at fpir {decision.fpir:g} "
         f"({shape.subjects:,} subjects, {shape.faces:,} faces; threshold {decision.threshold:.6f})",
     )
     for pair in ranked:
         table.add_row(
-            str(pair["face_id"]),
-            f"{pair['subject_id']} ({names[pair['subject_id']]})",
-            f"{pair['other_subject_id']} ({names[pair['other_subject_id']]})",
-            f"{pair['similarity']:.4f}",
-            f"{pair['score']:.4f}",
+            str(pair.face_id),
+            f"{pair.subject_id} ({names[pair.subject_id]})",
+            f"{pair.other_subject_id} ({names[pair.other_subject_id]})",
+            f"{round(pair.similarity, 6):.4f}",
+            f"{round(pair.score, 6):.4f}",
         )
     Console().print(table)
 

@@ -343,6 +343,31 @@ class DuplicateOut(BaseModel):
     threshold: float = Field(description="The default fpir's threshold for a gallery of the other subjects.")
 
 
+class DuplicatePairOut(BaseModel):
+    """Two subjects that may be one person: /identify would answer `face_id` (of `subject_id`) as `other_subject_id`."""
+
+    face_id: int = Field(description="The face of `subject_id` that scores highest against the other subjects.")
+    subject_id: str
+    name: str
+    other_subject_id: str = Field(description="The subject /identify would answer for that face were its own subject not enrolled.")
+    other_name: str
+    similarity: float = Field(description="The face's cosine with the other subject's best face.")
+    score: float = Field(description="What `threshold` applies to (of the kind `score` names), at or above it.")
+
+
+class DuplicatesOut(BaseModel):
+    pairs: list[DuplicatePairOut] = Field(description="Up to `limit` pairs, each once, highest score first.")
+    total: int = Field(description="Pairs at or above the threshold (more than listed when above `limit`).")
+    limit: int
+    fpir: float = Field(description="The false-positive identification rate the pairs are flagged at.")
+    threshold: float = Field(description="That fpir's threshold for a gallery of the other subjects (N − 1).")
+    score: Literal["margin", "cosine"] = Field(
+        description="What the threshold applies to: the margin score, or without the model's open-set table the cosine."
+    )
+    subjects: int = Field(description="Subjects whose faces were scored.")
+    faces: int = Field(description="Faces scored, each against the other subjects.")
+
+
 class EnrolledFaceOut(StoredFaceOut):
     possible_duplicate_of: DuplicateOut | None = Field(
         None,

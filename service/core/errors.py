@@ -204,6 +204,13 @@ class GalleryUnavailable(FacegateError):
     code, status = "gallery_unavailable", 503
 
 
+class DuplicatesUnavailable(FacegateError):
+    """GET /gallery/duplicates on a gallery that keeps no open-set guard and is too large to score
+    per request: `facegate gallery duplicates` lists its pairs."""
+
+    code, status = "duplicates_unavailable", 503
+
+
 class StorageFull(FacegateError):
     """The gallery's disk (or the PostgreSQL server's) is full: the write was rolled back, nothing
     changed; it succeeds again once space is freed, without a restart."""

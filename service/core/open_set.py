@@ -266,20 +266,25 @@ class LeaveOneOut:
                 self._tail_current = True
             return GalleryShape(self._subjects, self._n, self._tail)
 
-    def nearest_others(self) -> list[tuple[int, str, str, float, float]]:
-        """Per face: (face id, its subject, the most similar other subject, its best face's cosine, the face's score)."""
+    def nearest_others(self, at_least: float = -np.inf, by_cosine: bool = False) -> list[tuple[int, str, str, float, float]]:
+        """Per face whose score (`by_cosine`: whose cosine with the most similar other subject) is at
+        least `at_least`: (face id, its subject, that other subject, its best face's cosine, the face's
+        score). The faces are picked in one vectorized pass over the arrays, so the lock is held for
+        Python work on the faces kept only (what `facegate gallery duplicates` and GET
+        /gallery/duplicates list, at their threshold)."""
         with self._lock:
-            return [
-                (
-                    int(self._ids[i]),
-                    self._names[self._subject[i]],
-                    self._names[self._top_subject[i, 0]],
-                    float(self._top[i, 0]),
-                    float(self._score[i]),
-                )
-                for i in range(self._n)
-                if self._top_subject[i, 0] >= 0
-            ]
+            n = self._n
+            held = self._top[:n, 0].astype(np.float64) if by_cosine else self._score[:n]
+            rows = np.flatnonzero((held >= at_least) & (self._top_subject[:n, 0] >= 0))
+            picked = zip(
+                self._ids[rows].tolist(),
+                self._subject[rows].tolist(),
+                self._top_subject[rows, 0].tolist(),
+                self._top[rows, 0].tolist(),
+                self._score[rows].tolist(),
+                strict=True,
+            )
+            return [(face, self._names[own], self._names[other], cosine, score) for face, own, other, cosine, score in picked]
 
     def add(self, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray | None = None) -> None:
         """New faces (`subjects`: each one's subject id): each enters the lists of the faces it is now

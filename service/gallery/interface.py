@@ -12,7 +12,7 @@ import numpy as np
 
 from service.core.alignment import FaceChip
 from service.core.decision import Candidate
-from service.core.open_set import GalleryShape
+from service.core.open_set import GalleryShape, LeaveOneOut
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,12 @@ class GalleryStore(Protocol):
     def shape(self) -> GalleryShape:
         """The subjects and faces searches run on, and the open-set guard's leave-one-out tail
         (service/core/open_set.py): what an FPIR decision is made for."""
+        ...
+
+    def leave_one_out(self) -> LeaveOneOut | None:
+        """The open-set guard's leave-one-out state `shape` reads its tail from, as of the last
+        change; None where none is kept (FACEGATE_OPEN_SET_GUARD=false, Milvus on PostgreSQL, a
+        store opened for maintenance)."""
         ...
 
     def replication(self) -> dict[str, int | bool] | None:

@@ -484,6 +484,9 @@ class PostgresGallery(GalleryStore):
             self._counts = (now, GalleryShape(subjects, faces))
         return self._counts[1]
 
+    def leave_one_out(self) -> LeaveOneOut | None:
+        return self.roster if isinstance(self.roster, LeaveOneOut) else None
+
     def replication(self) -> dict[str, int | bool] | None:
         if self.sync is None:
             return None

@@ -625,6 +625,11 @@ class SqliteGallery(GalleryStore):
             self._follow()
             return self.roster.shape() if self.roster is not None else GalleryShape(0, 0)
 
+    def leave_one_out(self) -> LeaveOneOut | None:
+        with self._lock:
+            self._follow()
+            return self.roster if isinstance(self.roster, LeaveOneOut) else None
+
     def replication(self) -> None:
         return None  # one process owns the file: nothing to keep in step
 

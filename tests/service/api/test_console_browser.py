@@ -3,7 +3,8 @@ chips kept and the default embedder, on LFW photos: a wrong key refused, sign-in
 enrolled (one photo refused by the quality gate, with the face it saw; a camera photo taken and
 removed), a subject named like
 markup shown as text, search, thumbnails, a group photo identified (both faces boxed and named,
-the decision in plain words), a pair verified and a pair refused, the model page, a face and a
+the decision in plain words), a pair verified and a pair refused, one man enrolled again under
+another id listed as a possible duplicate (none while the gallery is empty), the model page, a face and a
 subject deleted (each checked through the API too), the pages on a phone-sized screen without
 sideways scrolling, no Content-Security-Policy violation and the key in no URL or log line.
 
@@ -219,6 +220,9 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path) -> N
     c.submit()
     c.heading("Gallery")
     assert "The gallery is empty" in c.until_text(".status", "empty")
+    c.open("#/duplicates")
+    c.heading("Possible duplicates")
+    c.until_text(".status.ok", "No possible duplicates")
 
     # Enroll: two photos and one the quality gate refuses, with the face it saw.
     c.open("#/enroll")
@@ -302,6 +306,22 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path) -> N
     c.submit()
     c.until_text(".verdict", "No match")
 
+    # The same man enrolled again under another id: a possible duplicate, linked to both subjects.
+    assert api.post("/subjects", json={"id": "bush-again", "name": "G. W. Bush"}).status_code == 201
+    enrolled = api.post("/subjects/bush-again/faces", files={"image": photos["bush3"].read_bytes()}).json()
+    assert enrolled["possible_duplicate_of"]["subject_id"] == "bush", enrolled
+    c.open("#/duplicates")
+    c.heading("Possible duplicates")
+    row = c.element_with("table.duplicates tbody tr", "G. W. Bush")
+    assert "George W Bush" in row.text and MARKUP_NAME not in row.text
+    links = {a.get_attribute("href").split("#", 1)[1]: a for a in c.css("a", row)}
+    assert links.keys() == {"/gallery/bush", "/gallery/bush-again"}
+    assert "1 in 100 strangers" in c.one(".decision").text
+    c.shot("duplicates")
+    links["/gallery/bush-again"].click()
+    c.heading("G. W. Bush")
+    assert api.delete("/subjects/bush-again").status_code == 204
+
     # The model: names, license, thresholds, the curves drawn from the manifest.
     c.open("#/model")
     c.heading("Model")
@@ -333,7 +353,13 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path) -> N
 
     # A phone-sized screen: one column, nothing wider than the screen.
     browser.set_window_size(*PHONE)
-    for fragment, heading in (("#/gallery", "Gallery"), ("#/gallery/bush", "George W Bush"), ("#/enroll", "Enroll"), ("#/model", "Model")):
+    for fragment, heading in (
+        ("#/gallery", "Gallery"),
+        ("#/gallery/bush", "George W Bush"),
+        ("#/enroll", "Enroll"),
+        ("#/duplicates", "Possible duplicates"),
+        ("#/model", "Model"),
+    ):
         c.open(fragment)
         c.heading(heading)
         c.no_sideways_scroll()

@@ -1,0 +1,82 @@
+"""GET /gallery/duplicates: pairs of subjects that may be one person under two ids, read from the
+open-set guard the gallery keeps (service/gallery/duplicates.py). Not under /subjects: a subject may
+be called `duplicates`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from service.api.deps import ServiceDep, StrictQuery
+from service.api.schemas import DuplicatePairOut, DuplicatesOut, ErrorResponse, error_responses
+from service.core.errors import DuplicatesUnavailable, Overloaded
+from service.gallery import duplicates
+
+router = APIRouter(tags=["gallery"])
+_building = threading.Lock()  # one state built from the database at a time, where the gallery keeps no guard
+
+
+@router.get(
+    "/gallery/duplicates",
+    response_model=DuplicatesOut,
+    summary="Subjects that may be one person under two ids",
+    responses={
+        **error_responses(401, 422),
+        503: {
+            "model": ErrorResponse,
+            "description": "No embedder loaded; a gallery without a guard too large to score per request; another such scoring running",
+        },
+    },
+    dependencies=[StrictQuery],
+)
+def list_duplicates(
+    service: ServiceDep,
+    fpir: Annotated[float | None, Query(ge=1e-9, le=0.5, description="The FPIR to flag at (default FACEGATE_DEFAULT_FPIR).")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> DuplicatesOut:
+    """Each pair of subjects where a face of one would be answered by /identify, at `fpir`, as the
+    other were its own subject not enrolled (its leave-one-out score reaches the threshold of a gallery
+    of the other subjects), highest score first. Merge such pairs: they are one person's, or look alike
+    enough to be answered for each other, and they make the open-set guard stricter for everyone."""
+    manifest = service.ready().manifest
+    state = service.gallery.leave_one_out()
+    if state is None:  # no guard kept (FACEGATE_OPEN_SET_GUARD=false, Milvus on PostgreSQL): built here, bounded
+        faces = service.gallery.shape().faces
+        if faces > duplicates.MAX_BUILT_FACES:
+            raise DuplicatesUnavailable(
+                f"the gallery keeps no open-set guard (FACEGATE_OPEN_SET_GUARD=false, or Milvus on PostgreSQL) and holds {faces:,} faces, "
+                f"above the {duplicates.MAX_BUILT_FACES:,} a request scores: run `facegate gallery duplicates`"
+            )
+        if not _building.acquire(blocking=False):
+            raise Overloaded("another GET /gallery/duplicates is scoring the gallery; retry in a few seconds")
+        try:
+            state = duplicates.build(service.gallery)
+        finally:
+            _building.release()
+    found = duplicates.find(state, manifest, fpir, service.settings.default_fpir)
+    shown, names = duplicates.names(service.gallery, found.pairs[:limit])
+    decision = found.decision
+    assert decision.fpir is not None  # decided by fpir
+    return DuplicatesOut(
+        pairs=[
+            DuplicatePairOut(
+                face_id=p.face_id,
+                subject_id=p.subject_id,
+                name=names[p.subject_id],
+                other_subject_id=p.other_subject_id,
+                other_name=names[p.other_subject_id],
+                similarity=round(p.similarity, 6),
+                score=round(p.score, 6),
+            )
+            for p in shown
+        ],
+        total=len(found.pairs),
+        limit=limit,
+        fpir=decision.fpir,
+        threshold=decision.threshold,
+        score="margin" if decision.margin else "cosine",
+        subjects=found.shape.subjects,
+        faces=found.shape.faces,
+    )
