@@ -174,9 +174,11 @@ class EnrollmentFailed(FacegateError):
 
 
 class Overloaded(FacegateError):
-    """FACEGATE_MAX_INFLIGHT_REQUESTS requests are already being served: retry after Retry-After."""
+    """FACEGATE_MAX_INFLIGHT_REQUESTS requests are already being served, or a budget stayed spent:
+    retry after Retry-After (its answer always carries one)."""
 
     code, status = "overloaded", 503
+    retry_after = 1  # seconds
 
 
 class InternalError(FacegateError):

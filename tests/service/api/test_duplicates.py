@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
+from service.api.routes import duplicates as routes_duplicates
 from service.gallery import duplicates
 from tests.conftest import aligned_crop_png
 
@@ -74,6 +75,11 @@ def test_without_a_guard_the_pairs_are_scored_per_request_within_a_bound(api_set
     refused = api.get("/gallery/duplicates")
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "duplicates_unavailable"
     assert "facegate gallery duplicates" in refused.json()["error"]["message"]
+    monkeypatch.setattr(duplicates, "MAX_BUILT_FACES", 10 * PEOPLE)
+    with routes_duplicates._building:  # another request scoring the gallery
+        busy = api.get("/gallery/duplicates")
+    assert busy.status_code == 503 and busy.json()["error"]["code"] == "overloaded" and busy.headers["retry-after"] == "1"
+    assert api.get("/gallery/duplicates").status_code == 200
 
 
 @pytest.mark.parametrize(
