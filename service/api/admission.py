@@ -79,15 +79,14 @@ class Admission:
         per_client: int,
         bodies: BodyBudget,
         max_body: int,
-        retry_after: int = 1,
     ):
         self.app, self.limit, self.unauthenticated, self.per_client = app, limit, unauthenticated, per_client
-        self.bodies, self.max_body, self.retry_after = bodies, max_body, retry_after
+        self.bodies, self.max_body = bodies, max_body
         self.inflight = 0
         self.waiting_for_key: Counter[str] = Counter()  # unauthenticated requests by client address
 
     def full_message(self) -> str:
-        return f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {self.retry_after} s"
+        return f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {Overloaded.retry_after} s"
 
     def leave_unauthenticated(self, client: str) -> None:
         self.waiting_for_key[client] -= 1
@@ -110,22 +109,21 @@ class Admission:
         if sum(self.waiting_for_key.values()) >= self.unauthenticated:
             return (
                 f"{self.unauthenticated} requests whose key is not yet known are being served "
-                f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {self.retry_after} s"
+                f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
             )
         if self.waiting_for_key[client] >= self.per_client:
             return (
                 f"{self.per_client} requests whose key is not yet known are being served for this client "
-                f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {self.retry_after} s"
+                f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
             )
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED:
             return await self.app(scope, receive, send)
-        headers = {"Retry-After": str(self.retry_after)}
         refusal = self._refusal(scope)
         if refusal:
-            return await error_response(Overloaded(refusal), headers=headers)(scope, receive, send)
+            return await error_response(Overloaded(refusal))(scope, receive, send)
         keyed = bool(scope.get(AUTHENTICATED))
         client = (scope.get("client") or ("unknown",))[0]
         admitted = Ticket(self, keyed, client, self._body_size(scope))
@@ -139,7 +137,7 @@ class Admission:
                 try:
                     admitted.held = await self.bodies.acquire(admitted.body)
                 except FacegateError as exc:
-                    return await error_response(exc, headers=headers)(scope, receive, send)
+                    return await error_response(exc)(scope, receive, send)
             await self.app(scope, receive, send)
         finally:
             await admitted.release()

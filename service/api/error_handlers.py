@@ -23,7 +23,7 @@ log = logging.getLogger("facegate.api")
 def error_response(error: FacegateError, status: int | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The answer for an error; `status` overrides the class's for a bare HTTP status it stands for.
     An `overloaded` answer says when to retry, wherever it was raised (admission, a budget, a route)."""
-    if isinstance(error, Overloaded) and not (headers and "Retry-After" in headers):
+    if isinstance(error, Overloaded):
         headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
     body: dict[str, Any] = {"code": error.code, "message": error.message}
     if error.details is not None:

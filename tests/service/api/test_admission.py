@@ -37,7 +37,7 @@ def _scope(client: str = "10.0.0.1", keyed: bool = True, length: int | None = No
 
 
 async def _call(app, scope) -> tuple[int, dict]:
-    """Run one request to its answer: (status, JSON body)."""
+    """Run one request to its answer: (status, JSON body). Every 503 must say when to retry."""
     answer: dict = {}
 
     async def receive():
@@ -46,10 +46,13 @@ async def _call(app, scope) -> tuple[int, dict]:
     async def send(message):
         if message["type"] == "http.response.start":
             answer["status"] = message["status"]
+            answer["headers"] = dict(message["headers"])
         elif message["type"] == "http.response.body":
             answer["body"] = json.loads(message["body"])
 
     await app(scope, receive, send)
+    if answer["status"] == 503:
+        assert answer["headers"].get(b"retry-after") == b"1", answer["headers"]
     return answer["status"], answer["body"]
 
 
