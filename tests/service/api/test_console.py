@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
+from service.api.admission import AUTHENTICATED
+from service.api.auth import ApiKeys
 from service.api.console import CSP, STATIC
+from service.api.middleware import ApiKeyAuth
 from tests.conftest import aligned_crop_png
 
 KEY = "console-test-key"
@@ -156,3 +159,18 @@ def test_every_console_file_ships_in_the_package():
     shipped = {path for pattern in patterns for path in STATIC.parent.glob(pattern)}  # globbed as setuptools globs them
     files = {path for path in STATIC.rglob("*") if path.is_file()}
     assert len(files) > 10 and sorted(files - shipped) == []
+
+
+def test_the_console_files_take_keyed_admission_slots():
+    """A browser fetches the console's modules several at once: they need no key, so admission must
+    not count them among the few FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT requests whose key is still
+    unknown (a DeepStack form field), which would refuse some of them."""
+    marked: dict[str, bool] = {}
+
+    async def app(scope, receive, send):
+        marked[scope["path"]] = scope[AUTHENTICATED]
+
+    auth = ApiKeyAuth(app, ApiKeys([KEY]), body_key_paths=frozenset({"/v1/vision/face/recognize"}))
+    for path in ("/console/", "/console/js/main.js", "/v1/vision/face/recognize"):
+        anyio.run(auth, {"type": "http", "path": path, "headers": []}, None, None)
+    assert marked == {"/console/": True, "/console/js/main.js": True, "/v1/vision/face/recognize": False}
