@@ -41,6 +41,8 @@ ROLES = ("worker", "decoder", "model host", "other")
 MODEL_ROWS = ("onnxruntime run", "onnxruntime threads")  # the models' own compute: what a GPU takes over
 SNAPSHOT_TIMEOUT = 30.0
 PROBE_THREAD = "facegate-cpu-probe"
+UNCOVERED = "(in no region)"
+GENERIC = {"send", "recv", "poll", "shared-memory copy", "future set (wakes its waiter)", "probe (header)", "h11 parse", "h11 send"}
 
 
 @dataclass
@@ -89,6 +91,16 @@ class Budget:
 
     def per_image(self, ns: float) -> float:
         return ns / 1000 / max(1, self.images)
+
+    def remainder(self, process: str, thread: str) -> float:
+        """A thread's CPU that no region covers (nor the wrappers): the event loop's own work, a pool's queue."""
+        covered = sum(row[0] for (p, t, _), row in self.regions.items() if (p, t) == (process, thread))
+        return self.thread_ns.get((process, thread), 0) - covered - self.wrapper_ns.get((process, thread), 0)
+
+    def models_ns(self) -> float:
+        """The models' own compute: their onnxruntime runs and onnxruntime's threads."""
+        runs = sum(ns for (_, _, path), (ns, _, _) in self.regions.items() if path[-1] in MODEL_ROWS)
+        return runs + sum(ns for (_, thread), ns in self.thread_ns.items() if thread.startswith(MODEL_ROWS))
 
 
 def _snapshots(folder: Path, generation: int) -> dict[int, dict]:
@@ -162,10 +174,11 @@ def budget_table(budgets: list[Budget]) -> Table:
     keys = sorted({k for b in budgets for k in b.regions}, key=lambda k: (ROLES.index(k[0]), k[1], k[2]))
     threads = sorted({k for b in budgets for k in b.thread_ns}, key=lambda k: (ROLES.index(k[0]), k[1]))
 
-    def row(process: str, label: str, values: list[tuple[float, float] | None], style: str | None = None) -> None:
+    def row(process: str, label: str, values: list[tuple[float, float | None] | None], style: str | None = None) -> None:
+        """A row's cells: µs per image and calls per image (None: not a region's row)."""
         cells = []
         for v in values:
-            cells += ["", ""] if v is None else [f"{v[0]:,.0f}", f"{v[1]:.2f}" if v[1] == v[1] else ""]
+            cells += ["", ""] if v is None else [f"{v[0]:,.0f}", "" if v[1] is None else f"{v[1]:.2f}"]
         table.add_row(process, label, *cells, style=style)
 
     for role in ROLES:
@@ -175,35 +188,29 @@ def budget_table(budgets: list[Budget]) -> Table:
         row(
             f"{role} ×{count}",
             "all threads (getrusage, less the probe's)",
-            [(b.per_image(b.process_ns[role]), float("nan")) for b in budgets],
+            [(b.per_image(b.process_ns[role]), None) for b in budgets],
             "bold",
         )
         for process, thread in (t for t in threads if t[0] == role):
             clocks = [b.thread_ns.get((process, thread), 0) for b in budgets]
             if not any(clocks):
                 continue
-            row("", thread, [(b.per_image(ns), float("nan")) for b, ns in zip(budgets, clocks, strict=True)], "italic")
+            row("", thread, [(b.per_image(ns), None) for b, ns in zip(budgets, clocks, strict=True)], "italic")
             inside = [k for k in keys if k[:2] == (process, thread)]
             for key in inside:
                 row("", "  " + _label(key[2]), [_cell(b, key) for b in budgets])
             if inside:
-                rest = [
-                    ns - sum(b.regions[k][0] for k in inside if k in b.regions) - b.wrapper_ns.get((process, thread), 0)
-                    for b, ns in zip(budgets, clocks, strict=True)
-                ]
-                row("", "  (in no region)", [(b.per_image(ns), float("nan")) for b, ns in zip(budgets, rest, strict=True)])
-                wrappers = [(b.per_image(b.wrapper_ns.get((process, thread), 0)), float("nan")) for b in budgets]
+                row("", f"  {UNCOVERED}", [(b.per_image(b.remainder(process, thread)), None) for b in budgets])
+                wrappers = [(b.per_image(b.wrapper_ns.get((process, thread), 0)), None) for b in budgets]
                 row("", "  (the probe's wrappers)", wrappers, "dim")
         ended = [b.process_ns[role] - sum(ns for (p, _), ns in b.thread_ns.items() if p == role) for b in budgets]
-        row(
-            "", "threads that ended during the load", [(b.per_image(ns), float("nan")) for b, ns in zip(budgets, ended, strict=True)], "dim"
-        )
+        row("", "threads that ended during the load", [(b.per_image(ns), None) for b, ns in zip(budgets, ended, strict=True)], "dim")
     return table
 
 
 def _short(path: tuple[str, ...]) -> str:
-    """A region by itself and its caller (the whole path is in the first table)."""
-    return " › ".join(("…", *path[-2:]) if len(path) > 2 else path)
+    """A region by its name, with its caller's where the name alone is ambiguous (`send`)."""
+    return " › ".join(path[-2:]) if path[-1] in GENERIC and len(path) > 1 else path[-1]
 
 
 def _cell(b: Budget, key) -> tuple[float, float] | None:
@@ -221,6 +228,8 @@ def _by_caller(b: Budget) -> dict[tuple[str, str, str], list[float]]:
         row = rows[process, thread, _short(path)]
         for i, value in enumerate(values):
             row[i] += value
+    for process, thread in {(p, t) for p, t, _ in b.regions}:
+        rows[process, thread, UNCOVERED][0] += b.remainder(process, thread)
     return rows
 
 
@@ -294,6 +303,12 @@ def run_cpu_budget(
                 f"{c.per_image(sum(c.process_ns.values())):,.0f} µs/image"
             )
         console.print(line)
+        outside = sum(b.process_ns.values()) - wrappers - b.models_ns()
+        request = outside / 1000 / max(1, sum(r.statuses.values()))
+        console.print(
+            f"  outside the models' own compute: {b.per_image(outside):,.0f} µs/image, {request:,.0f} µs a request: "
+            f"{1e6 / request:,.0f} requests/s a core of this machine, were the models' compute taken away (to a GPU)"
+        )
     calls = [ns for b in budgets for ns in b.wrapper_call_ns]
     console.print(f"the probe's wrappers: {statistics.median(calls):.0f} ns a call (median over the processes), taken out of every row")
     console.print(budget_table(budgets))
