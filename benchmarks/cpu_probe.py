@@ -11,7 +11,8 @@ under (`send` inside a decoder round trip is not `send` inside a model-host run)
 regions, each process reports every thread's CPU clock (onnxruntime's threads too, named by the
 model whose session made them) and its own total (`getrusage`), so what no region covers is
 reported as the remainder instead of disappearing. On request (`generation` written in the probe's
-folder) each process writes its figures to `<generation>-<pid>.json` there."""
+folder) each process writes its figures to `<generation>-<pid>.json` there. Linux only: it reads
+other threads' CPU clocks by thread id, and lists them in /proc/self/task."""
 
 from __future__ import annotations
 
@@ -339,7 +340,7 @@ def _patch_batching(m: Any) -> None:
 
 
 # What each process is and which model started which onnxruntime thread, patched even without the regions.
-ROLES: dict[str, Callable[[Any], None]] = {
+ROLE_PATCHES: dict[str, Callable[[Any], None]] = {
     "service.core.decode_workers": lambda m: setattr(m, "serve", _set_role("decoder", m.serve)),
     "service.engine": lambda m: setattr(m.Engine, "__init__", _set_role("worker", m.Engine.__init__)),
     "service.model_host": lambda m: setattr(m, "run_host", _set_role("model host", m.run_host)),
@@ -422,7 +423,7 @@ def install() -> None:
     global _cost
     folder = Path(os.environ[FOLDER])
     patches: dict[str, list[Callable[[Any], None]]] = {}
-    for table in (ROLES, PATCHES) if os.environ.get(REGIONS, "1") != "0" else (ROLES,):
+    for table in (ROLE_PATCHES, PATCHES) if os.environ.get(REGIONS, "1") != "0" else (ROLE_PATCHES,):
         for name, patch in table.items():
             patches.setdefault(name, []).append(patch)
     for name in [n for n in patches if n in sys.modules]:

@@ -139,7 +139,6 @@ def test_bench_cpu_budget_prints_every_stage_and_crossing(cli_env, test_data, mo
         "embedder batch",
         "embed pre: preprocess",
         "onnxruntime run",
-        "onnxruntime threads (",
         "answer sent",
         "answer from the model host",
         "(in no region)",
