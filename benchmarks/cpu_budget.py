@@ -250,6 +250,49 @@ def copies_table(budgets: list[Budget]) -> Table:
     return table
 
 
+def _crossing_sides(b: Budget) -> dict[str, tuple[float, float]]:
+    """Each process crossing's CPU (ns) on the side that starts it and on the other side, its
+    stages proper (the probe and decode themselves, the model runs) left out."""
+
+    def regions(test) -> float:
+        return sum(row[0] for key, row in b.regions.items() if test(*key))
+
+    def threads(process: str, *names: str) -> float:
+        return sum(b.thread_ns.get((process, name), 0) - b.wrapper_ns.get((process, name), 0) for name in names)
+
+    decoding = ("probe in a decoder", "decode in a decoder")
+    decoder_work = regions(lambda p, t, path: p == "decoder" and path[-1] in ("decode (OpenCV)", "probe (header)"))
+    decoder_wrappers = sum(ns for (p, _), ns in b.wrapper_ns.items() if p == "decoder")
+    return {
+        "worker → decoder process → worker (probe and decode round trips)": (
+            regions(lambda p, t, path: p == "worker" and any(d in path for d in decoding)),
+            b.process_ns["decoder"] - decoder_wrappers - decoder_work,
+        ),
+        "worker → model host → worker (detect and embed runs)": (
+            regions(lambda p, t, path: p == "worker" and any(step.endswith("sent to the model host") for step in path))
+            + threads("worker", "facegate-hosted-models"),
+            threads("model host", "facegate-model-host-conn", "facegate-model-host-answers")
+            + regions(lambda p, t, path: p == "model host" and path[-1] == "future set (wakes its waiter)"),
+        ),
+        "event loop → thread pool → event loop (the engine's steps)": (
+            regions(lambda p, t, path: p == "worker" and path[-1] == "engine (its steps on the loop)"),
+            regions(lambda p, t, path: p == "worker" and t == "facegate-infer" and path[-1] == "future set (wakes its waiter)"),
+        ),
+    }
+
+
+def crossings_table(budgets: list[Budget]) -> Table:
+    """The process crossings per image, each side's CPU (the stages themselves left out)."""
+    table = Table("crossing", title="process crossings (µs of CPU per image: the side that starts it + the other side)")
+    for b in budgets:
+        table.add_column(b.load.route, justify="right")
+    sides = [_crossing_sides(b) for b in budgets]
+    for name in sides[0] if sides else ():
+        cells = [f"{b.per_image(s[name][0]):,.0f} + {b.per_image(s[name][1]):,.0f}" for b, s in zip(budgets, sides, strict=True)]
+        table.add_row(name, *cells)
+    return table
+
+
 def ranked(budgets: list[Budget], limit: int = 15) -> Table:
     """The largest rows outside the models' own compute, ranked by their mean over the routes: what
     a cut would save, largest first."""
@@ -312,6 +355,7 @@ def run_cpu_budget(
     calls = [ns for b in budgets for ns in b.wrapper_call_ns]
     console.print(f"the probe's wrappers: {statistics.median(calls):.0f} ns a call (median over the processes), taken out of every row")
     console.print(budget_table(budgets))
+    console.print(crossings_table(budgets))
     console.print(copies_table(budgets))
     console.print(ranked(budgets))
     return budgets

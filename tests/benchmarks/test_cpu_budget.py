@@ -113,7 +113,7 @@ def test_bench_cpu_budget_prints_every_stage_and_crossing(cli_env, test_data, mo
     out = result.stdout
     assert "machine:" in out and "--workers 2 + model host" in out
     assert "/verify:" in out and "/identify:" in out and out.count("(200:4)") == 2, out
-    budget = out[out.index("CPU per image") : out.index("bytes copied")]
+    budget = out[out.index("CPU per image") : out.index("process crossings")]
     for process in ("worker ×2", "decoder ×", "model host ×1"):
         assert process in budget, process
     for stage in (
@@ -144,6 +144,9 @@ def test_bench_cpu_budget_prints_every_stage_and_crossing(cli_env, test_data, mo
         "(in no region)",
     ):
         assert stage in budget, stage
+    crossings = out[out.index("process crossings") : out.index("bytes copied")]
+    for crossing in ("worker → decoder process → worker", "worker → model host → worker", "event loop → thread pool → event loop"):
+        assert crossing in crossings, crossing
     copies = out[out.index("bytes copied") : out.index("outside the models, largest first")]
     for copy in ("letterbox", "align", "shared-memory copy", "pixels copied out", "decode job", "detector batch", "embedder batch"):
         assert copy in copies, copy
