@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.bench import machine_lines
-from benchmarks.cpu_probe import FOLDER, REGIONS
+from benchmarks.cpu_probe import FOLDER, REGIONS, THREAD
 from benchmarks.loadgen import LoadResult, offer, route_requests
 from benchmarks.loadtest import REPO, Serving, enroll_gallery, spawned
 from service.core.cpus import available_cores
@@ -40,7 +40,6 @@ if os.environ.get("{FOLDER}"):
 ROLES = ("worker", "decoder", "model host", "other")
 MODEL_ROWS = ("onnxruntime run", "onnxruntime threads")  # the models' own compute: what a GPU takes over
 SNAPSHOT_TIMEOUT = 30.0
-PROBE_THREAD = "facegate-cpu-probe"
 UNCOVERED = "(in no region)"
 GENERIC = {"send", "recv", "poll", "shared-memory copy", "future set (wakes its waiter)", "probe (header)", "h11 parse", "h11 send"}
 
@@ -66,7 +65,7 @@ class Budget:
         earlier = before["threads"] if before else {}
         for tid, (thread, ns) in after["threads"].items():
             spent = ns - (earlier[tid][1] if tid in earlier else 0)
-            if thread == PROBE_THREAD:  # the probe's own: left out of the process too
+            if thread == THREAD:  # the probe's own: left out of the process too
                 self.process_ns[role] -= spent
             else:
                 self.thread_ns[role, thread] += spent
@@ -110,7 +109,8 @@ def _snapshots(folder: Path, generation: int) -> dict[int, dict]:
     os.replace(request.with_suffix(".tmp"), request)
     deadline = time.monotonic() + SNAPSHOT_TIMEOUT
     while True:
-        alive = [int(p.name.split("-")[1]) for p in folder.glob("alive-*") if Path(f"/proc/{p.name.split('-')[1]}").exists()]
+        pids = (int(p.name.removeprefix("alive-")) for p in folder.glob("alive-*"))
+        alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
         found = {pid: folder / f"{generation}-{pid}.json" for pid in alive}
         if all(f.exists() for f in found.values()) or time.monotonic() > deadline:
             return {pid: json.loads(f.read_text()) for pid, f in found.items() if f.exists()}
