@@ -116,3 +116,29 @@ def bench_load(
     for r in matrix(url, blobs, routes, levels, requests, api_key=api_key, processes=processes, seconds=seconds):
         console.print(f"{r.route} c{r.concurrency}: {r.rps:.1f} req/s, p50 {r.p50:.1f} p95 {r.p95:.1f} p99 {r.p99:.1f} ms ", end="")
         console.print(f"({r.status_text()}; {r.processes} load processes)")
+
+
+@bench_app.command("cpu-budget")
+def bench_cpu_budget(
+    images: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Photos with faces, sent in the requests.")],
+    workers: Annotated[int, typer.Option(min=2, help="`facegate serve --workers N` (with its model host).")] = 2,
+    route: Annotated[list[str] | None, typer.Option(help="verify or identify, repeatable (default both).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Connections offering the load.")] = 8,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per route.")] = 200,
+    control: Annotated[bool, typer.Option(help="Also load a server with no function wrapped: the totals without the probe.")] = True,
+) -> None:
+    """CPU per image in worker mode: µs per stage and per process crossing, in each HTTP worker,
+    decoder process and the model host, and the bytes copied per image."""
+    from benchmarks.cpu_budget import run_cpu_budget
+
+    with fail_on_error():
+        run_cpu_budget(
+            get_settings(),
+            images,
+            Console(width=max(Console().width, 140)),
+            workers,
+            tuple(route or ["verify", "identify"]),
+            concurrency,
+            requests,
+            control,
+        )
