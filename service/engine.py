@@ -22,8 +22,8 @@ from service.core.cpus import available_cores
 from service.core.decode import Probe
 from service.core.pipeline import Detect, EmbeddedFace, FacePipeline, FacePolicy, Steps, advance
 from service.core.settings import Settings
-from service.local_models import LocalModels
 from service.metrics import Metrics
+from service.runtime.local_models import LocalModels
 
 log = logging.getLogger("facegate.engine")
 

@@ -19,8 +19,8 @@ import pytest
 from PIL import Image
 
 from service.core.decode import decode_image, probe
-from service.core.decode_workers import DecodeCancelled, DecodeWorkers
 from service.core.errors import ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
+from service.runtime.decode_workers import DecodeCancelled, DecodeWorkers
 from tests.jpeg_bombs import many_scans, separate_scans
 from tests.requirements import need
 

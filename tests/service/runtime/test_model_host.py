@@ -11,13 +11,13 @@ import threading
 import numpy as np
 import pytest
 
-from service import shm_arena
 from service.core.pipeline import FacePipeline
 from service.engine import Engine
-from service.hosted_models import HostedModels
 from service.metrics import Metrics
-from service.model_host import SOCKET, ModelHost
-from service.shm_arena import BLOCK, Arena
+from service.runtime import shm_arena
+from service.runtime.hosted_models import HostedModels
+from service.runtime.model_host import SOCKET, ModelHost
+from service.runtime.shm_arena import BLOCK, Arena
 
 
 @pytest.fixture

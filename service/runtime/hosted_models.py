@@ -1,5 +1,5 @@
-"""A worker process's side of the model host (`service.model_host`): the engine's model runs sent
-there, the pixels through an arena of shared memory (`service.shm_arena`), the answers matched to
+"""A worker process's side of the model host (`service.runtime.model_host`): the engine's model runs sent
+there, the pixels through an arena of shared memory (`service.runtime.shm_arena`), the answers matched to
 their futures by a reader thread. The worker loads no session: its pipeline's detector and
 embedder hold a `HostedSession`, which describes the host's session (the shapes FaceDetector and
 FaceEmbedder read, the providers /readyz reports) and never runs."""
@@ -23,8 +23,8 @@ from service.core.models.files import LoadedModel, manifest_path
 from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet, Problem, with_cohort
 from service.core.settings import Settings
-from service.model_host import connect
-from service.shm_arena import Arena
+from service.runtime.model_host import connect
+from service.runtime.shm_arena import Arena
 
 log = logging.getLogger("facegate.hosted_models")
 

@@ -5,8 +5,8 @@ all of them â€” cross-process dynamic batching, the shape Triton gives a model â
 batches on one CUDA context instead of N processes' small ones on N contexts that take turns.
 
 Workers reach it over a Unix socket in a private folder (mode 0700, the only access control it
-needs); the pixels go through memory each worker shares with it (`service.shm_arena`), the socket
-carries only small messages (`service.hosted_models` is the other side).
+needs); the pixels go through memory each worker shares with it (`service.runtime.shm_arena`), the socket
+carries only small messages (`service.runtime.hosted_models` is the other side).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from service.core.models.files import LoadedModel
 from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
-from service.local_models import LocalModels
 from service.metrics import Metrics
-from service.shm_arena import Arena
+from service.runtime.local_models import LocalModels
+from service.runtime.shm_arena import Arena
 
 log = logging.getLogger("facegate.model_host")
 

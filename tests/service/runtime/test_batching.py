@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from service.batching import MicroBatcher
 from service.metrics import Metrics
+from service.runtime.batching import MicroBatcher
 
 
 def crops(value: int, n: int) -> np.ndarray:
