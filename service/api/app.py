@@ -91,6 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
+        if hosted is not None:
+            readiness.host_problem = hosted.problem
         pipeline = FacePipeline(settings, models, DecodeWorkers.for_settings(settings)) if readiness.loaded else None
         engine = Engine(settings, pipeline, metrics, hosted) if pipeline is not None else None
         if engine:

@@ -6,22 +6,20 @@ batches on one CUDA context instead of N processes' small ones on N contexts tha
 
 Workers reach it over a Unix socket in a private folder (mode 0700, the only access control it
 needs); the pixels go through memory each worker shares with it (`service.runtime.shm_arena`), the socket
-carries only small messages (`service.runtime.hosted_models` is the other side).
+carries only small messages (`service.runtime.hosted_models` is the other side). It answers a
+`ping` at once, from a connection's own thread whatever its models are doing: its supervisor
+(`service.runtime.supervisor`) and each worker ping it to tell a hung host from a busy one.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import queue
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import asdict
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -37,7 +35,6 @@ from service.runtime.shm_arena import Arena
 log = logging.getLogger("facegate.model_host")
 
 SOCKET = "models.sock"
-RESTART_DELAY = 1.0  # seconds between a model host's death and its restart
 
 
 def session_info(loaded: LoadedModel | None) -> dict | None:
@@ -128,8 +125,8 @@ class _Worker:
             _, path, size = message
             self.arena = Arena(Path(path), size) if path else None
             self.answers.put(("models", self.host.description()))
-        elif kind == "ready":
-            threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
+        elif kind == "ping":  # answered here, never behind a model run
+            self.answers.put(("ping", message[1], {"warmed": self.host.warmed.is_set(), "warmup_error": self.host.warmup_error}))
         elif kind == "metrics":
             self.answers.put(("metrics", message[1], list(self.host.metrics.registry.collect())))
         elif kind == "run":
@@ -147,10 +144,6 @@ class _Worker:
         if self.arena is None:
             raise OSError("a run in shared memory before the worker shared any")
         return self.arena
-
-    def _answer_ready(self, number: int) -> None:
-        self.host.warmed.wait()
-        self.answers.put(("ready", number, self.host.warmup_error))
 
     def _write(self) -> None:
         while (item := self.answers.get()) is not None:
@@ -188,42 +181,6 @@ def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(0)
-
-
-@contextmanager
-def model_host() -> Iterator[Path]:
-    """A model host process for the duration of the block (restarted if it dies); yields the path
-    of its socket, which the workers find in FACEGATE_MODEL_HOST."""
-    shm = Path("/dev/shm")
-    folder = Path(tempfile.mkdtemp(prefix="facegate-models-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
-    stopping = threading.Event()
-    process = context.Process(target=run_host, args=(str(folder),), name="facegate-model-host", daemon=True)
-
-    def watch() -> None:
-        nonlocal process
-        while True:
-            process.join()
-            if stopping.is_set():
-                return
-            log.error("the model host exited (code %s); restarting it", process.exitcode)
-            (folder / SOCKET).unlink(missing_ok=True)
-            time.sleep(RESTART_DELAY)
-            process = context.Process(target=run_host, args=(str(folder),), name="facegate-model-host", daemon=True)
-            process.start()
-
-    process.start()
-    watcher = threading.Thread(target=watch, name="facegate-model-host-watch", daemon=True)
-    watcher.start()
-    try:
-        yield folder / SOCKET
-    finally:
-        stopping.set()
-        process.terminate()
-        process.join(10)
-        if process.is_alive():
-            process.kill()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def connect(socket: Path, timeout: float) -> Connection:
