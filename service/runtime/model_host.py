@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 from contextlib import suppress
@@ -64,6 +65,9 @@ class ModelHost:
         if self.models.detector is not None and self.models.embedder is not None:
             self.local = LocalModels(settings, FacePipeline(settings, self.models), self.metrics, executor=None)
             self.local.start_warm_up(self._warmed)
+        self._workers: set[_Worker] = set()
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
         self.listener = Listener(str(folder / SOCKET), family="AF_UNIX")
 
     def _warmed(self, error: str | None) -> None:
@@ -86,10 +90,25 @@ class ModelHost:
                 connection = self.listener.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=_Worker(self, connection).serve, name="facegate-model-host-conn", daemon=True).start()
+            if self._closing.is_set():  # close()'s own connection, made to end the accept
+                connection.close()
+                return
+            worker = _Worker(self, connection)
+            with self._lock:
+                self._workers.add(worker)
+            threading.Thread(target=worker.serve, name="facegate-model-host-conn", daemon=True).start()
 
     def close(self) -> None:
+        """Stop listening and drop every worker, as the host's death would: their runs fail now."""
+        self._closing.set()
+        with suppress(OSError):  # an accept() is not woken by closing its socket: a connection ends it
+            Client(self.listener.address, family="AF_UNIX").close()
         self.listener.close()
+        with self._lock:
+            workers, self._workers = list(self._workers), set()
+        for worker in workers:
+            with suppress(OSError), socket.socket(fileno=os.dup(worker.connection.fileno())) as end:
+                end.shutdown(socket.SHUT_RDWR)  # wakes its reader, blocked on the socket, with an EOF
         if self.local is not None:
             self.local.close()
 
@@ -115,6 +134,8 @@ class _Worker:
         finally:
             self.answers.put(None)
             writer.join()
+            with self.host._lock:
+                self.host._workers.discard(self)
             self.connection.close()
             if self.arena is not None:
                 self.arena.close()

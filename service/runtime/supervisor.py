@@ -3,7 +3,8 @@ workers: it starts the host, pings it every `ping_every` seconds, and kills one 
 did not listen within `start_timeout`, or that left a ping unanswered `ping_timeout` seconds (hung:
 a deadlocked provider, a stopped process). It restarts it after a backoff that doubles with each
 failure up to `backoff_cap` and starts again from `backoff_first` once a host stayed up
-`stable_after` seconds: a host that cannot start (a GPU gone) is not respawned in a tight loop.
+(answering pings) `stable_after` seconds: a host that cannot start (a GPU gone) is not respawned
+in a tight loop.
 Nothing is started once `close` began. Each cycle it also removes the shared-memory arenas of
 workers that died (`shm_arena.sweep`): uvicorn restarts a crashed worker under a new pid, and the
 crashed one could not remove its own.
@@ -63,6 +64,7 @@ class Supervisor:
         self._pings = itertools.count()
         self.process: BaseProcess | None = None
         self.starts: list[float] = []  # time.monotonic() of each start: the restarts' history (logs, tests)
+        self.answered: float | None = None  # when the current host first answered a ping (it is up since)
         self._watcher = threading.Thread(target=self._watch, name="facegate-model-host-supervisor", daemon=True)
 
     def start(self) -> None:
@@ -96,12 +98,13 @@ class Supervisor:
         failures = 0
         process = self.process
         while process is not None:
-            started = time.monotonic()
+            self.answered = None
             why = self._until_unhealthy(process)
             if why is None or self._stopping.is_set():
                 return
             _stop(process, grace=0.0)
-            failures = 1 if time.monotonic() - started >= self.timing.stable_after else failures + 1
+            stayed_up = self.answered is not None and time.monotonic() - self.answered >= self.timing.stable_after
+            failures = 1 if stayed_up else failures + 1
             delay = self.timing.backoff(failures)
             log.error("the model host (pid %s) %s; restarting it in %.1f s (failure %d in a row)", process.pid, why, delay, failures)
             shm_arena.sweep(self.folder)
@@ -131,6 +134,7 @@ class Supervisor:
                         continue
                 if not self._answers_ping(link):
                     return "exited" if not process.is_alive() else f"left a ping unanswered for {timing.ping_timeout:g} s (hung)"
+                self.answered = self.answered or time.monotonic()
             return None
         finally:
             if link is not None:
