@@ -99,7 +99,9 @@ class ModelHost:
             threading.Thread(target=worker.serve, name="facegate-model-host-conn", daemon=True).start()
 
     def close(self) -> None:
-        """Stop listening and drop every worker, as the host's death would: their runs fail now."""
+        """Stop listening and drop every worker, as the host's death would: their runs fail now (again: nothing)."""
+        if self._closing.is_set():
+            return
         self._closing.set()
         with suppress(OSError):  # an accept() is not woken by closing its socket: a connection ends it
             Client(self.listener.address, family="AF_UNIX").close()
