@@ -48,7 +48,8 @@ class Readiness:
             raise ModelUnavailable(f"the models failed their warm-up: {self.warmup_error}; see GET /readyz")
         if not self.warmed.is_set():
             raise ModelUnavailable("the models are warming up (every batch shape runs once at start-up); retry shortly", retry_after=1)
-        raise ModelUnavailable(f"{self.host_problem()}; retry shortly", retry_after=1)
+        if (problem := self.host_problem()) is not None:  # None: the host came back meanwhile
+            raise ModelUnavailable(f"{problem}; retry shortly", retry_after=1)
 
     def _uncalibrated(self) -> list[dict]:
         """An embedder without thresholds serves, but every decision at a default FAR is a 422: say so

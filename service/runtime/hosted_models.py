@@ -31,7 +31,7 @@ from service.core.models.files import LoadedModel, manifest_path
 from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet, Problem, with_cohort
 from service.core.settings import Settings
-from service.runtime.model_host import connect
+from service.runtime.model_host import PING_TIMEOUT, connect
 from service.runtime.shm_arena import Arena, arena_path
 
 log = logging.getLogger("facegate.hosted_models")
@@ -39,7 +39,6 @@ log = logging.getLogger("facegate.hosted_models")
 CONNECT_TIMEOUT = 60.0  # seconds a worker waits at start-up for the model host to listen
 HELLO_TIMEOUT = 10.0  # seconds a listening host may take to describe its models
 PING_EVERY = 0.5  # seconds between the link thread's pings (and reconnection attempts)
-PING_TIMEOUT = 2.0  # seconds without an answer after which the host counts as hung here (its supervisor kills it later)
 RETRY_AFTER = 1  # seconds a refused run's client is told to wait: a restart takes about that
 
 
@@ -108,6 +107,9 @@ class HostedModels:
         self.description = description
         self._unanswered_since = None
         with self._lock:
+            if self._closed.is_set():  # closed while this connected
+                connection.close()
+                return
             self._connection = connection
         threading.Thread(target=self._read, args=(connection,), name="facegate-hosted-models", daemon=True).start()
 
@@ -153,7 +155,7 @@ class HostedModels:
     def _refusal(self) -> ModelUnavailable | None:
         """A run's 503 while the host is known down or hung: at once, never a wait on it."""
         if self._connection is None or self._unanswered_since is not None:
-            return ModelUnavailable(f"{self.problem()}; retry shortly", retry_after=RETRY_AFTER)
+            return ModelUnavailable(f"{self.problem() or 'the model host is not answering'}; retry shortly", retry_after=RETRY_AFTER)
         return None
 
     def model_set(self, settings: Settings) -> ModelSet:

@@ -36,6 +36,7 @@ from service.runtime.shm_arena import Arena
 log = logging.getLogger("facegate.model_host")
 
 SOCKET = "models.sock"
+PING_TIMEOUT = 5.0  # seconds without an answer to a ping after which a host is hung, for its supervisor and its workers alike
 
 
 def session_info(loaded: LoadedModel | None) -> dict | None:
@@ -206,12 +207,12 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def connect(socket: Path, timeout: float) -> Connection:
-    """A connection to the model host at `socket`, waiting up to `timeout` seconds for it to listen."""
+def connect(path: Path, timeout: float) -> Connection:
+    """A connection to the model host at `path`, waiting up to `timeout` seconds for it to listen."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return Client(str(socket), family="AF_UNIX")
+            return Client(str(path), family="AF_UNIX")
         except (FileNotFoundError, ConnectionRefusedError):
             if time.monotonic() > deadline:
                 raise

@@ -30,7 +30,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from service.runtime import shm_arena
-from service.runtime.model_host import SOCKET, run_host
+from service.runtime.model_host import PING_TIMEOUT, SOCKET, run_host
 
 log = logging.getLogger("facegate.supervisor")
 
@@ -40,7 +40,7 @@ class Timing:
     """Seconds."""
 
     ping_every: float = 1.0
-    ping_timeout: float = 5.0  # a host answers a ping from its connection thread: 5 s of silence is a hang, not load
+    ping_timeout: float = PING_TIMEOUT  # a host answers a ping from its connection thread: that long a silence is a hang, not load
     start_timeout: float = 180.0  # loading the models (a GPU provider's first session) before it listens
     backoff_first: float = 0.5
     backoff_cap: float = 30.0
