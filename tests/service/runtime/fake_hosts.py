@@ -9,7 +9,7 @@ import threading
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
-from service.runtime.model_host import SOCKET
+SOCKET = "models.sock"  # model_host.SOCKET (test_supervisor checks it), not imported: a stand-in then starts in a fraction of the time
 
 
 def _answer(connection: Connection, answering: bool) -> None:

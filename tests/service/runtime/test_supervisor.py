@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from service.runtime import model_host
 from service.runtime.shm_arena import arena_path
 from service.runtime.supervisor import Supervisor, Timing
 from tests.conftest import REPO
@@ -43,6 +44,10 @@ def restart_delays(caplog) -> list[float]:
     return [r.args[2] for r in caplog.records if r.name == "facegate.supervisor" and "restarting it in" in r.msg]
 
 
+def test_the_stand_ins_listen_where_the_model_host_does():
+    assert fake_hosts.SOCKET == model_host.SOCKET
+
+
 def test_a_hung_host_is_killed_and_restarted(supervise, caplog):
     supervisor = supervise(fake_hosts.hanging)
     first = supervisor.process
@@ -60,13 +65,14 @@ def test_an_answering_host_is_left_alone_and_stopped_at_close(supervise):
 
 
 def test_restarts_back_off_to_a_cap_and_from_the_start_again_once_a_host_stayed_up(supervise, caplog):
-    """Starts 1-3 exit at once (0.1, 0.2, 0.4 s), the 4th answers for 2 s (past stable_after) then
-    exits: 0.1 s again, then 0.2 and 0.4, the cap."""
-    supervisor = supervise(functools.partial(fake_hosts.up_on_start, start=4, seconds=2.0))
-    wait_until(lambda: len(supervisor.starts) >= 7, "seven starts", timeout=90)
-    assert restart_delays(caplog)[:6] == [0.1, 0.2, 0.4, 0.1, 0.2, 0.4]
+    """Starts 1-2 exit at once (0.1, then 0.2 s), the 3rd answers pings for 1.2 s (past stable_after)
+    then exits: 0.1 s again, then 0.2 and 0.2 (the cap, not 0.4)."""
+    timing = Timing(ping_every=0.05, ping_timeout=0.5, start_timeout=30.0, backoff_first=0.1, backoff_cap=0.2, stable_after=0.5)
+    supervisor = supervise(functools.partial(fake_hosts.up_on_start, start=3, seconds=1.2), timing)
+    wait_until(lambda: len(restart_delays(caplog)) >= 5, "five restarts", timeout=90)
+    assert restart_delays(caplog)[:5] == [0.1, 0.2, 0.1, 0.2, 0.2]
     gaps = [b - a for a, b in zip(supervisor.starts, supervisor.starts[1:], strict=False)]
-    assert all(gap >= delay for gap, delay in zip(gaps, [0.1, 0.2, 0.4], strict=False))  # each start waited its backoff
+    assert all(gap >= delay for gap, delay in zip(gaps, [0.1, 0.2], strict=False))  # each start waited its backoff
 
 
 def test_nothing_starts_once_shutdown_began(supervise, caplog):
