@@ -111,6 +111,7 @@ class HostedModels:
                 connection.close()
                 return
             self._connection = connection
+            self._host_state = {"warmed": False, "warmup_error": None}  # a new host: warm once it says so
         threading.Thread(target=self._read, args=(connection,), name="facegate-hosted-models", daemon=True).start()
 
     def _keep_linked(self) -> None:
@@ -124,10 +125,17 @@ class HostedModels:
                 log.info("reconnected to the model host (pid %s)", self.description["pid"])
             self._ping()
 
+    def _observe(self, connection: Connection | None, state: dict) -> None:
+        """The state a host answered on `connection`, unless that is no longer the link or the answer
+        is older than one already seen (a ping answered just before the host's `ready`)."""
+        with self._lock:
+            if connection is self._connection and not (self._host_state["warmed"] and not state["warmed"]):
+                self._host_state = state
+
     def _ping(self) -> None:
-        asked = time.monotonic()
+        asked, connection = time.monotonic(), self._connection
         try:
-            self._host_state = self.ask("ping").result(self.ping_timeout)
+            self._observe(connection, self.ask("ping").result(self.ping_timeout))
             self._unanswered_since = None
         except ModelUnavailable:  # went away meanwhile: the reader saw it
             pass
@@ -196,7 +204,7 @@ class HostedModels:
 
     def ask(self, kind: str) -> Future:
         """A question to the host whose answer is its value: `metrics` (its metric families), `ping`
-        (its state: warmed, warmup_error)."""
+        (its state: warmed, warmup_error), `ready` (that state, once it has warmed up)."""
         number = next(self._numbers)
         return self._send(number, (kind, number), None, 0)
 
@@ -265,13 +273,19 @@ class HostedModels:
         threading.Thread(target=self.warm_up, args=(done,), name="facegate-warmup", daemon=True).start()
 
     def warm_up(self, done: Callable[[str | None], None]) -> None:
-        """`done` once the host reports its warm-up over (its error, or None), whichever host that is
-        by then: one that restarts meanwhile is waited for."""
-        while not self._closed.wait(0.05):
-            state = self._host_state
-            if state["warmed"] or state["warmup_error"]:
-                done(state["warmup_error"])
-                return
+        """`done` once the host's warm-up is over (its error, or None). The host answers `ready` at
+        that moment, so every worker of a host turns ready at once (not a ping later); a host that
+        went away meanwhile is asked again once the link thread reconnected."""
+        while not self._closed.is_set():
+            connection = self._connection
+            try:
+                state = self.ask("ready").result()
+            except ModelUnavailable:
+                self._closed.wait(self.ping_every)
+                continue
+            self._observe(connection, state)
+            done(state["warmup_error"])
+            return
 
     def close(self) -> None:
         self._closed.set()

@@ -75,6 +75,10 @@ class ModelHost:
         self.warmup_error = error
         self.warmed.set()
 
+    def state(self) -> dict:
+        """What a ping is answered with."""
+        return {"warmed": self.warmed.is_set(), "warmup_error": self.warmup_error}
+
     def description(self) -> dict:
         return {
             "pid": os.getpid(),
@@ -150,7 +154,9 @@ class _Worker:
             self.arena = Arena(Path(path), size) if path else None
             self.answers.put(("models", self.host.description()))
         elif kind == "ping":  # answered here, never behind a model run
-            self.answers.put(("ping", message[1], {"warmed": self.host.warmed.is_set(), "warmup_error": self.host.warmup_error}))
+            self.answers.put(("ping", message[1], self.host.state()))
+        elif kind == "ready":  # answered once warmed up: every worker of the host is ready at the same moment
+            threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
         elif kind == "metrics":
             self.answers.put(("metrics", message[1], list(self.host.metrics.registry.collect())))
         elif kind == "run":
@@ -163,6 +169,10 @@ class _Worker:
             future = local.detect(rows) if role == "detect" else local.embed(rows)
             room = 0 if offset is None else rows.nbytes
             future.add_done_callback(lambda f: self.answers.put((number, offset, room, f)))
+
+    def _answer_ready(self, number: int) -> None:
+        self.host.warmed.wait()
+        self.answers.put(("ready", number, self.host.state()))
 
     def _arena(self) -> Arena:
         if self.arena is None:
