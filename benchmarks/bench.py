@@ -234,11 +234,11 @@ def detect_scaling(pipeline: FacePipeline, decoded: list[np.ndarray], batches: t
 
 
 def decoding_in_workers(pipeline: FacePipeline, blobs: list[bytes], seconds: float) -> Table:
-    """What the service pays to decode in a decoder process (`service.core.decode_workers`: a probe
+    """What the service pays to decode in a decoder process (`service.runtime.decode_workers`: a probe
     and a decode, each a round trip, the pixels copied back) over decoding in this thread, on the
     same photos: the two timed alternately, each from its median call."""
     from service.core.decode import decode_image, probe
-    from service.core.decode_workers import DecodeWorkers
+    from service.runtime.decode_workers import DecodeWorkers
 
     s = pipeline.settings
     limits = (s.max_image_bytes, s.max_image_pixels, s.min_image_side, s.jpeg_reduce_to_side)

@@ -6,8 +6,12 @@ checkout on a free 127.0.0.1 port (nothing else is contacted; every loop bounded
 2. 64 concurrent maximum-pixel images (39.7 MP PNGs, 120 KB each) to /embed: peak RSS over base, statuses.
 3. PostgreSQL (its own server, tests/postgres.py) stopped with 60 gallery requests in flight: their
    answer time, /healthz p99 and /metrics time meanwhile, the first request after it is back.
+4. `model-host` (not in the default run): `facegate serve` with 2 workers and its model host; the
+   host killed (kill -9), then the next one stopped (SIGSTOP: a hang); /verify in a loop meanwhile:
+   every answer's status and time, Retry-After, /readyz's reasons, and when requests are served again.
 
     FACEGATE_TEST_DATA=../shared/data FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/chaos.py
+    FACEGATE_TEST_DATA=../shared/data FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/chaos.py model-host
 """
 
 from __future__ import annotations
@@ -219,6 +223,37 @@ def postgres_outage(in_flight: int = 60) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def model_host_outage(seconds: float = 60.0) -> None:
+    import base64
+    import signal
+
+    one, two = lfw_pair()
+    body = {"image1": base64.b64encode(one).decode(), "image2": base64.b64encode(two).decode()}
+    with serve({"FACEGATE_WORKERS": "2"}) as (url, _, _), httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=60) as client:
+        for what, sig in (("kill -9", signal.SIGKILL), ("SIGSTOP (hung)", signal.SIGSTOP)):
+            host = client.get("/readyz").json()["serving"]["model_host"]["pid"]
+            os.kill(host, sig)
+            hit = time.monotonic()
+            answers: list[tuple[float, int, float, str | None]] = []  # (sent after the signal, status, seconds, Retry-After)
+            reasons: set[str] = set()
+            while time.monotonic() - hit < seconds and sum(a[1] == 200 for a in answers[-3:]) < 3:
+                sent = time.monotonic()
+                response = client.post("/verify", json=body)
+                answers.append((sent - hit, response.status_code, time.monotonic() - sent, response.headers.get("retry-after")))
+                if response.status_code == 503:
+                    problems = client.get("/readyz").json()["problems"]
+                    reasons |= {p["error"].split(" (")[0] for p in problems if p["model"] == "model host"}
+            refused = sorted(a[2] for a in answers if a[1] == 503)
+            statuses = {s: [a[1] for a in answers].count(s) for s in {a[1] for a in answers}}
+            back = next((a[0] for a in answers if a[1] == 200 and a[0] > 0), None)
+            print(
+                f"[model-host] {what}: statuses {statuses}; the request in flight answered in {answers[0][2]:.2f} s, "
+                f"the 503s in {refused[len(refused) // 2] * 1000:.0f} ms median, {refused[-1]:.2f} s max, "
+                f"Retry-After {sorted({str(a[3]) for a in answers if a[1] == 503})}; served again "
+                f"{back:.1f} s after the signal; /readyz said {sorted(reasons)}"
+            )
+
+
 if __name__ == "__main__":
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
@@ -232,3 +267,5 @@ if __name__ == "__main__":
         pixel_bombs()
     if "postgres" in parts:
         postgres_outage()
+    if "model-host" in parts:
+        model_host_outage()

@@ -342,9 +342,9 @@ def _patch_batching(m: Any) -> None:
 
 # What each process is and which model started which onnxruntime thread, patched even without the regions.
 ROLE_PATCHES: dict[str, Callable[[Any], None]] = {
-    "service.core.decode_workers": lambda m: setattr(m, "serve", _set_role("decoder", m.serve)),
+    "service.runtime.decode_workers": lambda m: setattr(m, "serve", _set_role("decoder", m.serve)),
     "service.engine": lambda m: setattr(m.Engine, "__init__", _set_role("worker", m.Engine.__init__)),
-    "service.model_host": lambda m: setattr(m, "run_host", _set_role("model host", m.run_host)),
+    "service.runtime.model_host": lambda m: setattr(m, "run_host", _set_role("model host", m.run_host)),
     "service.core.models.files": lambda m: setattr(m, "load_model", _recording_threads(m.load_model)),
 }
 PATCHES: dict[str, Callable[[Any], None]] = {
@@ -378,15 +378,15 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "service.core.alignment": lambda m: _wrap(m, "similarity_transform", "similarity transform (numpy)"),
     "service.gallery.index": lambda m: _wrap(m, "best_subjects", "index searched, faces looked up"),
     "service.gallery.sqlite": lambda m: _wrap(m.SqliteGallery, "_follow", "change log followed (SQLite)"),
-    "service.core.decode_workers": _patch_decode_workers,
+    "service.runtime.decode_workers": _patch_decode_workers,
     "service.core.models.detector": _patch_detector,
     "service.core.models.embedder": _patch_embedder,
     "service.core.pipeline": _patch_pipeline,
     "service.engine": _patch_engine,
-    "service.hosted_models": _patch_hosted,
-    "service.model_host": _patch_model_host,
-    "service.shm_arena": lambda m: _wrap(m.Arena, "put", "shared-memory copy", lambda args, result: args[1].nbytes),
-    "service.batching": _patch_batching,
+    "service.runtime.hosted_models": _patch_hosted,
+    "service.runtime.model_host": _patch_model_host,
+    "service.runtime.shm_arena": lambda m: _wrap(m.Arena, "put", "shared-memory copy", lambda args, result: args[1].nbytes),
+    "service.runtime.batching": _patch_batching,
 }
 
 

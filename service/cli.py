@@ -104,7 +104,7 @@ def serve(
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
     from service.core.cpus import available_cores
-    from service.model_host import model_host as hosting
+    from service.runtime.supervisor import model_host as hosting
 
     settings = get_settings()
     try:

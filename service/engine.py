@@ -1,8 +1,9 @@
 """Runs the pipeline for requests without ever blocking the event loop: decode, letterbox and align
 on a thread pool, the model runs through this process's models (`LocalModels`: micro-batchers, or
 the pool when batching is off) or through a model host that runs them for every worker process of
-the host (`HostedModels`). Both models only ever run at their fixed batch shapes, each warmed up
-once at start-up."""
+the host (`HostedModels`). A model run is handed over on the pool too (a hosted one copies into
+shared memory and writes to a socket) and awaited FACEGATE_MODEL_RUN_TIMEOUT seconds at most.
+Both models only ever run at their fixed batch shapes, each warmed up once at start-up."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ import numpy as np
 from service.budget import PixelBudget
 from service.core.cpus import available_cores
 from service.core.decode import Probe
+from service.core.errors import ModelUnavailable
 from service.core.pipeline import Detect, EmbeddedFace, FacePipeline, FacePolicy, Steps, advance
 from service.core.settings import Settings
-from service.local_models import LocalModels
 from service.metrics import Metrics
+from service.runtime.local_models import LocalModels
 
 log = logging.getLogger("facegate.engine")
 
@@ -49,6 +51,7 @@ class Engine:
         self.executor = ThreadPoolExecutor(self.workers, thread_name_prefix="facegate-infer")
         self.models: ModelRuns = hosted or LocalModels(settings, pipeline, metrics, self.executor, settings.batching)
         self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
+        self.run_timeout = settings.model_run_timeout
 
     def describe(self) -> dict:
         """What /readyz reports of how requests are served."""
@@ -82,14 +85,37 @@ class Engine:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def embed_crops(self, crops: np.ndarray) -> np.ndarray:
-        return await asyncio.wrap_future(self.models.embed(crops))
+        return await self._finished(await self._run(self.models.embed, crops))
+
+    async def _finished(self, run: Future) -> Any:
+        """A model run's result, waited for FACEGATE_MODEL_RUN_TIMEOUT seconds at most (then dropped)."""
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(run), self.run_timeout)
+        except TimeoutError:
+            raise ModelUnavailable(
+                f"a model run did not finish within {self.run_timeout:g} s (FACEGATE_MODEL_RUN_TIMEOUT); retry shortly", retry_after=1
+            ) from None
 
     def _start(
         self, data: bytes, sent: Probe, aligned: bool, policy: FacePolicy, chips: bool, cancel: threading.Event
     ) -> tuple[Steps, tuple[bool, Any]]:
-        """Decode (a large JPEG reduced) and run the steps up to their first model run, on a worker thread."""
+        """Decode (a large JPEG reduced) and run the steps up to their first model run, handed over, on a worker thread."""
         steps = self.pipeline.steps(self.pipeline.decode(data, reduced=True, cancel=cancel), aligned, policy, chips, sent)
-        return steps, advance(steps)
+        return steps, self._step(steps)
+
+    def _step(self, steps: Steps, result: np.ndarray | None = None) -> tuple[bool, Any]:
+        """Resume the steps on a worker thread: (True, the faces), or (False, (its model's name, when
+        it was handed over, the run's future))."""
+        done, request = advance(steps, result)
+        if done:
+            return True, request
+        detect = isinstance(request, Detect)
+        started = time.perf_counter()
+        return False, (
+            "detect" if detect else "embed",
+            started,
+            self.models.detect(request.canvas) if detect else self.models.embed(request.crops),
+        )
 
     async def faces(
         self,
@@ -124,11 +150,10 @@ class Engine:
     ) -> list[EmbeddedFace]:
         """The async driver of the pipeline's steps: model runs through the models' futures, the
         work between them on the thread pool."""
-        steps, (done, request) = await self._run(self._start, data, sent, aligned, policy, chips, cancel)
+        steps, (done, step) = await self._run(self._start, data, sent, aligned, policy, chips, cancel)
         while not done:
-            started, model = time.perf_counter(), "detect" if isinstance(request, Detect) else "embed"
-            run = self.models.detect(request.canvas) if isinstance(request, Detect) else self.models.embed(request.crops)
-            result = await asyncio.wrap_future(run)
+            model, started, run = step
+            result = await self._finished(run)
             timings[model] = timings.get(model, 0.0) + time.perf_counter() - started
-            done, request = await self._run(advance, steps, result)
-        return request
+            done, step = await self._run(self._step, steps, result)
+        return step

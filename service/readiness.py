@@ -1,6 +1,7 @@
 """Whether the service can answer image requests, and if not why: GET /readyz reports it, and
 every image route refuses with 503 model_unavailable until both models are loaded and warmed up
-(every batch shape run once, so the first requests pay no per-shape provider cost)."""
+(every batch shape run once, so the first requests pay no per-shape provider cost), and while the
+model host they run in is down, hung or warming up again (`facegate serve --workers N`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class Readiness:
         self.warmed = threading.Event()
         self.warmup_error: str | None = None
         self.serving: Callable[[], dict] = dict  # batch shapes, threads, the model host: what the engine runs with now, for /readyz
+        self.host_problem: Callable[[], str | None] = lambda: None  # why the model host cannot take runs now (HostedModels.problem)
 
     @property
     def loaded(self) -> bool:
@@ -30,7 +32,7 @@ class Readiness:
 
     @property
     def ready(self) -> bool:
-        return self.loaded and self.warmed.is_set() and self.warmup_error is None
+        return self.loaded and self.warmed.is_set() and self.warmup_error is None and self.host_problem() is None
 
     def warmup_done(self, error: str | None = None) -> None:
         self.warmup_error = error
@@ -44,7 +46,10 @@ class Readiness:
             raise ModelUnavailable(f"the service has no usable {missing}; see GET /readyz for the fix")
         if self.warmup_error:
             raise ModelUnavailable(f"the models failed their warm-up: {self.warmup_error}; see GET /readyz")
-        raise ModelUnavailable("the models are warming up (every batch shape runs once at start-up); retry shortly")
+        if not self.warmed.is_set():
+            raise ModelUnavailable("the models are warming up (every batch shape runs once at start-up); retry shortly", retry_after=1)
+        if (problem := self.host_problem()) is not None:  # None: the host came back meanwhile
+            raise ModelUnavailable(f"{problem}; retry shortly", retry_after=1)
 
     def _uncalibrated(self) -> list[dict]:
         """An embedder without thresholds serves, but every decision at a default FAR is a 422: say so
@@ -60,6 +65,19 @@ class Readiness:
                     "no calibrated thresholds: /verify and /identify answer 422 unknown_far unless a request gives an explicit threshold"
                 ),
                 "fix": f"facegate calibrate {embedder.manifest.name}.json (its run's held-out identities, or --data ALIGNED_FOLDERS)",
+            }
+        ]
+
+    def _host_problems(self) -> list[dict]:
+        problem = self.host_problem()
+        if problem is None:
+            return []
+        return [
+            {
+                "model": "model host",
+                "name": "facegate serve",
+                "error": problem,
+                "fix": "none if it passes within seconds (its supervisor restarts it); else the model host's log says why",
             }
         ]
 
@@ -93,5 +111,6 @@ class Readiness:
                 if self.warmup_error
                 else []
             )
+            + self._host_problems()
             + self._uncalibrated(),
         }

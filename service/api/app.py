@@ -21,7 +21,6 @@ from service.api.deps import Service
 from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, CancelOnDisconnect, RequestMetrics
 from service.api.routes import ROUTERS
 from service.budget import BodyBudget
-from service.core.decode_workers import DecodeWorkers
 from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
@@ -30,9 +29,10 @@ from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
-from service.hosted_models import HostedModels
 from service.metrics import Metrics
 from service.readiness import Readiness
+from service.runtime.decode_workers import DecodeWorkers
+from service.runtime.hosted_models import HostedModels
 
 log = logging.getLogger("facegate.app")
 
@@ -91,6 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
         readiness = Readiness(models)
+        if hosted is not None:
+            readiness.host_problem = hosted.problem
         pipeline = FacePipeline(settings, models, DecodeWorkers.for_settings(settings)) if readiness.loaded else None
         engine = Engine(settings, pipeline, metrics, hosted) if pipeline is not None else None
         if engine:

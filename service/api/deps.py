@@ -21,9 +21,9 @@ from service.engine import Engine
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
-from service.hosted_models import HostedModels
 from service.metrics import Metrics
 from service.readiness import Readiness
+from service.runtime.hosted_models import HostedModels
 
 
 @dataclass(frozen=True)

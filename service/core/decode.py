@@ -10,7 +10,7 @@ not hold every component (progressive, or baseline with its components in separa
 libjpeg keep the whole image's coefficients whatever the output scale (`service.core.jpeg`), so it is
 decoded and limited at full size, and that buffer is counted in `Probe.budget_pixels`.
 
-In the service both run in decoder processes (`service.core.decode_workers`), with a deadline and a
+In the service both run in decoder processes (`service.runtime.decode_workers`), with a deadline and a
 memory limit; the CLI and training call them in place."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ class FacegateError(Exception):
     code: str
     status: int
     details: list[dict] | None = None  # per-item errors (bulk enrollment)
+    retry_after: int | None = None  # seconds: sent as Retry-After (a 503 that will pass)
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -195,9 +196,14 @@ class ModelError(FacegateError):
 
 
 class ModelUnavailable(FacegateError):
-    """A request that needs a model while none usable is loaded."""
+    """A request that needs a model while none usable is loaded; with `retry_after` when that will
+    pass by itself (a warm-up, the model host restarting)."""
 
     code, status = "model_unavailable", 503
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class GalleryUnavailable(FacegateError):

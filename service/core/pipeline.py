@@ -9,14 +9,13 @@ import threading
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip, align_face, loose_chip, template_chip
 from service.core.batch_shapes import default_sizes
 from service.core.decode import Probe, decode_image, probe
-from service.core.decode_workers import DecodeWorkers
 from service.core.errors import InvalidCrop, ModelError, MultipleFaces, NoFace, TooManyFaces
 from service.core.models.detector import Face, FaceDetector
 from service.core.models.embedder import FaceEmbedder
@@ -24,6 +23,20 @@ from service.core.models.model_set import ModelSet, load_models
 from service.core.settings import Settings
 
 FacePolicy = Literal["largest", "reject_multiple", "all"]
+
+
+class Decoder(Protocol):
+    """Probes and decodes somewhere safer than this thread: the service injects its decoder
+    processes (`service.runtime.decode_workers`); training and the CLI inject none."""
+
+    def probe(
+        self, data: bytes, max_bytes: int, max_pixels: int, min_side: int, reduce_to_side: int = 0, cancel: threading.Event | None = None
+    ) -> Probe: ...
+    def decode(
+        self, data: bytes, max_bytes: int, max_pixels: int, min_side: int, reduce_to_side: int = 0, cancel: threading.Event | None = None
+    ) -> np.ndarray: ...
+    def start(self) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,7 @@ def _sent_size(image: np.ndarray, sent: Probe) -> tuple[int, int]:
 
 
 class FacePipeline:
-    def __init__(self, settings: Settings, models: ModelSet, decoder: DecodeWorkers | None = None):
+    def __init__(self, settings: Settings, models: ModelSet, decoder: Decoder | None = None):
         """Needs the detector; the embedder may be missing (detect-only use). `decoder`: worker
         processes that probe and decode (the service's requests); None decodes in this thread."""
         if models.detector is None:

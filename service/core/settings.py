@@ -260,6 +260,12 @@ class Settings(BaseSettings):
         description="Unix socket of the model host this process runs its models through (`facegate serve --workers N` starts one "
         "and sets it for its workers); unset: the models run in this process.",
     )
+    model_run_timeout: float = Field(
+        30.0,
+        gt=0.0,
+        description="Seconds a request waits for one model run (its batch's queue included) before it answers 503 "
+        "model_unavailable: a stuck model or model host never holds a request longer.",
+    )
     model_host_shared_memory: int = Field(
         16 * 1024 * 1024,
         ge=0,

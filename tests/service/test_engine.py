@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import Future
 
 import cv2
 import numpy as np
 import pytest
 
+from service.core.errors import ModelUnavailable
 from service.core.pipeline import FacePipeline
 from service.engine import Engine
 from service.metrics import Metrics
@@ -195,3 +197,32 @@ def test_warm_up_before_listening_makes_start_up_wait(api_settings):
     with TestClient(create_app(settings)) as client:  # no waiting here, unlike make_client
         assert client.app.state.service.readiness.ready
         assert client.get("/readyz").status_code == 200
+
+
+class NeverAnswering:
+    """Model runs that never finish: a model host hung, a provider deadlocked."""
+
+    def __init__(self):
+        self.runs: list[Future] = []
+
+    def detect(self, canvas: np.ndarray) -> Future:
+        self.runs.append(Future())
+        return self.runs[-1]
+
+    embed = detect
+
+
+def test_a_model_run_is_waited_for_model_run_timeout_at_most_then_503_and_dropped(settings, pipeline):
+    settings = settings.model_copy(update={"model_run_timeout": 0.2})
+    engine = Engine(settings, pipeline, Metrics())
+    local, never = engine.models, NeverAnswering()
+    engine.models = never  # type: ignore[assignment]
+    crop = np.zeros((1, *pipeline.require_embedder().size, 3), np.uint8)
+    try:
+        with pytest.raises(ModelUnavailable, match="FACEGATE_MODEL_RUN_TIMEOUT") as error:
+            asyncio.run(engine.embed_crops(crop))
+        assert error.value.retry_after == 1
+        assert [run.cancelled() for run in never.runs] == [True]  # a batcher drops it rather than run it for nobody
+    finally:
+        engine.models = local
+        engine.close()

@@ -59,5 +59,7 @@ async def metrics(service: ServiceDep) -> Response:
     service.metrics.observe_recall(service.recall)
     if service.hosted is not None and service.metrics.model_host is not None:  # the model-run metrics are the host's
         with suppress(Exception):  # a host that does not answer in time: the last ones fetched
-            service.metrics.model_host.families = await asyncio.wait_for(asyncio.wrap_future(service.hosted.ask("metrics")), 2.0)
+            hosted = service.hosted  # asked off the loop (a write to its socket), the whole question bounded
+            asked = asyncio.to_thread(lambda: hosted.ask("metrics").result(2.0))
+            service.metrics.model_host.families = await asyncio.wait_for(asked, 2.5)
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

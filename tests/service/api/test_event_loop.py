@@ -1,16 +1,22 @@
 """Nothing slow on the event loop (issue 34, defect 3): a body is parsed, validated and checked on a
 worker thread, its values are capped before parsing (a flat list is one container), CompreFace's bulk
-delete is bounded and one statement, and the embedding routes compute and render off the loop."""
+delete is bounded and one statement, and the embedding routes compute and render off the loop; with
+the models in a model host (issue 44), the hand-over of a run and /metrics' question to the host
+happen off the loop, and a host outage is refused at once."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import threading
 
 import numpy as np
 import pytest
 
 from service.api.requests import MAX_JSON_VALUES
+from tests.conftest import aligned_crop_png
+from tests.polling import wait_until
 from tests.service.api.test_routes import error, new_subject
 
 
@@ -99,3 +105,49 @@ def test_compreface_embedding_routes_compute_off_the_loop(api, loop_calls):
     verified = api.post("/api/v1/verification/embeddings/verify", json={"source": rows[0], "targets": rows})
     assert verified.status_code == 200 and len(verified.json()["result"]) == 3
     assert seen and not any(on_loop for _, on_loop in seen), seen
+
+
+@pytest.fixture
+def hosted_api(api_settings, make_client, tmp_path):
+    """An app whose models run in a model host (serving from a thread here), as a worker of
+    `facegate serve --workers N` runs them; yields the client and the host."""
+    from service.runtime.model_host import SOCKET, ModelHost
+
+    folder = tmp_path / "host"
+    folder.mkdir()
+    host = ModelHost(api_settings, folder)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    try:
+        yield make_client(api_settings.model_copy(update={"model_host": folder / SOCKET, "model_host_shared_memory": 4 << 20})), host
+    finally:
+        host.close()
+
+
+def test_hosted_model_runs_and_the_hosts_metrics_are_asked_off_the_loop_and_an_outage_answers_503_at_once(hosted_api, loop_calls):
+    """A hosted run copies into shared memory and writes to the host's socket, /metrics asks the host:
+    none of it on the loop. With the host gone, an image request is refused before any of it (503
+    model_unavailable with Retry-After) and /readyz says why."""
+    from service.runtime.hosted_models import HostedModels
+    from service.runtime.shm_arena import Arena
+
+    client, host = hosted_api
+    watch, seen = loop_calls
+    for cls, name in ((HostedModels, "_submit"), (HostedModels, "ask"), (Arena, "put")):
+        watch(cls, name)
+    image = {"image": base64.b64encode(aligned_crop_png(1)).decode(), "aligned": True}
+    assert client.post("/identify", json=image).status_code == 200
+    assert client.get("/metrics").status_code == 200
+    assert {"_submit", "ask", "put"} <= {name for name, _ in seen} and not any(on_loop for _, on_loop in seen), seen
+
+    host.close()  # every worker dropped, as the host's death drops them
+    hosted = client.app.state.service.hosted
+    wait_until(lambda: "is down" in (hosted.problem() or ""), "the worker sees its host down")
+    del seen[:]
+    refused = client.post("/identify", json=image)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_unavailable", refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert not any(name in ("_submit", "put") for name, _ in seen)  # refused before anything was copied or sent
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and any("model host is down" in p["error"] for p in ready.json()["problems"]), ready.text
+    assert client.get("/metrics").status_code == 200  # the host's last metrics, at once
+    assert not any(on_loop for _, on_loop in seen), seen

@@ -122,6 +122,7 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
             statuses.append(response.status_code)
             if response.status_code == 503:
                 assert response.json()["error"]["code"] == "model_unavailable", response.text
+                assert response.headers.get("retry-after") == "1", response.headers  # it will pass: the supervisor restarts the host
             elif response.status_code == 200 and statuses.count(200) >= 3:
                 break
         assert set(statuses) <= {200, 503}, statuses  # never a 500 while the host is down

@@ -1,6 +1,6 @@
 """The two models run in this process: through a micro-batcher each (one per detector input size),
 or on the engine's thread pool when batching is off; warmed up once at every shape they will see.
-`Engine` runs them through this, or through `service.hosted_models` when a model host runs them
+`Engine` runs them through this, or through `service.runtime.hosted_models` when a model host runs them
 for several worker processes (which runs this in its own process)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from functools import partial
 
 import numpy as np
 
-from service.batching import MicroBatcher
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.metrics import Metrics
+from service.runtime.batching import MicroBatcher
 
 log = logging.getLogger("facegate.engine")
 

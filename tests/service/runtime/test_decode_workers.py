@@ -19,8 +19,8 @@ import pytest
 from PIL import Image
 
 from service.core.decode import decode_image, probe
-from service.core.decode_workers import DecodeCancelled, DecodeWorkers
 from service.core.errors import ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
+from service.runtime.decode_workers import DecodeCancelled, DecodeWorkers
 from tests.jpeg_bombs import many_scans, separate_scans
 from tests.requirements import need
 
@@ -86,10 +86,12 @@ def test_the_same_pixels_and_probe_as_in_place(workers, name, data):
     ],
 )
 def test_typed_errors_come_back_and_the_worker_stays(workers, data, error):
+    workers.start()  # at least one worker in the pool, whichever tests ran before
     before = _worker_pids(workers)
     with pytest.raises(error):
         workers.decode(data, *LIMITS)
-    assert _worker_pids(workers) <= before | _worker_pids(workers)  # an answered error kills no worker
+    assert before and before <= _worker_pids(workers)  # an answered error kills no worker: every one still in the pool
+    assert all(w.process.is_alive() for w in workers._workers)
     assert workers.decode(_encoded()[".png"], *LIMITS).shape == (240, 320, 3)
 
 

@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from service.batching import MicroBatcher
 from service.metrics import Metrics
+from service.runtime.batching import MicroBatcher
 
 
 def crops(value: int, n: int) -> np.ndarray:
@@ -169,5 +169,17 @@ def test_a_job_cancelled_while_queued_is_dropped_and_the_rest_are_served():
         assert first.result(10)[:, 0].tolist() == [1]
         assert kept.result(10)[:, 0].tolist() == [3]
         assert calls == [[1], [3]]  # the cancelled job's rows were never run
+    finally:
+        batcher.close()
+
+
+def test_a_job_alone_in_its_batch_runs_on_its_own_rows_not_a_copy():
+    """The model host runs a lone job on the worker's rows in shared memory, in place."""
+    rows = crops(7, 2)
+    seen = []
+    batcher = MicroBatcher(lambda x: seen.append(x) or x[:, 0, 0, :1], max_batch=8, max_wait_ms=0, metrics=Metrics())
+    try:
+        assert batcher.submit(rows).result(10).tolist() == [[7], [7]]
+        assert len(seen) == 1 and np.shares_memory(seen[0], rows)
     finally:
         batcher.close()

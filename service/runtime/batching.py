@@ -91,7 +91,9 @@ class MicroBatcher:
             for job in jobs:
                 if job.counted:
                     self._metrics.waited(self.role, started - job.queued)
-            outputs = self._run_model(np.concatenate([j.rows for j in jobs]))
+            # One job (no concurrent work: a CPU host at low load) runs on its own rows, not on a
+            # copy: for the model host these are the worker's rows in shared memory, read in place.
+            outputs = self._run_model(jobs[0].rows if len(jobs) == 1 else np.concatenate([j.rows for j in jobs]))
             if any(job.counted for job in jobs):
                 self._metrics.model_ran(self.role, len(outputs))
         except BaseException as exc:  # handed to every waiting request, never lost in this thread

@@ -5,23 +5,22 @@ all of them â€” cross-process dynamic batching, the shape Triton gives a model â
 batches on one CUDA context instead of N processes' small ones on N contexts that take turns.
 
 Workers reach it over a Unix socket in a private folder (mode 0700, the only access control it
-needs); the pixels go through memory each worker shares with it (`service.shm_arena`), the socket
-carries only small messages (`service.hosted_models` is the other side).
+needs); the pixels go through memory each worker shares with it (`service.runtime.shm_arena`), the socket
+carries only small messages (`service.runtime.hosted_models` is the other side). It answers a
+`ping` at once, from a connection's own thread whatever its models are doing: its supervisor
+(`service.runtime.supervisor`) and each worker ping it to tell a hung host from a busy one.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import queue
-import shutil
 import signal
-import tempfile
+import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import asdict
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -30,14 +29,14 @@ from service.core.models.files import LoadedModel
 from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
-from service.local_models import LocalModels
 from service.metrics import Metrics
-from service.shm_arena import Arena
+from service.runtime.local_models import LocalModels
+from service.runtime.shm_arena import Arena
 
 log = logging.getLogger("facegate.model_host")
 
 SOCKET = "models.sock"
-RESTART_DELAY = 1.0  # seconds between a model host's death and its restart
+PING_TIMEOUT = 5.0  # seconds without an answer to a ping after which a host is hung, for its supervisor and its workers alike
 
 
 def session_info(loaded: LoadedModel | None) -> dict | None:
@@ -67,11 +66,18 @@ class ModelHost:
         if self.models.detector is not None and self.models.embedder is not None:
             self.local = LocalModels(settings, FacePipeline(settings, self.models), self.metrics, executor=None)
             self.local.start_warm_up(self._warmed)
+        self._workers: set[_Worker] = set()
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
         self.listener = Listener(str(folder / SOCKET), family="AF_UNIX")
 
     def _warmed(self, error: str | None) -> None:
         self.warmup_error = error
         self.warmed.set()
+
+    def state(self) -> dict:
+        """What a ping is answered with."""
+        return {"warmed": self.warmed.is_set(), "warmup_error": self.warmup_error}
 
     def description(self) -> dict:
         return {
@@ -89,10 +95,27 @@ class ModelHost:
                 connection = self.listener.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=_Worker(self, connection).serve, name="facegate-model-host-conn", daemon=True).start()
+            if self._closing.is_set():  # close()'s own connection, made to end the accept
+                connection.close()
+                return
+            worker = _Worker(self, connection)
+            with self._lock:
+                self._workers.add(worker)
+            threading.Thread(target=worker.serve, name="facegate-model-host-conn", daemon=True).start()
 
     def close(self) -> None:
+        """Stop listening and drop every worker, as the host's death would: their runs fail now (again: nothing)."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        with suppress(OSError):  # an accept() is not woken by closing its socket: a connection ends it
+            Client(self.listener.address, family="AF_UNIX").close()
         self.listener.close()
+        with self._lock:
+            workers, self._workers = list(self._workers), set()
+        for worker in workers:
+            with suppress(OSError), socket.socket(fileno=os.dup(worker.connection.fileno())) as end:
+                end.shutdown(socket.SHUT_RDWR)  # wakes its reader, blocked on the socket, with an EOF
         if self.local is not None:
             self.local.close()
 
@@ -118,6 +141,8 @@ class _Worker:
         finally:
             self.answers.put(None)
             writer.join()
+            with self.host._lock:
+                self.host._workers.discard(self)
             self.connection.close()
             if self.arena is not None:
                 self.arena.close()
@@ -128,7 +153,9 @@ class _Worker:
             _, path, size = message
             self.arena = Arena(Path(path), size) if path else None
             self.answers.put(("models", self.host.description()))
-        elif kind == "ready":
+        elif kind == "ping":  # answered here, never behind a model run
+            self.answers.put(("ping", message[1], self.host.state()))
+        elif kind == "ready":  # answered once warmed up: every worker of the host is ready at the same moment
             threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
         elif kind == "metrics":
             self.answers.put(("metrics", message[1], list(self.host.metrics.registry.collect())))
@@ -143,14 +170,14 @@ class _Worker:
             room = 0 if offset is None else rows.nbytes
             future.add_done_callback(lambda f: self.answers.put((number, offset, room, f)))
 
+    def _answer_ready(self, number: int) -> None:
+        self.host.warmed.wait()
+        self.answers.put(("ready", number, self.host.state()))
+
     def _arena(self) -> Arena:
         if self.arena is None:
             raise OSError("a run in shared memory before the worker shared any")
         return self.arena
-
-    def _answer_ready(self, number: int) -> None:
-        self.host.warmed.wait()
-        self.answers.put(("ready", number, self.host.warmup_error))
 
     def _write(self) -> None:
         while (item := self.answers.get()) is not None:
@@ -190,48 +217,12 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-@contextmanager
-def model_host() -> Iterator[Path]:
-    """A model host process for the duration of the block (restarted if it dies); yields the path
-    of its socket, which the workers find in FACEGATE_MODEL_HOST."""
-    shm = Path("/dev/shm")
-    folder = Path(tempfile.mkdtemp(prefix="facegate-models-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
-    stopping = threading.Event()
-    process = context.Process(target=run_host, args=(str(folder),), name="facegate-model-host", daemon=True)
-
-    def watch() -> None:
-        nonlocal process
-        while True:
-            process.join()
-            if stopping.is_set():
-                return
-            log.error("the model host exited (code %s); restarting it", process.exitcode)
-            (folder / SOCKET).unlink(missing_ok=True)
-            time.sleep(RESTART_DELAY)
-            process = context.Process(target=run_host, args=(str(folder),), name="facegate-model-host", daemon=True)
-            process.start()
-
-    process.start()
-    watcher = threading.Thread(target=watch, name="facegate-model-host-watch", daemon=True)
-    watcher.start()
-    try:
-        yield folder / SOCKET
-    finally:
-        stopping.set()
-        process.terminate()
-        process.join(10)
-        if process.is_alive():
-            process.kill()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def connect(socket: Path, timeout: float) -> Connection:
-    """A connection to the model host at `socket`, waiting up to `timeout` seconds for it to listen."""
+def connect(path: Path, timeout: float) -> Connection:
+    """A connection to the model host at `path`, waiting up to `timeout` seconds for it to listen."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return Client(str(socket), family="AF_UNIX")
+            return Client(str(path), family="AF_UNIX")
         except (FileNotFoundError, ConnectionRefusedError):
             if time.monotonic() > deadline:
                 raise

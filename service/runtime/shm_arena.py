@@ -3,7 +3,11 @@ model host's private folder under /dev/shm where it exists), mapped by both. The
 model's input (a canvas, crops) into blocks of it, the host reads them in place and writes the
 output back over them, so pixels never pass through the socket. The space is reserved when the
 file is made (posix_fallocate): a /dev/shm too small is a smaller arena at start-up, never a
-SIGBUS in the middle of a request. What does not fit travels inline in the message instead."""
+SIGBUS in the middle of a request. What does not fit travels inline in the message instead.
+
+An arena is named for the worker that made it (`arena-<pid>`): a worker that crashes (uvicorn
+starts its replacement under a new pid) cannot remove its own, so whoever outlives it does
+(`sweep`, which the model host's supervisor runs)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,34 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 64 * 1024
+PREFIX = "arena-"
+
+
+def arena_path(folder: Path, pid: int) -> Path:
+    """Where the worker process `pid` keeps its arena."""
+    return folder / f"{PREFIX}{pid}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def sweep(folder: Path) -> list[Path]:
+    """Remove the arenas in `folder` whose worker is gone; the paths removed. The model host may
+    still map one: its memory is freed once the host unmaps it too."""
+    removed = []
+    for path in folder.glob(f"{PREFIX}*"):
+        pid = path.name.removeprefix(PREFIX)
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 class Arena:

@@ -11,23 +11,25 @@ import threading
 import numpy as np
 import pytest
 
-from service import shm_arena
+from service.core.errors import ModelUnavailable
 from service.core.pipeline import FacePipeline
 from service.engine import Engine
-from service.hosted_models import HostedModels
 from service.metrics import Metrics
-from service.model_host import SOCKET, ModelHost
-from service.shm_arena import BLOCK, Arena
+from service.runtime import model_host, shm_arena
+from service.runtime.hosted_models import HostedModels
+from service.runtime.model_host import SOCKET, ModelHost
+from service.runtime.shm_arena import BLOCK, Arena
+from tests.polling import wait_until
 
 
 @pytest.fixture
 def host(settings, tmp_path):
     """A model host serving from a thread; yields its socket."""
-    model_host = ModelHost(settings, tmp_path)
-    thread = threading.Thread(target=model_host.serve_forever, daemon=True)
+    running = ModelHost(settings, tmp_path)
+    thread = threading.Thread(target=running.serve_forever, daemon=True)
     thread.start()
     yield tmp_path / SOCKET
-    model_host.close()
+    running.close()
     thread.join(10)
 
 
@@ -123,3 +125,49 @@ def test_an_arena_shrinks_to_what_the_file_system_can_reserve(tmp_path, monkeypa
     arena.close(unlink=True)
     assert Arena.reserve(tmp_path / "none", 64 * 1024 * 1024, smallest=16 * 1024 * 1024) is None
     assert list(tmp_path.iterdir()) == []  # nothing left behind by the sizes that failed
+
+
+def linked(settings, socket, arena_bytes: int = 0) -> HostedModels:
+    """A worker's side that pings its host often, once the host answers warmed up."""
+    hosted = HostedModels(settings, socket, arena_bytes, ping_every=0.05, ping_timeout=0.5)
+    wait_until(lambda: hosted.problem() is None, "the host answers warmed up", timeout=60)
+    return hosted
+
+
+def test_a_worker_refuses_runs_at_once_while_its_host_is_down_and_goes_on_with_the_next(settings, tmp_path, pipeline):
+    crops = np.zeros((2, *pipeline.require_embedder().size, 3), np.uint8)
+    first = ModelHost(settings, tmp_path)
+    threading.Thread(target=first.serve_forever, daemon=True).start()
+    hosted = linked(settings, tmp_path / SOCKET, 4 * 1024 * 1024)
+    try:
+        first.close()  # every worker dropped, as the host's death drops them
+        wait_until(lambda: "is down" in (hosted.problem() or ""), "the worker sees the host down")
+        refused = hosted.embed(crops)
+        assert refused.done()  # at once: nothing waits on a host known down
+        with pytest.raises(ModelUnavailable, match="is down") as error:
+            refused.result()
+        assert error.value.retry_after == 1
+        assert hosted.arena is not None and hosted.arena.allocate(hosted.arena.size) == 0  # nothing was copied in
+        hosted.arena.release(0, hosted.arena.size)
+        second = ModelHost(settings, tmp_path)  # what the supervisor starts next
+        threading.Thread(target=second.serve_forever, daemon=True).start()
+        try:
+            wait_until(lambda: hosted.problem() is None, "the worker reconnected to the new host", timeout=60)
+            assert np.allclose(hosted.embed(crops).result(60), pipeline.require_embedder().embed(crops), atol=1e-5)
+        finally:
+            second.close()
+    finally:
+        hosted.close()
+
+
+def test_a_hung_host_is_seen_by_the_workers_pings_and_its_runs_refused_at_once(settings, host, pipeline, monkeypatch):
+    hosted = linked(settings, host)
+    try:
+        monkeypatch.setattr(model_host._Worker, "_send", lambda self, message: None)  # the host answers nothing any more
+        wait_until(lambda: "hung" in (hosted.problem() or ""), "the worker sees the host hung")
+        refused = hosted.embed(np.zeros((1, *pipeline.require_embedder().size, 3), np.uint8))
+        assert refused.done()
+        with pytest.raises(ModelUnavailable, match="has not answered a ping"):
+            refused.result()
+    finally:
+        hosted.close()
