@@ -455,3 +455,7 @@ def main() -> None:
     for entry in entry_points(group="facegate.cli"):
         entry.load()(app)
     app()
+
+
+if __name__ == "__main__":  # `python -m service.cli`, as the `facegate` script runs it
+    main()
