@@ -9,7 +9,8 @@ tests/test_docs_run.py runs them (docs/testing.md#docs-that-run). A block is fen
 - `<!-- before: COMMANDS -->`: shell lines run first and not shown (a subject the block's commands
   need), as Rust's doctests hide set-up lines.
 
-A `curl` command's expectation is read from its comments: a trailing `# 201` (any three digits
+A `console` block's commands start with `$ `; the lines under one are its output, which must be what
+it prints (`…` stands for anything). A `curl` command's expectation is read from its comments: a trailing `# 201` (any three digits
 first) is its status; a sample answer beside it or on the comment lines right after it (`# {…}`,
 elisions `[…]` `{…}` `"…"` allowed) is parsed as JSON: `{"error": {"code": C}}` means a 4xx with
 code C, any other sample a 2xx whose keys (nested objects too) are the answer's and whose strings,
@@ -57,8 +58,13 @@ class Block:
     def uses_server(self) -> bool:
         return "localhost:8000" in self.text
 
+    @property
+    def script(self) -> str:
+        """What runs: the block, or a `console` block's `$ ` commands (and their continuation lines)."""
+        return self.text if self.lang != "console" else "\n".join(command for command, _ in console_steps(self.text))
+
     def commands(self) -> list[Command]:
-        return commands(self.text)
+        return commands(self.script)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,28 @@ def blocks(path: Path) -> list[Block]:
             )
         i = end + 1
     return found
+
+
+def console_steps(text: str) -> list[tuple[str, str]]:
+    """A `console` block's (command, the output shown under it): `$ ` starts a command."""
+    steps: list[tuple[str, list[str]]] = []
+    continued = False
+    for line in text.splitlines():
+        if line.startswith("$ ") or continued:
+            if continued:
+                steps[-1] = (steps[-1][0] + "\n" + line, steps[-1][1])
+            else:
+                steps.append((line[2:], []))
+            continued = line.endswith("\\")
+        elif steps:
+            steps[-1][1].append(line)
+    return [(command, "\n".join(shown).strip()) for command, shown in steps]
+
+
+def shows(shown: str, printed: str) -> bool:
+    """The printed output is what a console block shows under its command (`…` stands for anything)."""
+    pattern = ".*".join(re.escape(part.strip()) for part in shown.split("…"))
+    return re.fullmatch(pattern, printed.strip(), re.S) is not None
 
 
 def marker(above: list[str]) -> tuple[str | None, str]:

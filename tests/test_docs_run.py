@@ -23,11 +23,12 @@ import httpx
 import pytest
 
 from tests.conftest import LFW_PEOPLE, REPO
-from tests.docs_blocks import IMAGE_TESTS, Block, blocks, mismatches, pages, unknown_tests
+from tests.docs_blocks import IMAGE_TESTS, Block, blocks, console_steps, mismatches, pages, shows, unknown_tests
 from tests.service.api.test_server_process import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 TIMEOUT = 120
+OUTPUT_MARK = "@@docs-test: next command@@"  # printed between a console block's commands, to split their output
 
 ALL = [block for page in pages() for block in blocks(page)]
 RUNNABLE = [block for block in ALL if block.not_run is None]
@@ -160,9 +161,16 @@ def test_block_runs_as_written(block, placeholders, request, tmp_path):
         assert setup.returncode == 0, f"{block.where}: its before lines exited {setup.returncode}:\n{setup.stderr[-2000:]}"
         failed = [(s, b) for s, b in answers(tmp_path / "before") if not 200 <= s < 300]
         assert not failed, f"{block.where}: its before lines got {failed}"
-    run = run_shell(text, work, tmp_path / "calls", env)
+    steps = console_steps(text) if block.lang == "console" else [(text, "")]
+    run = run_shell(f"\nprintf '%s\\n' '{OUTPUT_MARK}'\n".join(command for command, _ in steps), work, tmp_path / "calls", env)
     assert run.returncode == 0, f"{block.where} exited {run.returncode}:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
-    problems = check_answers(block, answers(tmp_path / "calls"))
+    printed = run.stdout.split(OUTPUT_MARK + "\n")
+    problems = [
+        f"{command}\n  printed {out.strip()[:300]!r}, the docs show {shown!r}"
+        for (command, shown), out in zip(steps, printed, strict=True)
+        if shown and not shows(shown, out)
+    ]
+    problems += check_answers(block, answers(tmp_path / "calls"))
     assert not problems, f"{block.where}:\n" + "\n".join(problems)
 
 
