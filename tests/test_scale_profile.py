@@ -273,7 +273,11 @@ def test_a_killed_replica_fails_only_what_nginx_had_sent_it(scale, photos):  # n
     logs = scale.compose("logs", "--no-color", "lb").stdout.splitlines()[earlier:]
     errors = [line for line in logs if re.search(r'" 5\d\d \d+ ', line)]
     unsent = [line for line in errors if re.search(r"connect=[-, :]+\s*$", line)]
-    print(f"\ndocker kill under load: {dict(load.statuses)}, {len(load.enrolled)} enrollments; nginx's 5xx:\n" + "\n".join(errors))
+    unopened = [line for line in logs if re.search(r"connect=\S*-", line)]  # a try whose connection never opened (the killed one)
+    print(
+        f"\ndocker kill under load: {dict(load.statuses)}, {len(load.enrolled)} enrollments; nginx's 5xx, and tries that never connected:"
+    )
+    print("\n".join(errors + unopened))
     assert restarted.returncode == 0, restarted.stderr
     assert len([t for t in load.served if t > killed]) > 20, "the load did not run on after the kill"
     assert not unsent, f"{len(unsent)} requests nginx had sent to no replica failed:\n" + "\n".join(unsent)
