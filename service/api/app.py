@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             models = load_models(settings)
         for problem in models.problems:
             log.error("%s %r is unavailable: %s", problem.model, problem.name, problem.error)
-        readiness = Readiness(models)
+        readiness = Readiness(models, settings.default_far)
         if hosted is not None:
             readiness.host_problem = hosted.problem
         pipeline = FacePipeline(settings, models, DecodeWorkers.for_settings(settings)) if readiness.loaded else None

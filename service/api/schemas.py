@@ -155,6 +155,13 @@ class VerifyResponse(BaseModel):
     )
     subject_id: str | None = None
     model: ModelOut
+    warning: str | None = Field(
+        None,
+        description=(
+            "Set when the decision is not at the FAR asked for: the model has no threshold for FACEGATE_DEFAULT_FAR, "
+            "so a request naming no far was decided at the nearest calibrated FAR (`far` says which)."
+        ),
+    )
 
 
 class CandidateOut(BaseModel):

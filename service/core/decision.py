@@ -1,7 +1,11 @@
 """Which threshold decides a match.
 
 /verify compares one pair: an explicit cosine, or the manifest's threshold for a false-accept rate
-(the request's, else FACEGATE_DEFAULT_FAR). A search compares a probe with many faces and keeps the
+(the request's, else FACEGATE_DEFAULT_FAR). A model calibrated on few people may lack the default's
+threshold (12 held-out people give only 1e-2): a request naming no FAR is then decided at the
+nearest calibrated FAR not looser than the default, else at the strictest the model has, and the
+decision carries a warning saying so, rather than every default request being a 422 or the model
+being refused while explicit FARs and thresholds work. A search compares a probe with many faces and keeps the
 best, so a per-comparison FAR would let a stranger through about N times as often: /identify decides
 by a false-positive identification rate (FPIR, the chance that someone not enrolled is returned as a
 match) and turns it into the per-comparison FAR of the number of faces searched,
@@ -60,6 +64,7 @@ class Decision:
     cohort: Cohort | None = None  # set when the threshold applies to AS-norm scores against it
     margin: Margin | None = field(default=None, compare=False)  # set when it applies to the margin score
     curve: Manifest | None = field(default=None, compare=False, repr=False)  # the cosine curve a cosine FPIR decision read
+    warning: str | None = None  # why the decision is not at the rate asked for (the default FAR's fallback)
 
     @property
     def score(self) -> str:
@@ -103,6 +108,26 @@ class Decision:
         return -math.expm1(max(self.gallery_faces or 1, 1) * math.log1p(-far))
 
 
+def default_far_fallback(manifest: Manifest, default_far: str) -> str | None:
+    """The calibrated FAR a request naming none is decided at when the manifest lacks the default's
+    threshold: the loosest at or below the default, else the strictest there is; None when the
+    default is calibrated, or nothing is."""
+    key = far_key(default_far)
+    if key in manifest.thresholds or not manifest.thresholds:
+        return None
+    calibrated = sorted(manifest.thresholds, key=float)
+    stricter = [far for far in calibrated if float(far) <= float(key)]
+    return stricter[-1] if stricter else calibrated[0]
+
+
+def fallback_warning(manifest: Manifest, default_far: str, fallback: str) -> str:
+    available = ", ".join(sorted(manifest.thresholds, key=float))
+    return (
+        f"the model has no threshold for the default FAR {far_key(default_far)} (FACEGATE_DEFAULT_FAR); decided at FAR {fallback}, "
+        f"the nearest it has (available: {available}): pass far or threshold, or calibrate the model on more held-out people"
+    )
+
+
 def decide(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str) -> Decision:
     if far is not None and threshold is not None:
         raise InvalidParameters("give far or threshold, not both")
@@ -112,6 +137,8 @@ def decide(manifest: Manifest, far: float | str | None, threshold: float | None,
         key = far_key(far if far is not None else default_far)
     except ValueError as exc:
         raise InvalidParameters(f"far: {exc}") from None
+    if far is None and (fallback := default_far_fallback(manifest, key)):
+        return Decision(manifest.threshold(fallback), fallback, warning=fallback_warning(manifest, key, fallback))
     try:
         return Decision(manifest.threshold(key), key)
     except KeyError:
@@ -166,7 +193,7 @@ def decide_subject(manifest: Manifest, far: float | str | None, threshold: float
     decision = decide(manifest, far, threshold, default_far)
     if decision.far is None or faces <= 1:
         return decision
-    return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces)
+    return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces, warning=decision.warning)
 
 
 def at_rate(manifest: Manifest, rate: float, faces: int, cohort: Cohort | None = None) -> Decision:

@@ -70,4 +70,5 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         faces=faces,
         subject_id=options.subject_id,
         model=ModelOut.of(manifest),
+        warning=decision.warning,
     )

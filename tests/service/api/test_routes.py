@@ -464,3 +464,29 @@ def test_identify_with_a_cohort_decides_on_as_norm_scores(api_settings, make_cli
     ready = unready.get("/readyz")
     assert ready.status_code == 503 and any(p["model"] == "cohort" for p in ready.json()["problems"])
     error(unready.post("/identify", files={"image": lfw_faces[POWELL][0]}), 503, "model_unavailable")
+
+
+def test_verify_without_far_falls_back_when_the_default_far_is_not_calibrated(
+    api_settings, make_client, embedder_manifest, lfw_faces, tmp_path
+):
+    """Issue 48, item 6: a model calibrated on 12 people has only FAR 1e-2's threshold. /verify naming no
+    far answers at 1e-2 with a warning (not 422 unknown_far), /readyz says so once, and a request
+    naming the missing FAR is still refused."""
+    import json
+    import shutil
+
+    few = tmp_path / "few" / embedder_manifest.name
+    few.parent.mkdir()
+    shutil.copy(embedder_manifest.with_suffix(".onnx"), few.parent)
+    manifest = json.loads(embedder_manifest.read_text())
+    few.write_text(json.dumps({**manifest, "thresholds": {"1e-2": manifest["thresholds"]["1e-2"]}, "far_curve": None}))
+    api = make_client(api_settings.model_copy(update={"embedder": str(few)}))
+    image = lfw_faces[BUSH][0]
+    answer = api.post("/verify", files={"image1": image, "image2": image})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert (body["far"], body["threshold"]) == ("1e-2", manifest["thresholds"]["1e-2"]) and "default FAR 1e-3" in body["warning"]
+    assert api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-2"}).json()["warning"] is None
+    error(api.post("/verify", files={"image1": image, "image2": image}, data={"far": "1e-3"}), 422, "unknown_far")
+    (problem,) = api.get("/readyz").json()["problems"]
+    assert "FACEGATE_DEFAULT_FAR" in problem["error"] and "FACEGATE_DEFAULT_FAR=1e-2" in problem["fix"]

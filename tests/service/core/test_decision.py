@@ -2,7 +2,7 @@
 
 import pytest
 
-from service.core.decision import Decision, decide
+from service.core.decision import Decision, decide, decide_subject
 from service.core.errors import InvalidParameters, UnknownFar
 from tests.onnx_models import write_test_embedder
 
@@ -28,3 +28,22 @@ def test_bad_choices_are_typed_errors(manifest):
         decide(manifest, "abc", None, "1e-3")
     with pytest.raises(UnknownFar, match="available FARs: 1e-3, 1e-2"):
         decide(manifest, "1e-5", None, "1e-3")
+
+
+def test_a_default_far_the_model_lacks_falls_back_with_a_warning(manifest):
+    """Issue 48, item 6: a model calibrated on few people has no threshold for FACEGATE_DEFAULT_FAR; a
+    request naming no FAR is decided at the nearest calibrated FAR not looser than the default, else
+    the strictest there is, and says so. A FAR the request names is never replaced."""
+    few = manifest.model_copy(update={"thresholds": {"1e-2": 0.8}})
+    decision = decide(few, None, None, "1e-3")
+    assert (decision.threshold, decision.far) == (0.8, "1e-2")
+    assert "default FAR 1e-3" in decision.warning and "decided at FAR 1e-2" in decision.warning
+    gapped = manifest.model_copy(update={"thresholds": {"1e-2": 0.8, "1e-4": 0.9, "1e-5": 0.95}})
+    assert decide(gapped, None, None, "1e-3").far == "1e-4"
+    assert decide(manifest, None, None, "1e-3").warning is None
+    with pytest.raises(UnknownFar):
+        decide(few, "1e-3", None, "1e-3")
+    with pytest.raises(UnknownFar):
+        decide(manifest.model_copy(update={"thresholds": {}}), None, None, "1e-3")
+    subject = decide_subject(gapped, None, None, "1e-3", faces=3)
+    assert subject.far == "1e-4" and "decided at FAR 1e-4" in subject.warning and subject.threshold > 0.9
