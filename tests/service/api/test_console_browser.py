@@ -1,12 +1,15 @@
 """The console end to end in headless Chromium, against `facegate serve` with API keys on, face
 chips kept and the default embedder, on LFW photos: a wrong key refused, sign-in, two people
-enrolled (one photo refused by the quality gate, with the face it saw; a camera photo taken and
-removed), a subject named like
+enrolled (one photo refused by the quality gate, with the face it saw; the next photo going to the
+same subject, the last results cleared, a text file named as left out; a new subject whose only
+photo is refused not kept; a camera photo taken and removed), a subject named like
 markup shown as text, search, thumbnails, a group photo identified (both faces boxed and named,
-the decision in plain words), a pair verified and a pair refused, one man enrolled again under
-another id listed as a possible duplicate (none while the gallery is empty), the model page, a face and a
-subject deleted (each checked through the API too), the pages on a phone-sized screen without
-sideways scrolling, no Content-Security-Policy violation and the key in no URL or log line.
+the decision in plain words), a pair verified, a pair refused and a faceless photo named, one man
+enrolled again under another id listed as a possible duplicate (none while the gallery is empty) and
+merged in one click, the model page without raw floats, a face, a subject and two ticked subjects
+deleted (each checked through the API too), the pages on a phone-sized screen without sideways
+scrolling (a 120-letter name, a six-face photo), the stopped service said in a sentence with a
+retry, no Content-Security-Policy violation and the key in no URL or log line.
 
 One server and one browser session for the whole flow (30 to 45 s on a shared 2-core machine, a
 third of it the server's start). Needs Debian's `chromium` and `chromium-driver` and selenium (the dev extra):
@@ -105,8 +108,8 @@ def server(browser, model_cache, test_data, tmp_path_factory):
         "FACEGATE_API_KEYS": KEY,
         "FACEGATE_STORE_CROPS": "true",
     }
-    with facegate_serve(env, root / "server.log", ready="/readyz", start_timeout=240) as (url, _, _):
-        yield url, root / "server.log"
+    with facegate_serve(env, root / "server.log", ready="/readyz", start_timeout=240) as (url, _, process):
+        yield url, root / "server.log", process
 
 
 class Console:
@@ -202,16 +205,16 @@ class Console:
 
 
 def test_the_console_end_to_end(browser, server, photos):
-    url, log = server
+    url, log, process = server
     c = Console(browser, url)
     with httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=60) as api:
         try:
-            flow(c, api, photos, log)
+            flow(c, api, photos, log, process)
         except Exception as exc:
             raise AssertionError(f"{exc}\n--- the page ---\n{c.page_text()}") from exc
 
 
-def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path) -> None:
+def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, process) -> None:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.support.select import Select
 
@@ -428,6 +431,14 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path) -> N
     c.no_sideways_scroll()
     c.shot("phone-identify", PHONE)
     browser.set_window_size(*DESKTOP)
+
+    # The service stopped: the page says so in a sentence and offers to try again.
+    process.terminate()
+    process.wait(15)
+    c.open("#/model")
+    c.heading("Model")
+    assert c.one("main .problem").text.startswith("The service did not answer (")
+    assert c.element_with("main button", "Try again")
 
     # No script ran from a name, nothing broke the policy, and the key stayed out of URLs and logs.
     with pytest.raises(NoAlertPresentException):
