@@ -426,9 +426,16 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
     c.heading("Identify")
     c.pick("identify-file", photos["crowd"])
     c.submit()
-    c.wait.until(lambda d: len(c.css(".faceresults > li")) >= 5, "the crowd's faces were never listed")
+    c.wait.until(lambda d: len(c.css(".faceresults > li")) >= 5 or c.css(".status.problem"), "the crowd's faces were never listed")
+    assert not c.css(".status.problem"), c.one(".status.problem").text
     assert LONG_NAME in browser.execute_script("return document.querySelector('.faceresults').textContent")
     c.no_sideways_scroll()
+    overlaps = browser.execute_script(
+        """const r = [...document.querySelectorAll('#identified ~ .photo .label')].map((l) => l.getBoundingClientRect());
+           const cover = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+           return r.flatMap((a, i) => r.slice(i + 1).filter((b) => cover(a, b))).length;"""
+    )
+    assert overlaps == 0, f"{overlaps} face labels cover each other on a phone"
     c.shot("phone-identify", PHONE)
     browser.set_window_size(*DESKTOP)
 

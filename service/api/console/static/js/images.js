@@ -88,7 +88,11 @@ export async function photoWithBoxes(blob, faces = [], caption = null) {
     box.style.height = `${(100 * (Math.min(height, y2) - Math.max(0, y1))) / height}%`;
     if (y1 < height * 0.08) box.classList.add("below");
     if (x1 > width / 2) box.classList.add("right"); // its label runs leftwards, inside the photo
-    if (face.label) box.append(h("span", { class: "label" }, face.label));
+    if (face.label) {
+      // "1 · name": on a phone only the number stays on the photo (the names are listed below it)
+      const [head, ...rest] = face.label.split(" · ");
+      box.append(h("span", { class: "label" }, head, rest.length ? h("span", { class: "rest" }, ` · ${rest.join(" · ")}`) : null));
+    }
     frame.append(box);
   }
   if (caption) figure.append(h("figcaption", {}, caption));
