@@ -411,7 +411,15 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
 
     # A phone-sized screen: one column, nothing wider than the screen, a long unbroken name included.
     assert api.patch("/subjects/bush", json={"name": LONG_NAME}).status_code == 200
+    assert api.post("/subjects", json={"id": "bush-twin", "name": f"{LONG_NAME} twin"}).status_code == 201
+    assert api.post("/subjects/bush-twin/faces", files={"image": photos["bush3"].read_bytes()}).json()["possible_duplicate_of"]
     browser.set_window_size(*PHONE)
+    c.open("#/duplicates")  # a pair of long names as a card
+    c.one("table.duplicates tbody tr button.merge")
+    c.no_sideways_scroll()
+    # Readable: each cell of a pair gets most of the screen's width (a card), not a 50 px column of six.
+    share = "const t = document.querySelector('table.duplicates'); return t.querySelector('tbody td').offsetWidth / t.offsetWidth"
+    assert browser.execute_script(share) > 0.6, "the duplicates table squeezes its columns on a phone"
     for fragment, heading in (
         ("#/gallery", "Gallery"),
         ("#/gallery/bush", "Maximilian"),  # wrapped anywhere: a whole repeat is on some line
