@@ -450,6 +450,7 @@ async def add_subject(request: Request, service: ServiceDep) -> dict:
 
 
 @router.get("/recognition/subjects", summary="CompreFace: list subjects")
+@router.get("/recognition/subjects/", summary="CompreFace: list subjects (as its Rest API description writes the URL)")
 def list_subjects(service: ServiceDep) -> dict:
     listed, _ = service.gallery.list_subjects(limit=1_000_000, offset=0)
     return {"subjects": [subjects.label(s) for s in listed]}

@@ -102,6 +102,11 @@ def test_without_stored_images_the_image_route_says_why(api):
     assert "FACEGATE_STORE_CROPS" in answer.json()["message"]
 
 
+def test_subjects_are_listed_at_the_url_its_description_writes(api):
+    add(api, "Ada", 1)
+    assert api.get("/api/v1/recognition/subjects/").json() == {"subjects": ["Ada"]}  # with the slash, as documented
+
+
 def test_routes_it_does_not_offer_answer_in_its_shape(api):
     error(api.get("/api/v1/recognition/nothing-here"), 404, "not_found")
     error(api.patch("/api/v1/recognition/subjects"), 405, "method_not_allowed")

@@ -78,6 +78,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
         "requestBody": _json({"type": "object", "properties": {"subject": {"type": "string"}}, "required": ["subject"]})
     },
     ("get", "/api/v1/recognition/subjects"): {},
+    ("get", "/api/v1/recognition/subjects/"): {},
     ("delete", "/api/v1/recognition/subjects/{subject}"): {"parameters": _path("subject")},
     ("put", "/api/v1/recognition/subjects/{subject}"): {
         "parameters": _path("subject"),

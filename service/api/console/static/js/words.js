@@ -90,5 +90,5 @@ export function why(error) {
   const [said, meant] = [detail.toLowerCase().replace(/[.]$/, ""), reason.toLowerCase()];
   if (!said || meant.startsWith(said)) return `${reason}.`;
   if (said.startsWith(meant)) return sentence({ message: detail }); // "no face was found in …" says it already
-  return `${reason}: ${sentence({ message: detail })}`;
+  return `${reason}: ${/[.!?…)]$/.test(detail) ? detail : `${detail}.`}`; // after a colon the detail goes on the sentence
 }
