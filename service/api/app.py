@@ -127,7 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
     app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
-    error_handlers.install(app)
+    error_handlers.install(app, compat.ERROR_SHAPES)
     docs_ui.install(app)
     console.install(app)
     for router in ROUTERS + compat.ROUTERS:

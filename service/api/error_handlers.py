@@ -1,12 +1,13 @@
 """Every failure in one schema, `{"error": {"code", "message"}}`: the typed errors, FastAPI's
 validation errors, routing errors (404/405, 413 from the body limit) and, as a last resort,
 unexpected exceptions (500, logged: a 5xx for bad input is a bug). Codes come from
-`service.core.errors` only."""
+`service.core.errors` only. Under a foreign API's prefix (`shapes`: CompreFace's /api/v1/) they come
+in that API's shape instead, so its clients read an unknown route's error as they read any other."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,21 +32,32 @@ def error_response(error: FacegateError, status: int | None = None, headers: Map
     return JSONResponse({"error": body}, status_code=status or error.status, headers=headers)
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, shapes: Mapping[str, Callable[[FacegateError], JSONResponse]]) -> None:
+    """`shapes`: a path prefix → how errors under it are answered (a foreign API's error shape)."""
+
+    def answer(request: Request, error: FacegateError, status: int | None = None, headers: Mapping[str, str] | None = None):
+        shape = next((render for prefix, render in shapes.items() if request.url.path.startswith(prefix)), None)
+        if shape is None:
+            return error_response(error, status, headers)
+        response = shape(error)
+        response.status_code = status or error.status
+        response.headers.update(headers or {})
+        return response
+
     @app.exception_handler(FacegateError)
-    async def facegate_error(_: Request, exc: FacegateError) -> JSONResponse:
-        return error_response(exc)
+    async def facegate_error(request: Request, exc: FacegateError) -> JSONResponse:
+        return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(InvalidParameters(validation_message(exc)))
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer(request, InvalidParameters(validation_message(exc)))
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         error = error_for_status(exc.status_code)(str(exc.detail))
-        return error_response(error, exc.status_code, exc.headers)
+        return answer(request, error, exc.status_code, exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(InternalError("an unexpected server error occurred; it has been logged"))
+        return answer(request, InternalError("an unexpected server error occurred; it has been logged"))

@@ -261,6 +261,12 @@ class SubjectPatch(StrictModel):
     metadata: dict[str, Any] | None = Field(None, description="Replaces the stored metadata.")
 
 
+class SubjectMerge(StrictModel):
+    subject_id: str = Field(
+        pattern=SUBJECT_ID_PATTERN, description="The subject merged in: its faces move, then it is deleted.", examples=["emp-1042-old"]
+    )
+
+
 def _time(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, timezone.utc)
 

@@ -39,6 +39,12 @@ class InvalidJson(FacegateError):
     code, status = "invalid_json", 400
 
 
+class MissingImage(FacegateError):
+    """A CompreFace request without its image part (CompreFace's 400, code 34)."""
+
+    code, status = "missing_image", 400
+
+
 # 401, 404, 405, 409
 
 

@@ -342,6 +342,30 @@ class PostgresGallery(GalleryStore):
         self._unshare(ids)
         return len(ids)
 
+    def merge_subjects(self, source_id: str, target_id: str) -> int:
+        """Move every face of `source_id` to `target_id` and delete `source_id`, in one transaction;
+        the number of faces moved. Logged as a remove and an add of the same ids (as `reembed`
+        does), so every replica's index and roster re-read their subject; a shared index (Milvus)
+        keeps the vectors, whose ids do not change."""
+        with self._conn() as conn:
+            locked = conn.execute("SELECT id FROM subjects WHERE id = ANY(%s) ORDER BY id FOR UPDATE", ([source_id, target_id],))
+            held = {r[0] for r in locked}
+            for subject_id in (source_id, target_id):
+                if subject_id not in held:
+                    raise SubjectNotFound(f"no subject with id {subject_id!r}")
+            ids = [
+                r[0] for r in conn.execute("UPDATE faces SET subject_id = %s WHERE subject_id = %s RETURNING id", (target_id, source_id))
+            ]
+            conn.execute("UPDATE subjects SET updated = %s WHERE id = %s", (time.time(), target_id))
+            conn.execute("DELETE FROM subjects WHERE id = %s", (source_id,))
+            seq = None
+            if ids:
+                record_change(conn, "remove", ids)
+                seq = record_change(conn, "add", ids)
+        if seq and self.sync:
+            self.sync.caught_up(seq)
+        return len(ids)
+
     # faces
 
     def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:

@@ -88,7 +88,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "row_number() OVER (PARTITION BY lower(id) ORDER BY created, id) AS n FROM subjects WHERE id = name) WHERE n = 1)",
         "CREATE UNIQUE INDEX subjects_name_key ON subjects (name_key)",
     ),
-    # 3: the change log worker processes sharing the file follow (op: add or remove; face_ids: JSON list).
+    # 3: the change log worker processes sharing the file follow (op: add, remove or move: a merge's faces,
+    # whose subject changed; face_ids: JSON list).
     ("CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, face_ids TEXT NOT NULL)",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -337,6 +338,9 @@ class SqliteGallery(GalleryStore):
         elif op == "add" and vectors is not None:
             self._added(np.array(face_ids, np.int64), [subject_id] * len(face_ids), vectors)
             self.applied = seq
+        elif op == "move":
+            self._moved(face_ids)
+            self.applied = seq
         else:
             self._unindex(face_ids)
             self.applied = seq
@@ -347,6 +351,15 @@ class SqliteGallery(GalleryStore):
             self.index.add(ids, vectors)
         if self.roster is not None:
             self.roster.add(ids, subjects, vectors)
+
+    def _moved(self, face_ids: list[int]) -> None:
+        """Faces that changed subject (a merge): the index is unchanged, the roster re-reads their subjects."""
+        if self.roster is None:
+            return
+        self.roster.remove(np.array(face_ids, np.int64))
+        found, subjects, vectors = self._embeddings_of(face_ids)
+        if len(found):
+            self.roster.add(found, subjects, vectors)
 
     def _follow(self) -> None:
         """Apply, in order, the changes other processes logged since the last one applied (under the
@@ -367,6 +380,8 @@ class SqliteGallery(GalleryStore):
                 found, subjects, vectors = self._embeddings_of(ids)
                 if len(found):
                     self._added(found, subjects, vectors)
+            elif op == "move":
+                self._moved(ids)
             else:
                 self._unindex(ids)
             self.applied = seq
@@ -470,6 +485,24 @@ class SqliteGallery(GalleryStore):
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 seq = self._record(db, "remove", ids)
             self._wrote(seq, "remove", ids)
+        return len(ids)
+
+    def merge_subjects(self, source_id: str, target_id: str) -> int:
+        """Move every face of `source_id` to `target_id` and delete `source_id`, in one write; the
+        number of faces moved. The index keeps their vectors (same ids); the open-set roster learns
+        their new subject from the `move` change every process follows."""
+        with self._lock:
+            with self._write() as db:
+                for subject_id in (source_id, target_id):
+                    if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
+                        raise SubjectNotFound(f"no subject with id {subject_id!r}")
+                ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ? ORDER BY id", (source_id,))]
+                db.execute("UPDATE faces SET subject_id = ? WHERE subject_id = ?", (target_id, source_id))
+                db.execute("UPDATE subjects SET updated = ? WHERE id = ?", (time.time(), target_id))
+                db.execute("DELETE FROM subjects WHERE id = ?", (source_id,))
+                seq = self._record(db, "move", ids) if ids else 0
+            if ids:
+                self._wrote(seq, "move", ids)
         return len(ids)
 
     # faces

@@ -112,6 +112,10 @@ class IndexSync:
                 self._apply_known(op, face_ids, vectors, subjects)
                 self.applied = seq
                 return
+        self.caught_up(seq)
+
+    def caught_up(self, seq: int) -> None:
+        """Every change up to the committed `seq` applied, read from the database (a merge's, whose vectors are not in hand)."""
         try:
             with self.pool.connection() as conn:
                 self.catch_up(conn)

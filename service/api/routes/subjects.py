@@ -13,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 from service.api import metadata
 from service.api.deps import ServiceDep, StrictQuery, SubjectIdPath
 from service.api.requests import read_json_model
-from service.api.schemas import INT64_MAX, SubjectIn, SubjectOut, SubjectPage, SubjectPatch, error_responses
+from service.api.schemas import INT64_MAX, SubjectIn, SubjectMerge, SubjectOut, SubjectPage, SubjectPatch, error_responses
+from service.core.errors import InvalidParameters
 
 router = APIRouter(tags=["gallery"])
 PAGE_ENVELOPE = 200  # bytes of a page around its subjects: {"subjects": [...], "total": …, …}
@@ -84,6 +85,27 @@ async def update_subject(subject_id: SubjectIdPath, request: Request, service: S
         return SubjectOut.of(service.gallery.update_subject(subject_id, body.name, body.metadata), service.settings)
 
     return await run_in_threadpool(update)
+
+
+@router.post(
+    "/subjects/{subject_id}/merge",
+    response_model=SubjectOut,
+    responses=error_responses(400, 401, 404, 413, 415, 422),
+    openapi_extra=_json_body(SubjectMerge),
+)
+async def merge_subject(subject_id: SubjectIdPath, request: Request, service: ServiceDep) -> SubjectOut:
+    """Merge another subject into this one (one person enrolled twice, as GET /gallery/duplicates
+    finds): its faces move here and it is deleted, in one transaction. This subject keeps its id,
+    name and metadata."""
+    body = await read_json_model(request, SubjectMerge)
+    if body.subject_id == subject_id:
+        raise InvalidParameters("a subject cannot be merged into itself")
+
+    def merge() -> SubjectOut:
+        service.gallery.merge_subjects(body.subject_id, subject_id)
+        return SubjectOut.of(service.gallery.get_subject(subject_id), service.settings)
+
+    return await run_in_threadpool(merge)
 
 
 @router.delete("/subjects/{subject_id}", status_code=204, response_class=Response, responses=error_responses(401, 404))

@@ -12,7 +12,7 @@ from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import FaceOut, ModelOut, VerifyOptions, VerifyResponse, error_responses
 from service.core.decision import decide, decide_subject
-from service.core.errors import InvalidParameters, NoEnrolledFaces
+from service.core.errors import FacegateError, InvalidParameters, NoEnrolledFaces
 
 router = APIRouter(tags=["recognition"])
 
@@ -55,7 +55,9 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
             *(engine.faces(images[name], options.aligned, policy) for name in ("image1", "image2")), return_exceptions=True
         )
         found = []
-        for result in results:
+        for name, result in zip(("image1", "image2"), results, strict=True):
+            if isinstance(result, FacegateError) and result.status < 500:
+                result.message = f"{name}: {result.message}"  # which of the two photos it was (the console says so)
             if isinstance(result, BaseException):
                 raise result
             found.append(result)

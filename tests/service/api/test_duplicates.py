@@ -48,6 +48,29 @@ def test_one_person_under_two_ids_is_listed_from_the_guard(store_settings, make_
     assert api.get("/gallery/duplicates").json()["total"] == 0
 
 
+def test_merging_a_pair_moves_the_faces_and_clears_it(store_settings, make_client):
+    """POST /subjects/{id}/merge: the other subject's faces move, it is deleted, and the pair is gone;
+    bad merges are 4xx and change nothing."""
+    api = make_client(store_settings)
+    enroll_people(api)
+    enroll(api, "again", 103)
+    assert api.get("/gallery/duplicates").json()["total"] == 1
+    for target, body, status, code in (
+        ("p3", {"subject_id": "p3"}, 422, "invalid_parameters"),
+        ("p3", {"subject_id": "ghost"}, 404, "subject_not_found"),
+        ("ghost", {"subject_id": "again"}, 404, "subject_not_found"),
+        ("p3", {"subject": "again"}, 422, "invalid_parameters"),
+    ):
+        answer = api.post(f"/subjects/{target}/merge", json=body)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), answer.text
+    assert api.get("/subjects/again").json()["face_count"] == 1
+    merged = api.post("/subjects/p3/merge", json={"subject_id": "again"})
+    assert merged.status_code == 200 and (merged.json()["id"], merged.json()["face_count"]) == ("p3", 2)
+    assert api.get("/subjects/again").status_code == 404
+    answer = api.get("/gallery/duplicates").json()
+    assert (answer["total"], answer["subjects"], answer["faces"]) == (0, PEOPLE, PEOPLE + 1)
+
+
 def test_pairs_are_ranked_limited_and_flagged_at_the_fpir_asked(api):
     enroll_people(api)
     enroll(api, "again3", 103)

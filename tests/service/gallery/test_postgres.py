@@ -142,6 +142,36 @@ def test_a_change_on_one_replica_reaches_the_other(open_store):
     assert status["applied_sequence"] == status["database_sequence"] == 2 and status["lag"] == 0 and status["listening"]
 
 
+def test_a_merge_on_one_replica_reaches_the_other(open_store):
+    """The faces change subject in one transaction; the other replica's index and roster follow."""
+    a, b = open_store(), open_store()
+    a.create_subject("A", {}, "a")
+    a.create_subject("A again", {}, "a2")
+    a.add_faces("a", [NewFace(unit(0))])
+    (moved,) = a.add_faces("a2", [NewFace(unit(1))])
+    wait_for(lambda: b.shape().subjects == 2, "the enrollments reach b")
+    with pytest.raises(SubjectNotFound):
+        a.merge_subjects("a2", "ghost")
+    assert a.merge_subjects("a2", "a") == 1
+    assert a.search(unit(1), 1)[0].subject_id == "a" and a.shape().subjects == 1
+    wait_for(lambda: b.shape().subjects == 1, "the merge reaches b's roster")
+    assert b.search(unit(1), 1)[0].face_id == moved.id and b.index.size == 2
+    with pytest.raises(SubjectNotFound):
+        b.get_subject("a2")
+
+
+def test_a_merge_keeps_the_shared_index_vectors(open_store, tmp_path):
+    """With Milvus the moved faces keep their vectors (their ids do not change); search answers the kept subject."""
+    importorskip("milvus_lite")
+    g = open_store(index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="FLAT"))
+    g.create_subject("A", {}, "a")
+    g.create_subject("A again", {}, "a2")
+    g.add_faces("a", [NewFace(unit(0))])
+    g.add_faces("a2", [NewFace(unit(1))])
+    assert g.merge_subjects("a2", "a") == 1
+    assert g.search(unit(1), 1)[0].subject_id == "a" and g.index.size == 2 and g.counts()["subjects"] == 1
+
+
 def test_one_new_subject_id_from_two_replicas(open_store):
     """Both replicas create subject `x` at once, many times over: exactly one wins each time, the other gets 409."""
     a, b = open_store(), open_store()

@@ -198,3 +198,21 @@ def test_the_open_set_roster_follows_enrollments_and_deletes(gallery, tmp_path):
         assert (counted.shape().subjects, counted.shape().faces, counted.shape().tail) == (shape.subjects, shape.faces, None)
     finally:
         counted.close()
+
+
+def test_a_merge_moves_the_faces_and_deletes_the_emptied_subject(gallery):
+    """One person under two ids merged into one: searched as the kept subject, the index's vectors
+    unchanged, the open-set roster counting one subject; an unknown id changes nothing."""
+    gallery.create_subject("A", {}, "a")
+    gallery.create_subject("A again", {}, "a2")
+    gallery.add_faces("a", [NewFace(unit(0))])
+    moved = gallery.add_faces("a2", [NewFace(unit(1)), NewFace(unit(2))])
+    with pytest.raises(SubjectNotFound):
+        gallery.merge_subjects("a2", "ghost")
+    assert gallery.counts()["subjects"] == 2 and gallery.shape().subjects == 2
+    assert gallery.merge_subjects("a2", "a") == 2
+    with pytest.raises(SubjectNotFound):
+        gallery.get_subject("a2")
+    assert [f.id for f in gallery.list_faces("a")][1:] == [f.id for f in moved]
+    assert gallery.search(unit(1), 5)[0].subject_id == "a" and gallery.index.size == 3
+    assert gallery.shape().subjects == 1 and gallery.counts()["subjects"] == 1

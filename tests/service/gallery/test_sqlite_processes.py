@@ -121,3 +121,14 @@ def test_the_open_set_roster_and_its_guard_follow_the_log_too(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_a_merge_through_one_reaches_the_others_roster(two):
+    a, b = two
+    a.create_subject("A", {}, "a")
+    a.create_subject("A again", {}, "a2")
+    a.add_faces("a", [NewFace(unit(1))])
+    a.add_faces("a2", [NewFace(unit(2))])
+    assert b.shape().subjects == 2
+    a.merge_subjects("a2", "a")
+    assert b.shape().subjects == 1 and found(b, 2)[0] == "a" and b.index.size == 2

@@ -358,7 +358,8 @@ def test_compreface_status_adds_execution_time_and_plugins_versions(cf, test_dat
         assert told["plugins_versions"]["detector"] == "facegate", (path, told)
         for entry in told["result"]:
             times = entry["execution_time"]
-            assert set(times) == {"detector", "calculator"} and times["detector"] > 0 and times["calculator"] > 0, (path, told)
+            assert set(times) == set(told["plugins_versions"]) and times["detector"] > 0, (path, told)  # the plugins it names
+            assert "detection" in path or times["calculator"] > 0, (path, told)
     verified = cf.post(
         "/api/v1/verification/verify", params={"status": "true"}, files={"source_image": photos[0], "target_image": photos[1]}
     ).json()

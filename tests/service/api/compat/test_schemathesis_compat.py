@@ -59,22 +59,31 @@ def _form(properties: dict, required: tuple[str, ...] = ()) -> dict:
     return {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
 
 
-DETECTION = _query("limit", "det_prob_threshold", "face_plugins", "status")
+DETECTION = _query("limit", "det_prob_threshold", "face_plugins", "status", "detect_faces")
 OPERATIONS: dict[tuple[str, str], dict] = {
     ("post", "/api/v1/recognition/recognize"): {"parameters": DETECTION + _query("prediction_count"), "requestBody": _images("file")},
     ("post", "/api/v1/detection/detect"): {"parameters": DETECTION, "requestBody": _images("file")},
     ("post", "/api/v1/verification/verify"): {"parameters": DETECTION, "requestBody": _images("source_image", "target_image")},
-    ("post", "/api/v1/recognition/faces"): {"parameters": _query("subject", "det_prob_threshold"), "requestBody": _images("file")},
+    ("post", "/api/v1/recognition/faces"): {
+        "parameters": _query("subject", "det_prob_threshold", "detect_faces"),
+        "requestBody": _images("file"),
+    },
     ("get", "/api/v1/recognition/faces"): {"parameters": _query("subject", "page", "size")},
     ("delete", "/api/v1/recognition/faces"): {"parameters": _query("subject")},
     ("delete", "/api/v1/recognition/faces/{image_id}"): {"parameters": _path("image_id")},
+    ("get", "/api/v1/recognition/faces/{image_id}/img"): {"parameters": _path("image_id")},
     ("post", "/api/v1/recognition/faces/{image_id}/verify"): {"parameters": _path("image_id") + DETECTION, "requestBody": _images("file")},
     ("post", "/api/v1/recognition/faces/delete"): {"requestBody": _json({"type": "array", "items": {"type": "string"}})},
     ("post", "/api/v1/recognition/subjects"): {
         "requestBody": _json({"type": "object", "properties": {"subject": {"type": "string"}}, "required": ["subject"]})
     },
     ("get", "/api/v1/recognition/subjects"): {},
+    ("get", "/api/v1/recognition/subjects/"): {},
     ("delete", "/api/v1/recognition/subjects/{subject}"): {"parameters": _path("subject")},
+    ("put", "/api/v1/recognition/subjects/{subject}"): {
+        "parameters": _path("subject"),
+        "requestBody": _json({"type": "object", "properties": {"subject": {"type": "string"}}, "required": ["subject"]}),
+    },
     ("delete", "/api/v1/recognition/subjects"): {},
     ("post", "/api/v1/recognition/embeddings/recognize"): {
         "parameters": _query("prediction_count"),

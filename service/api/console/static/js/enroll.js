@@ -5,7 +5,7 @@
 import { ApiError, call, formData, path } from "./api.js";
 import { busy, field, h, replace, say, statusLine } from "./dom.js";
 import { cameraPanel, dropZone, faceCrop, photoWithBoxes, pickedList } from "./images.js";
-import { why } from "./words.js";
+import { sentence, why } from "./words.js";
 
 const BULK = 20; // FACEGATE_MAX_BULK_IMAGES' default: larger selections go in several requests
 
@@ -61,7 +61,18 @@ export async function render(main, { rest }) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     if (!files.length) return say(status, "problem", "Pick at least one photo first.");
-    await busy(form, () => enroll(form, files, status, results).then((done) => done && ((files = []), showPicked())));
+    replace(results); // the last enrollment's results are not this one's
+    const subject = await busy(form, () => enroll(form, files, status, results));
+    if (subject) {
+      // More photos go to the same person: the form now names the subject just enrolled.
+      files = [];
+      showPicked();
+      form.elements.who.value = "existing";
+      form.elements.subject_id.value = subject.id;
+      form.elements.name.value = "";
+      form.elements.new_id.value = "";
+      showWho();
+    }
   });
   showWho();
 
@@ -77,27 +88,29 @@ export async function render(main, { rest }) {
   replace(main, h("h1", { tabindex: "-1" }, "Enroll"), h("p", { class: "lead" }, intro), h("section", { class: "panel" }, form), results);
 }
 
+/** The subject to enroll under, and whether it was created now (to be removed if no photo passes). */
 async function subjectFor(form) {
   if (form.elements.who.value === "existing") {
     const id = form.elements.subject_id.value.trim();
     if (!id) throw new Error("Give the subject's id.");
-    return call("GET", path("subjects", id));
+    return { subject: await call("GET", path("subjects", id)), created: false };
   }
   const name = form.elements.name.value.trim();
   if (!name) throw new Error("Give the new subject's name.");
   const body = { name: form.elements.name.value };
   if (form.elements.new_id.value.trim()) body.id = form.elements.new_id.value.trim();
-  return call("POST", "subjects", { json: body });
+  return { subject: await call("POST", "subjects", { json: body }), created: true };
 }
 
-/** Enroll `files`; true when at least one was enrolled. */
+/** Enroll `files`; the subject when at least one was enrolled, else null (a subject made for them is deleted again). */
 async function enroll(form, files, status, results) {
   let subject;
+  let created;
   try {
-    subject = await subjectFor(form);
+    ({ subject, created } = await subjectFor(form));
   } catch (error) {
-    say(status, "problem", error.message);
-    return false;
+    say(status, "problem", sentence(error));
+    return null;
   }
   say(status, "busy", `Enrolling ${files.length} ${files.length === 1 ? "photo" : "photos"} under “${subject.name}”…`);
   const outcomes = [];
@@ -115,22 +128,25 @@ async function enroll(form, files, status, results) {
     }
   }
   const enrolled = outcomes.filter((o) => o.face).length;
+  let removed = false;
+  if (!enrolled && created) {
+    // Every photo was refused: the subject made for them would stay empty.
+    removed = await call("DELETE", path("subjects", subject.id)).then(() => true, () => false);
+  }
   const list = h("ul", { class: "results", "aria-label": "Enrollment results" });
   for (const outcome of outcomes) list.append(await resultCard(outcome));
-  replace(
-    results,
-    h("h2", {}, "Results"),
-    h(
-      "p",
-      {},
-      `${enrolled} of ${outcomes.length} ${outcomes.length === 1 ? "photo" : "photos"} enrolled under “`,
-      h("a", { href: `#/gallery/${encodeURIComponent(subject.id)}` }, subject.name),
-      "”.",
-    ),
-    list,
-  );
-  say(status, enrolled ? "ok" : "problem", enrolled ? `${enrolled} enrolled.` : "No photo was enrolled: see why below.");
-  return enrolled > 0;
+  const summary = removed
+    ? h("p", {}, `No photo was enrolled, so the new subject “${subject.name}” was not kept.`)
+    : h(
+        "p",
+        {},
+        `${enrolled} of ${outcomes.length} ${outcomes.length === 1 ? "photo" : "photos"} enrolled under “`,
+        h("a", { href: `#/gallery/${encodeURIComponent(subject.id)}` }, subject.name),
+        "”.",
+      );
+  replace(results, h("h2", {}, "Results"), summary, list);
+  say(status, enrolled ? "ok" : "problem", enrolled ? `${enrolled} enrolled. More photos now go to “${subject.name}”.` : "No photo was enrolled: see why below.");
+  return enrolled > 0 ? subject : null;
 }
 
 async function resultCard({ file, face, error }) {

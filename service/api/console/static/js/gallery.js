@@ -4,21 +4,68 @@
 import { allSubjects, ApiError, call, path } from "./api.js";
 import { busy, confirmAction, field, flash, h, replace, say, statusLine, when } from "./dom.js";
 import { objectUrl } from "./images.js";
+import { sentence } from "./words.js";
 
 const PAGE = 25;
 const MAX_MATCHES = 200;
 
-function subjectItem(subject) {
+function subjectItem(subject, select = null) {
   return h(
     "li",
-    {},
+    { "data-subject": subject.id },
+    select,
     h("a", { href: `#/gallery/${encodeURIComponent(subject.id)}` }, subject.name),
     h("span", { class: "meta" }, "id ", h("code", {}, subject.id)),
     h("span", { class: "meta" }, `${subject.face_count} ${subject.face_count === 1 ? "face" : "faces"}`),
   );
 }
 
-export async function renderList(main, { params }) {
+/** The subject's first face as a thumbnail at the head of its row (after the page is shown: it costs two calls). */
+async function rowThumb(item, subject) {
+  if (!subject.face_count) return;
+  try {
+    const { faces } = await call("GET", `${path("subjects", subject.id)}/faces`);
+    const thumb = faces.length ? await faceThumb(faces[0]) : null;
+    const pick = item.querySelector("span.pick");
+    if (thumb?.stored) (pick ? pick.after(thumb.element) : item.prepend(thumb.element));
+  } catch {
+    // a subject deleted meanwhile, or a failed call: the row stays without a thumbnail
+  }
+}
+
+/** Checkboxes on a page of subjects and a button that deletes those ticked, after one confirmation. */
+function bulkDelete(subjects, refresh, status) {
+  const ticked = new Set();
+  const button = h("button", { type: "button", class: "danger", disabled: true }, "Delete selected");
+  const boxes = subjects.map((subject) => {
+    const id = `pick-${subjects.indexOf(subject)}`;
+    const box = h("input", { type: "checkbox", id, class: "pick" });
+    box.addEventListener("change", () => {
+      if (box.checked) ticked.add(subject);
+      else ticked.delete(subject);
+      button.disabled = ticked.size === 0;
+      button.textContent = ticked.size ? `Delete ${ticked.size} selected` : "Delete selected";
+    });
+    return h("span", { class: "pick" }, box, h("label", { for: id, class: "visually-hidden" }, `Select “${subject.name}”`));
+  });
+  button.addEventListener("click", async () => {
+    const chosen = [...ticked];
+    const faces = chosen.reduce((n, s) => n + s.face_count, 0);
+    const names = chosen.map((s) => `“${s.name}”`).join(", ");
+    if (!(await confirmAction(`Delete ${chosen.length} ${chosen.length === 1 ? "subject" : "subjects"} (${names}) and their ${faces} ${faces === 1 ? "face" : "faces"}? This cannot be undone.`))) return;
+    const failed = [];
+    for (const subject of chosen) {
+      await call("DELETE", path("subjects", subject.id)).catch((error) => failed.push(`“${subject.name}”: ${sentence(error)}`));
+    }
+    const done = chosen.length - failed.length;
+    if (failed.length) return say(status, "problem", `${done} deleted; not deleted: ${failed.join(" ")}`);
+    flash(`${done} ${done === 1 ? "subject" : "subjects"} and their faces deleted.`);
+    refresh();
+  });
+  return { boxes, actions: h("div", { class: "actions" }, button) };
+}
+
+export async function renderList(main, { params, refresh }) {
   const query = (params.get("q") || "").trim();
   const offset = Math.max(0, Number.parseInt(params.get("offset") || "0", 10) || 0);
   const status = statusLine();
@@ -62,7 +109,13 @@ export async function renderList(main, { params }) {
     return;
   }
   const page = await call("GET", "subjects", { query: { limit: PAGE, offset } });
-  page.subjects.forEach((s) => list.append(subjectItem(s)));
+  const bulk = bulkDelete(page.subjects, refresh, status);
+  page.subjects.forEach((s, i) => {
+    const item = subjectItem(s, bulk.boxes[i]);
+    list.append(item);
+    rowThumb(item, s);
+  });
+  if (page.subjects.length) pager.before(bulk.actions);
   if (page.total === 0) {
     say(status, "ok", "The gallery is empty: create a subject below, or enroll photos.");
   } else if (page.subjects.length === 0) {
@@ -107,14 +160,15 @@ function newSubjectPanel() {
         const created = await call("POST", "subjects", { json: body });
         location.hash = `#/gallery/${encodeURIComponent(created.id)}`;
       } catch (error) {
-        say(status, "problem", error.message);
+        say(status, "problem", sentence(error));
       }
     });
   });
   return h("section", { class: "panel", "aria-labelledby": "new-subject" }, h("h2", { id: "new-subject" }, "New subject"), form);
 }
 
-async function faceThumb(face) {
+/** A face's thumbnail from the chip the service keeps, or a note saying why there is none. */
+export async function faceThumb(face) {
   try {
     const png = await call("GET", `faces/${face.face_id}/chip`, { blob: true });
     return { element: h("img", { class: "thumb chip", src: objectUrl(png), alt: `Face ${face.face_id}` }), stored: true };
@@ -158,7 +212,7 @@ export async function renderSubject(main, { rest, refresh }) {
         heading.textContent = updated.name;
         say(status, "ok", "Renamed to “", updated.name, "”.");
       } catch (error) {
-        say(status, "problem", error.message);
+        say(status, "problem", sentence(error));
       }
     });
   });
@@ -179,7 +233,7 @@ export async function renderSubject(main, { rest, refresh }) {
         await call("PATCH", path("subjects", id), { json: { metadata: metadata.value } });
         say(status, "ok", "Metadata saved.");
       } catch (error) {
-        say(status, "problem", error.message);
+        say(status, "problem", sentence(error));
       }
     });
   });
@@ -196,7 +250,7 @@ export async function renderSubject(main, { rest, refresh }) {
         flash(`Face ${face.face_id} deleted.`);
         refresh();
       } catch (error) {
-        say(status, "problem", error.message);
+        say(status, "problem", sentence(error));
       }
     });
     faceList.append(
@@ -231,7 +285,7 @@ export async function renderSubject(main, { rest, refresh }) {
       flash(`Subject “${subject.name}” and its faces deleted.`);
       location.hash = "#/gallery";
     } catch (error) {
-      say(status, "problem", error.message);
+      say(status, "problem", sentence(error));
     }
   });
 

@@ -5,7 +5,7 @@
 import { call, formData } from "./api.js";
 import { busy, field, h, replace, say, statusLine } from "./dom.js";
 import { dropZone, photoWithBoxes } from "./images.js";
-import { identifyDecision, number, oneIn } from "./words.js";
+import { identifyDecision, number, oneIn, sentence } from "./words.js";
 
 const FPIRS = ["0.1", "0.01", "0.001", "0.0001"];
 
@@ -37,7 +37,7 @@ export async function render(main) {
         say(status, "ok", "Done.");
         replace(result, await report(answer, photo));
       } catch (error) {
-        say(status, "problem", error.message);
+        say(status, "problem", sentence(error));
         replace(result);
       }
     });

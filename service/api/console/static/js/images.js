@@ -28,15 +28,20 @@ export function releaseAll() {
 export function dropZone(label, onFiles, { multiple = false, id } = {}) {
   const inputId = id || `drop-${Math.random().toString(36).slice(2, 9)}`;
   const input = h("input", { type: "file", id: inputId, accept: "image/*", multiple });
+  const skipped = h("span", { class: "hint skipped", role: "status" });
   const zone = h(
     "div",
     { class: "drop" },
     h("label", { for: inputId }, label),
     h("span", { class: "hint" }, multiple ? "Drop photos here, or choose files" : "Drop a photo here, or choose a file"),
     input,
+    skipped,
   );
   const take = (list) => {
-    const files = [...list].filter((f) => f.type.startsWith("image/") || f.type === "");
+    const all = [...list];
+    const files = all.filter((f) => f.type.startsWith("image/") || f.type === "");
+    const others = all.filter((f) => !files.includes(f)).map((f) => f.name);
+    skipped.textContent = others.length ? `Not ${others.length === 1 ? "an image" : "images"}, so left out: ${others.join(", ")}.` : "";
     if (files.length) onFiles(multiple ? files : files.slice(0, 1));
   };
   input.addEventListener("change", () => {
@@ -82,7 +87,12 @@ export async function photoWithBoxes(blob, faces = [], caption = null) {
     box.style.width = `${(100 * (Math.min(width, x2) - Math.max(0, x1))) / width}%`;
     box.style.height = `${(100 * (Math.min(height, y2) - Math.max(0, y1))) / height}%`;
     if (y1 < height * 0.08) box.classList.add("below");
-    if (face.label) box.append(h("span", { class: "label" }, face.label));
+    if (x1 > width / 2) box.classList.add("right"); // its label runs leftwards, inside the photo
+    if (face.label) {
+      // "1 · name": on a phone only the number stays on the photo (the names are listed below it)
+      const [head, ...rest] = face.label.split(" · ");
+      box.append(h("span", { class: "label" }, head, rest.length ? h("span", { class: "rest" }, ` · ${rest.join(" · ")}`) : null));
+    }
     frame.append(box);
   }
   if (caption) figure.append(h("figcaption", {}, caption));

@@ -7,6 +7,7 @@ import { add, busy, field, h, replace, say, statusLine, takeFlash } from "./dom.
 import * as enroll from "./enroll.js";
 import * as gallery from "./gallery.js";
 import { releaseAll } from "./images.js";
+import { sentence } from "./words.js";
 import * as identify from "./identify.js";
 import * as model from "./model.js";
 import * as verify from "./verify.js";
@@ -49,7 +50,9 @@ async function show() {
     await page.render(main, { rest, params, refresh: show });
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) return; // signed out already
-    replace(main, h("h1", { tabindex: "-1" }, page.title), h("p", { class: "problem", role: "alert" }, error.message));
+    const retry = h("button", { type: "button", class: "quiet" }, "Try again");
+    retry.addEventListener("click", () => show());
+    replace(main, h("h1", { tabindex: "-1" }, page.title), h("p", { class: "problem", role: "alert" }, sentence(error)), h("div", { class: "actions" }, retry));
   }
   const heading = main.querySelector("h1");
   const flashed = takeFlash();
@@ -101,7 +104,7 @@ function signInPage(message) {
         key.clear();
         form.elements.key.select();
         if (error.status === 401) say(status, "problem", "The service refused this key (401 unauthorized). Check it and try again.");
-        else say(status, "problem", error.message);
+        else say(status, "problem", sentence(error));
         return;
       }
       enter(false);
@@ -133,7 +136,8 @@ document.querySelector(".skip").addEventListener("click", (event) => {
       key.clear();
       signInPage(had ? "The service refused the key this tab held: sign in again." : null);
     } else {
-      add(replace(main), [h("h1", {}, "facegate console"), h("p", { class: "problem", role: "alert" }, error.message)]);
+      const retry = h("button", { type: "button", class: "quiet", onclick: () => location.reload() }, "Try again");
+      add(replace(main), [h("h1", {}, "facegate console"), h("p", { class: "problem", role: "alert" }, sentence(error)), h("div", { class: "actions" }, retry)]);
     }
   }
 })();

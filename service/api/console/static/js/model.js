@@ -5,7 +5,7 @@
 import { call } from "./api.js";
 import { h, replace } from "./dom.js";
 import { lineChart } from "./chart.js";
-import { number, oneIn } from "./words.js";
+import { number, oneIn, rate } from "./words.js";
 
 function facts(pairs) {
   const list = h("dl", { class: "facts" });
@@ -50,6 +50,21 @@ function rocSeries(metrics) {
   return series.filter((one) => one.points.length >= 2);
 }
 
+/** Why the calibration's TAR sits below the evaluation's: what each counted, from the manifest. */
+function calibrationContext(metrics) {
+  const c = metrics.calibration;
+  if (!c?.realized || !c.genuine_pairs) return null;
+  const count = (n) => Number(n).toLocaleString("en-US");
+  const evaluated = metrics.no_flip?.pairs ? `${count(metrics.no_flip.pairs)} chosen test pairs` : "its chosen test pairs";
+  return h(
+    "p",
+    { class: "note" },
+    `The calibration counts every same-person pair of its ${count(c.identities)} people (${count(c.genuine_pairs)} pairs, the hard ones included), ` +
+      `where ${(metrics.set || "the evaluation set").toUpperCase()} scores ${evaluated}: the calibration's lower TAR is the one to expect across a gallery, ` +
+      "and its false-accept rates are the ones the thresholds above are set by.",
+  );
+}
+
 function table(head, rows) {
   return h("div", { class: "scroll" }, h("table", {}, h("thead", {}, h("tr", {}, head.map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c) => h("td", {}, c)))))));
 }
@@ -59,7 +74,10 @@ export async function render(main) {
   const embedder = models.embedder;
   const detector = models.detector;
   const sections = [h("h1", { tabindex: "-1" }, "Model")];
-  for (const problem of ready.problems || []) sections.push(h("p", { class: "problem" }, `${problem.model || ""} ${problem.name || ""}: ${problem.error}`, problem.fix ? ` Fix: ${problem.fix}` : ""));
+  for (const problem of ready.problems || []) {
+    const which = [problem.model, problem.name].filter(Boolean).join(" ");
+    sections.push(h("p", { class: "problem" }, which ? `${which}: ${problem.error}` : problem.error, problem.fix ? ` Fix: ${problem.fix}` : ""));
+  }
 
   if (embedder) {
     const metrics = embedder.metrics || {};
@@ -120,9 +138,10 @@ export async function render(main) {
           "section",
           { class: "panel", "aria-labelledby": "roc-h" },
           h("h2", { id: "roc-h" }, "ROC: genuine pairs accepted at each false-accept rate"),
-          h("p", { class: "note" }, "From the model card's figures in the manifest: the share of same-person pairs accepted (TAR) at each FAR, on the evaluation pairs and on the calibration set (people the model never trained on)."),
+          h("p", { class: "note" }, "From the model card's figures in the manifest: the share of same-person pairs accepted (TAR) at each FAR, on the evaluation pairs and on the calibration set."),
+          calibrationContext(metrics),
           lineChart({ title: `${embedder.name}: ROC`, x: { label: "false-accept rate (log scale)", log: true }, y: { label: "true-accept rate", min: 0, max: 1 }, series: roc }),
-          table(["Set", "FAR", "TAR"], roc.flatMap((one) => one.points.map(([far, tar]) => [one.name, String(far), `${(100 * tar).toFixed(1)}%`]))),
+          table(["Set", "FAR", "In words", "TAR"], roc.flatMap((one) => one.points.map(([far, tar]) => [one.name, rate(far), `${oneIn(far)} impostor pairs`, `${(100 * tar).toFixed(1)}%`]))),
         ),
       );
     }

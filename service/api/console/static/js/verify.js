@@ -4,7 +4,7 @@
 import { call, formData } from "./api.js";
 import { busy, field, h, replace, say, statusLine } from "./dom.js";
 import { dropZone, photoWithBoxes } from "./images.js";
-import { number, oneIn, verifyDecision } from "./words.js";
+import { number, oneIn, sentence, verifyDecision } from "./words.js";
 
 /** A select of the FARs the served embedder has thresholds for (GET /models), the default chosen. */
 async function farSelect() {
@@ -14,6 +14,14 @@ async function farSelect() {
   const select = field("False-accept rate (FAR)", { name: "far" }, hint, "select");
   select.querySelector("select").append(...fars.map((far) => h("option", { value: far, selected: far === models.default_far }, `${far} (${oneIn(far)})`)));
   return select;
+}
+
+/** The gallery's first subjects as choices for the subject field (a datalist: typing filters them by name or id). */
+async function subjectChoices() {
+  const list = h("datalist", { id: "verify-subjects" });
+  const page = await call("GET", "subjects", { query: { limit: 1000 } });
+  list.append(...page.subjects.map((s) => h("option", { value: s.id, label: `${s.name} (${s.face_count} ${s.face_count === 1 ? "face" : "faces"})` })));
+  return list;
 }
 
 function slot(label, id, onPick) {
@@ -31,7 +39,8 @@ export async function render(main) {
   const result = h("div", { "aria-live": "polite" });
   const first = slot("First photo", "verify-1", (f) => (picked.image1 = f));
   const second = slot("Second photo", "verify-2", (f) => (picked.image2 = f));
-  const subjectField = field("Enrolled subject id", { name: "subject_id", autocomplete: "off" }, "the photo is compared with each of its enrolled faces");
+  const subjectField = field("Enrolled subject", { name: "subject_id", autocomplete: "off", list: "verify-subjects" }, "its id, or pick one as you type a name: the photo is compared with each of its enrolled faces");
+  subjectField.append(await subjectChoices());
   const mode = h(
     "fieldset",
     {},
@@ -65,7 +74,9 @@ export async function render(main) {
         say(status, "ok", "Done.");
         replace(result, await verdict(answer, picked, bySubject));
       } catch (error) {
-        say(status, "problem", error.message);
+        const which = { image1: "The first photo", image2: "The second photo" };
+        const [, name, rest] = /^(image[12]): (.*)$/.exec(error.message || "") || [];
+        say(status, "problem", name ? `${which[name]}: ${sentence({ message: rest })}` : sentence(error));
         replace(result);
       }
     });

@@ -12,6 +12,14 @@ export function oneIn(rate) {
   return `1 in ${rounded.toLocaleString("en-US")}`;
 }
 
+/** A rate as a short figure: 0.009998936814280476 → "1.0e-2", 0.001 → "1e-3". */
+export function rate(value) {
+  const n = Number(value);
+  if (!(n > 0)) return String(value);
+  const [mantissa, exponent] = n.toExponential(1).split("e");
+  return `${mantissa.endsWith(".0") && Math.abs(Number(mantissa) - n / 10 ** Number(exponent)) < 1e-9 ? mantissa.slice(0, -2) : mantissa}e${exponent}`;
+}
+
 export function number(value, digits = 3) {
   return Number(value).toFixed(digits);
 }
@@ -67,7 +75,20 @@ export const WHY = {
   model_unavailable: "The service's models are not ready",
 };
 
+/** A service message as a sentence: capitalized, ended with a full stop. */
+export function sentence(error) {
+  const text = String(error.message || error.code || "Something went wrong").trim();
+  const first = text.charAt(0).toUpperCase() + text.slice(1);
+  return /[.!?…)]$/.test(first) ? first : `${first}.`;
+}
+
+/** Why a photo was refused: the reason in words, then the service's own detail unless it only repeats the reason. */
 export function why(error) {
   const reason = WHY[error.code];
-  return reason ? `${reason}: ${error.message}` : `${error.message} (${error.code})`;
+  if (!reason) return sentence(error);
+  const detail = String(error.message || "").trim();
+  const [said, meant] = [detail.toLowerCase().replace(/[.]$/, ""), reason.toLowerCase()];
+  if (!said || meant.startsWith(said)) return `${reason}.`;
+  if (said.startsWith(meant)) return sentence({ message: detail }); // "no face was found in …" says it already
+  return `${reason}: ${/[.!?…)]$/.test(detail) ? detail : `${detail}.`}`; // after a colon the detail goes on the sentence
 }

@@ -1,5 +1,5 @@
 // CompreFace's own JavaScript SDK (`@exadel/compreface-js-sdk` from npm), unchanged, under Node against
-// a running facegate: add → list → recognize → verify → delete, with subjects named as CompreFace
+// a running facegate: add → list → recognize → verify → delete → rename (and its merge), with subjects named as CompreFace
 // names them (one subject whatever its case), `status` and its answer to a wrong key. Run by test_real_clients.py:
 // node drive_compreface_js_sdk.mjs URL PORT KEY EXAMPLES, with FACEGATE_CLIENTS_JS the folder whose
 // node_modules hold the SDK (ES modules resolve bare names from the importing file, not from NODE_PATH).
@@ -65,6 +65,15 @@ assert.deepEqual(await faces().delete_all_subject("biden"), { deleted: 2 });
 assert.deepEqual(await faces().delete_all_subject("Nobody"), { deleted: 0 });
 assert.deepEqual((await recognition.getSubjects().list()).subjects, ["Barack Obama"]);
 assert.deepEqual(await recognition.getSubjects().delete(encodeURIComponent("barack obama")), { subject: "Barack Obama" });
+
+// a rename; onto a name another subject holds (whatever its case), a merge of the two, as CompreFace does
+assert.equal((await faces().add("./knn_examples/train/obama/obama.jpg", "Obama")).subject, "Obama");
+assert.equal((await faces().add("./knn_examples/train/obama/obama2.jpg", "Barack")).subject, "Barack");
+assert.deepEqual(await recognition.getSubjects().rename("Barack", "OBAMA"), { updated: true });
+assert.deepEqual((await recognition.getSubjects().list()).subjects, ["Obama"]);
+assert.equal((await faces().list()).total_elements, 2);
+assert.deepEqual(await recognition.getSubjects().rename("Obama", "Barack Obama"), { updated: true });
+assert.deepEqual((await recognition.getSubjects().list()).subjects, ["Barack Obama"]);
 
 // a wrong key: the SDK rejects with axios's error, whose body is CompreFace's {message, code}
 const wrong = compreFace.initFaceRecognitionService("wrong-key");

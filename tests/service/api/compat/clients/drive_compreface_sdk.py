@@ -1,5 +1,6 @@
 """CompreFace's own Python SDK (`compreface-sdk`, as Viseron uses it), unchanged, against a running
-facegate: add → list → recognize → verify (two images, and against a stored face) → delete, with
+facegate: add → list → recognize → verify (two images, and against a stored face) → delete → rename
+(and its merge) → delete all, with
 subjects as CompreFace names them (spaces, one subject whatever its case), and its answers to a
 wrong key and to an unknown subject. Run by test_real_clients.py in the clients' Python:
 drive_compreface_sdk.py URL PORT KEY EXAMPLES."""
@@ -54,6 +55,15 @@ assert subjects.list()["subjects"] == ["Joe Biden"]
 assert faces.delete_all("Nobody") == {"deleted": 0}
 assert [f["subject"] for f in faces.list()["faces"]] == ["Joe Biden"]
 assert subjects.delete("joe biden") == {"subject": "Joe Biden"}  # the name as stored
+
+# a rename; onto a name another subject holds (whatever its case), a merge, as CompreFace does
+assert faces.add(str(examples / "knn_examples/train/obama/obama.jpg"), "Obama")["subject"] == "Obama"
+assert faces.add(str(examples / "knn_examples/train/obama/obama2.jpg"), "Barack")["subject"] == "Barack"
+assert subjects.update("Barack", "OBAMA") == {"updated": True}
+assert subjects.list()["subjects"] == ["Obama"] and len(faces.list()["faces"]) == 2
+assert subjects.update("Obama", "Barack Obama") == {"updated": True}
+assert subjects.list()["subjects"] == ["Barack Obama"]
+assert subjects.delete_all() == {"deleted": 1} and faces.list()["faces"] == []
 
 wrong = CompreFace(url, port).init_face_recognition("wrong-key").get_subjects().list()
 assert wrong["code"] == 10 and wrong["message"], wrong  # CompreFace's shape, which its users log
