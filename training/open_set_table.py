@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from service.core.models.manifest import Manifest, OpenSetRows, OpenSetTable
-from service.core.open_set import GUARD_FROM, K, margin_scores
+from service.core.open_set import K, margin_scores
 from service.core.settings import Settings
 from training.pair_evaluation import OnnxEmbedder
 from training.thresholds import MIN_FALSE_ACCEPTS, cached_embeddings, heldout_source, just_above, one_person_pairs
@@ -51,7 +51,7 @@ GALLERY_FACES = 20_000  # and enough to enroll this many faces in all (10 strang
 MIN_STRANGER_IDENTITIES = 50
 STRANGER_SHARE = 0.1
 CHUNK = 2048  # strangers scored in one matrix product
-COSINE_BELOW = GUARD_FROM  # galleries below: the best cosine decides (on LFW it finds more people at every rate up to 100 subjects)
+COSINE_BELOW = 10  # galleries below: the best cosine decides (on LFW it found more people than the margin there, docs/api.md)
 COSINE_FACES = (1, 3, 5, 10)  # faces per subject of the cosine rows: a home gallery is a few people with a few photos each
 ONE_PERSON_OF_GENUINE = 0.5  # identity pairs whose photos match at half the rate one person's do are one person (see above)
 
@@ -152,8 +152,10 @@ def rows_for(
     progress=None,
 ) -> OpenSetRows:
     """One table: the thresholds at `usable` FPIRs per gallery size of `faces` faces per subject, of
-    the margin score or (`cosine`) of the best cosine, for sizes up to `cosine_below`."""
-    grid = [n for n in sizes_for(labels, faces, sizes) if not cosine or n <= cosine_below]
+    the margin score or (`cosine`) of the best cosine, for sizes up to the first at or above `cosine_below`."""
+    grid = sizes_for(labels, faces, sizes)
+    if cosine:
+        grid = [n for n in grid if n < cosine_below] + [n for n in grid if n >= cosine_below][:1]
     if len(grid) < 2:
         raise ValueError(f"{len(np.unique(labels))} identities are too few for galleries enrolled by {faces} photos each")
     rows, counts = [], []
