@@ -191,13 +191,14 @@ def build(
     cosine_below: int = COSINE_BELOW,
 ) -> OpenSetTable:
     """The table, one set of rows per faces-per-subject value (rows end where `sizes_for` does), and
-    the cosine rows for galleries up to `cosine_below` subjects (none: `cosine_faces` empty)."""
+    the cosine rows for galleries up to `cosine_below` subjects, for the `cosine_faces` values enough
+    identities have photos for (a gallery with more faces per subject reads the last of them)."""
     usable, pairs = usable_fpirs(samples, fpirs), partners(labels, one_person)
 
     def rows(faces: int, cosine: bool) -> OpenSetRows:
         return rows_for(embeddings, labels, faces, usable, cosine, seed, samples, pairs, sizes, cosine_below, progress)
 
-    cosine_tables = [rows(faces, True) for faces in cosine_faces]
+    cosine_tables = [rows(faces, True) for faces in cosine_faces if len(sizes_for(labels, faces, sizes)) >= 2]  # the data's
     return OpenSetTable(
         fpirs=usable,
         tables=[rows(faces, False) for faces in faces_per_subject],
