@@ -146,6 +146,9 @@ def test_dlib_lfw_small_galleries_keep_the_promise_and_find_as_many(dlib_manifes
     margin score (the margin score alone: 98.0 % at 2 subjects, the old cosine decision 98.5 %)."""
     from training.identification import protocol, report
 
+    table = dlib_manifest.open_set
+    assert table.cosine_below == 10 and [rows.faces_per_subject for rows in table.cosine_tables] == [1, 3, 5, 10]
+    assert all(rows.subjects[-1] >= 10 and min(rows.samples) >= 199_000 for rows in table.cosine_tables)
     p = protocol(test_data / "lfw", 3)
 
     def embed(paths) -> np.ndarray:
