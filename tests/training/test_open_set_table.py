@@ -87,10 +87,11 @@ def test_the_table_is_the_quantile_of_its_strangers_and_reproducible(table):
     assert [rows.faces_per_subject for rows in table.tables] == [1, 3] and table.tables[0].subjects == list(GRID)
     again = build(embeddings, labels, faces_per_subject=(1, 3), samples=20_000, sizes=(1, 30), cosine_faces=(1,))
     assert [rows.thresholds for rows in again.tables] == [[rows.thresholds[0], rows.thresholds[GRID.index(30)]] for rows in table.tables]
-    assert again.cosine_tables[0].thresholds == [table.cosine_tables[0].thresholds[0], table.cosine_tables[0].thresholds[GRID.index(30)]]
+    assert again.cosine_tables[0].thresholds[0] == table.cosine_tables[0].thresholds[0]
     assert table.cosine_below == 10 and [rows.subjects[-1] for rows in table.cosine_tables] == [10, 10]  # up to where the margin decides
+    assert again.cosine_tables[0].subjects == [1, 30]  # up to the first size at or above cosine_below
     cosines = stranger_scores(embeddings, labels, 30, 1, np.random.default_rng([0, 1, 30]), 20_000, cosine=True)
-    cosine_row = table.cosine_tables[0].thresholds[GRID.index(30)]
+    cosine_row = again.cosine_tables[0].thresholds[1]
     for q, t in zip(table.fpirs, cosine_row, strict=True):  # the cosine rows: the quantiles of the strangers' best cosines
         assert (cosines.scores >= t).sum() <= math.floor(q * len(cosines.scores)) < (cosines.scores >= t - 2e-6).sum()
     draws = stranger_scores(embeddings, labels, 30, 1, np.random.default_rng([0, 1, 30]), 20_000)
