@@ -23,7 +23,9 @@ calibrate's 120 pairs left out, 0.966436 with this rule's 298.
 
 A size is in the grid while it leaves at least max(MIN_STRANGER_IDENTITIES, STRANGER_SHARE of the
 identities) to probe as strangers; one table per `faces` value (subjects with one face, and with
-several: the table for 3 is read for galleries with about 3 faces per subject).
+several: the table for 3 is read for galleries with about 3 faces per subject). Beside them, the
+cosine rows: the same draws scored by the best subject's cosine alone, for galleries up to
+COSINE_BELOW subjects (one table per `cosine_faces` value), which decide galleries below it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ GALLERY_FACES = 20_000  # and enough to enroll this many faces in all (10 strang
 MIN_STRANGER_IDENTITIES = 50
 STRANGER_SHARE = 0.1
 CHUNK = 2048  # strangers scored in one matrix product
+COSINE_BELOW = 10  # galleries below: the best cosine decides (on LFW it found more people than the margin there, docs/api.md)
+COSINE_FACES = (1, 3, 5, 10)  # faces per subject of the cosine rows: a home gallery is a few people with a few photos each
 ONE_PERSON_OF_GENUINE = 0.5  # identity pairs whose photos match at half the rate one person's do are one person (see above)
 
 
@@ -68,11 +72,12 @@ def stranger_scores(
     rng: np.random.Generator,
     samples: int,
     one_person: dict[int, set[int]] | None = None,
+    cosine: bool = False,
 ) -> Draws:
-    """S of the photos of the identities outside a drawn gallery of `size` identities enrolled by
-    `faces` photos each (a draw of them per gallery), over as many galleries as `samples` scores
-    take: at least GALLERIES, and enough to enroll GALLERY_FACES faces in all (each probed by at
-    least 10 strangers)."""
+    """S (`cosine`: the best subject's cosine) of the photos of the identities outside a drawn gallery
+    of `size` identities enrolled by `faces` photos each (a draw of them per gallery), over as many
+    galleries as `samples` scores take: at least GALLERIES, and enough to enroll GALLERY_FACES faces
+    in all (each probed by at least 10 strangers)."""
     identities, inverse = np.unique(np.asarray(labels), return_inverse=True)
     photos = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse))[:-1])
     eligible = np.array([i for i, p in enumerate(photos) if len(p) >= faces])
@@ -81,6 +86,7 @@ def stranger_scores(
     gathered: list[np.ndarray] = []
     count, galleries = 0, 0
     take = min(K + 1, size)
+    scored = 1 if cosine else size  # the margin score of one subject is its cosine
     per_gallery = -(-samples // max(GALLERIES, min(samples // 10, -(-GALLERY_FACES // (size * faces)))))
     while count < samples:
         chosen = rng.choice(eligible, size, replace=False)
@@ -94,13 +100,13 @@ def stranger_scores(
             batch = probes[start : start + CHUNK]
             best = (embeddings[batch] @ gallery).reshape(len(batch), size, faces).max(axis=2)  # each subject's best face
             top = -np.sort(-np.partition(best, size - take, axis=1)[:, size - take :], axis=1)
-            scores = margin_scores(top, size)
+            scores = margin_scores(top, scored)
             for row in np.flatnonzero(np.isin(inverse[batch], partnered)):
                 # one person under two names: that subject is not compared with this stranger
                 masked = [column[o] for o in one_person[int(inverse[batch[row]])] if o in column]
                 if masked:
                     kept = np.delete(best[row], masked)
-                    scores[row] = margin_scores(-np.sort(-kept)[None, :take], len(kept))[0] if len(kept) else -np.inf
+                    scores[row] = margin_scores(-np.sort(-kept)[None, :take], min(scored, len(kept)))[0] if len(kept) else -np.inf
             gathered.append(scores)
         count += len(probes)
         galleries += 1
@@ -121,6 +127,56 @@ def sizes_for(labels: np.ndarray, faces: int, sizes=SIZES) -> list[int]:
     return [n for n in sizes if n <= (counts >= faces).sum() and len(counts) - n >= spare]
 
 
+def partners(labels: np.ndarray, one_person: Sequence[tuple[int, int]]) -> dict[int, set[int]]:
+    """Per identity (its index among the sorted labels), the identities that are the same person."""
+    pairs: dict[int, set[int]] = {}
+    identities = np.unique(labels)
+    for a, b in one_person:
+        ia, ib = int(np.searchsorted(identities, a)), int(np.searchsorted(identities, b))
+        pairs.setdefault(ia, set()).add(ib)
+        pairs.setdefault(ib, set()).add(ia)
+    return pairs
+
+
+def rows_for(
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    faces: int,
+    usable: Sequence[float],
+    cosine: bool = False,
+    seed: int = 0,
+    samples: int = SAMPLES,
+    pairs: dict[int, set[int]] | None = None,
+    sizes=SIZES,
+    cosine_below: int = COSINE_BELOW,
+    progress=None,
+) -> OpenSetRows:
+    """One table: the thresholds at `usable` FPIRs per gallery size of `faces` faces per subject, of
+    the margin score or (`cosine`) of the best cosine, for sizes up to the first at or above `cosine_below`."""
+    grid = sizes_for(labels, faces, sizes)
+    if cosine:
+        grid = [n for n in grid if n < cosine_below] + [n for n in grid if n >= cosine_below][:1]
+    if len(grid) < 2:
+        raise ValueError(f"{len(np.unique(labels))} identities are too few for galleries enrolled by {faces} photos each")
+    rows, counts = [], []
+    for size in grid:
+        rng = np.random.default_rng([seed, faces, size])  # the cosine rows score the margin rows' galleries
+        draws = stranger_scores(embeddings, labels, size, faces, rng, samples, pairs, cosine)
+        rows.append([threshold_at(draws.scores, q) for q in usable])
+        counts.append(len(draws.scores))
+        if progress:
+            progress(faces, size, draws)
+    for row in rows:  # a quantile of fewer scores can come out a hair below the next coarser one's
+        for j in range(1, len(row)):
+            row[j] = max(row[j], row[j - 1])
+    return OpenSetRows(faces_per_subject=faces, subjects=grid, thresholds=rows, samples=counts)
+
+
+def usable_fpirs(samples: int, fpirs=FPIRS) -> list[float]:
+    """The FPIRs `samples` stranger scores resolve (MIN_FALSE_ACCEPTS above each threshold)."""
+    return [q for q in fpirs if math.floor(q * samples + 1e-9) >= MIN_FALSE_ACCEPTS]
+
+
 def build(
     embeddings: np.ndarray,
     labels: np.ndarray,
@@ -131,32 +187,24 @@ def build(
     fpirs=FPIRS,
     sizes=SIZES,
     progress=None,
+    cosine_faces=COSINE_FACES,
+    cosine_below: int = COSINE_BELOW,
 ) -> OpenSetTable:
-    """The table, one set of rows per faces-per-subject value (rows end where `sizes_for` does)."""
-    usable = [q for q in fpirs if math.floor(q * samples + 1e-9) >= MIN_FALSE_ACCEPTS]
-    pairs: dict[int, set[int]] = {}
-    identities = np.unique(labels)
-    for a, b in one_person:
-        ia, ib = int(np.searchsorted(identities, a)), int(np.searchsorted(identities, b))
-        pairs.setdefault(ia, set()).add(ib)
-        pairs.setdefault(ib, set()).add(ia)
-    tables = []
-    for faces in faces_per_subject:
-        grid = sizes_for(labels, faces, sizes)
-        if len(grid) < 2:
-            raise ValueError(f"{len(identities)} identities are too few for galleries enrolled by {faces} photos each")
-        rows, counts = [], []
-        for size in grid:
-            draws = stranger_scores(embeddings, labels, size, faces, np.random.default_rng([seed, faces, size]), samples, pairs)
-            rows.append([threshold_at(draws.scores, q) for q in usable])
-            counts.append(len(draws.scores))
-            if progress:
-                progress(faces, size, draws)
-        for row in rows:  # a quantile of fewer scores can come out a hair below the next coarser one's
-            for j in range(1, len(row)):
-                row[j] = max(row[j], row[j - 1])
-        tables.append(OpenSetRows(faces_per_subject=faces, subjects=grid, thresholds=rows, samples=counts))
-    return OpenSetTable(fpirs=usable, tables=tables)
+    """The table, one set of rows per faces-per-subject value (rows end where `sizes_for` does), and
+    the cosine rows for galleries up to `cosine_below` subjects, for the `cosine_faces` values enough
+    identities have photos for (a gallery with more faces per subject reads the last of them)."""
+    usable, pairs = usable_fpirs(samples, fpirs), partners(labels, one_person)
+
+    def rows(faces: int, cosine: bool) -> OpenSetRows:
+        return rows_for(embeddings, labels, faces, usable, cosine, seed, samples, pairs, sizes, cosine_below, progress)
+
+    cosine_tables = [rows(faces, True) for faces in cosine_faces if len(sizes_for(labels, faces, sizes)) >= 2]  # the data's
+    return OpenSetTable(
+        fpirs=usable,
+        tables=[rows(faces, False) for faces in faces_per_subject],
+        cosine_below=cosine_below if cosine_tables else 0,
+        cosine_tables=cosine_tables,
+    )
 
 
 def calibrate(
@@ -169,6 +217,7 @@ def calibrate(
     cache: Path | None = None,
     write: bool = True,
     progress=None,
+    cosine_faces=COSINE_FACES,
 ) -> tuple[OpenSetTable, str]:
     """Embed the calibration identities as the service does (`data`, else the model's held-out
     ones), leave out identity pairs that are one person, build the table and (unless write=False)
@@ -177,7 +226,7 @@ def calibrate(
     source, origin = heldout_source(embedder.model.manifest, data)
     embeddings, labels = cached_embeddings(embedder, source, origin, cache)
     one_person, report = one_person_pairs(embeddings, labels, of_genuine=ONE_PERSON_OF_GENUINE)
-    table = build(embeddings, labels, faces_per_subject, seed, samples, one_person, progress=progress)
+    table = build(embeddings, labels, faces_per_subject, seed, samples, one_person, progress=progress, cosine_faces=cosine_faces)
     table.calibration = {
         "source": origin,
         "identities": int(len(np.unique(labels))),

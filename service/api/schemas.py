@@ -148,8 +148,13 @@ class ModelsResponse(BaseModel):
 class VerifyResponse(BaseModel):
     match: bool
     similarity: float = Field(description="Cosine similarity; against a subject, the max over its enrolled faces.", examples=[0.71])
-    threshold: float = Field(examples=[0.42])
+    threshold: float = Field(description="The cosine `similarity` must reach to match.", examples=[0.42])
     far: str | None = Field(description="The FAR the threshold stands for; null for an explicit threshold.", examples=["1e-3"])
+    subject_faces: int | None = Field(
+        None,
+        description="Against a subject: its enrolled faces. With more than one, each is held to the per-comparison FAR that keeps "
+        "the subject at `far` (1 − (1 − far)^(1/k)), so `threshold` is above the model's threshold for `far`.",
+    )
     faces: list[FaceOut | None] = Field(
         description="The face used from each image (null for an aligned upload); one entry when verifying against a subject."
     )
@@ -167,11 +172,18 @@ class VerifyResponse(BaseModel):
 class CandidateOut(BaseModel):
     subject_id: str
     name: str
-    similarity: float
+    similarity: float = Field(description="The raw cosine with the subject's best face (-1 … 1).")
+    score: float | None = Field(
+        None,
+        description="The number an FPIR decision holds this candidate to, on `threshold`'s scale (of the kind `score` names): "
+        "its cosine, or its margin or AS-norm score; the match is the best candidate when its score reaches `threshold`.",
+    )
 
     @classmethod
-    def of(cls, c: Candidate) -> CandidateOut:
-        return cls(subject_id=c.subject_id, name=c.name, similarity=round(c.similarity, 6))
+    def of(cls, c: Candidate, score: float | None = None) -> CandidateOut:
+        return cls(
+            subject_id=c.subject_id, name=c.name, similarity=round(c.similarity, 6), score=None if score is None else round(score, 6)
+        )
 
 
 class IdentifyResult(BaseModel):

@@ -16,6 +16,8 @@ A model whose manifest has an open-set table (`facegate calibrate-open-set`) dec
 margin score instead (service/core/open_set.py): the best subject's cosine and how far it stands
 above the next ones, held to a threshold for the gallery's number of subjects, guarded from 100
 subjects up by the gallery's own leave-one-out scores: fewer known people missed at the same FPIR.
+Below the table's `cosine_below` subjects the best cosine alone is held to the table's cosine rows,
+calibrated the same way (in a small gallery the margin's next subjects are too few to say anything).
 With a cohort (FACEGATE_COHORT, service/core/models/cohort.py) an FPIR decision holds the best
 candidate's AS-norm score to the cohort's own calibrated curve instead. Explicit `far` and
 `threshold` stay per-comparison cosine decisions.
@@ -69,12 +71,14 @@ class Decision:
     @property
     def score(self) -> str:
         """What `threshold` applies to."""
-        return "margin" if self.margin else "as-norm" if self.cohort else "cosine"
+        if self.margin:
+            return "cosine" if self.margin.detail.cosine else "margin"
+        return "as-norm" if self.cohort else "cosine"
 
     @property
     def candidates_needed(self) -> int:
         """Subjects a search must return for this decision's score: the margin's best and its k next."""
-        return K + 1 if self.margin else 1
+        return K + 1 if self.score == "margin" else 1
 
     def matches(self, similarity: float) -> bool:
         """A cosine decision (an explicit far or threshold, /verify)."""
@@ -88,7 +92,7 @@ class Decision:
         cosines = np.array([c.similarity for c in candidates], np.float64)
         if not candidates:
             return cosines
-        if self.margin:
+        if self.margin and not self.margin.detail.cosine:
             return candidate_scores(cosines, self.margin.gallery.subjects)
         if self.cohort:
             return self.cohort.normalize(probe, np.stack([c.embedding for c in candidates]), cosines.astype(np.float32))

@@ -20,6 +20,11 @@ top subject is the match when S ≥ T(N, FPIR):
 
   stricter than the table only when the gallery's own faces say strangers would pass at over twice
   the promise (people who look alike), and never more than about a decade stricter.
+
+Below the table's `cosine_below` subjects (10 for the default model) the best subject's cosine s1
+alone decides, held to the table's cosine rows T_cos(N, q) (calibrated as T_sim, on s1): next to a
+handful of other subjects their mean is noise (on LFW the margin found 4.7 points fewer people than
+the plain cosine at 2 subjects; docs/api.md, "Small galleries").
 """
 
 from __future__ import annotations
@@ -124,14 +129,23 @@ def _interpolate(x: float, xs: list[float], ys: list[float]) -> tuple[float, boo
     return yb + (yb - ya) * (x - xb) / (xb - xa), True
 
 
-def table_threshold(table: OpenSetTable, subjects: int, fpir: float, faces_per_subject: float = 1.0) -> tuple[float, bool]:
-    """T_sim(N, q): the table's thresholds interpolated linearly in ln N and in log10 q (beyond the
-    largest gallery and below the smallest FPIR, along the last segment: True), then linearly in
-    faces per subject between the tables (held at the last table's beyond it: True)."""
+def on_cosine(table: OpenSetTable, subjects: int) -> bool:
+    """Whether a gallery of this many subjects is decided on the best cosine (the table's cosine rows)."""
+    return subjects < table.cosine_below
+
+
+def table_threshold(
+    table: OpenSetTable, subjects: int, fpir: float, faces_per_subject: float = 1.0, cosine: bool = False
+) -> tuple[float, bool]:
+    """T_sim(N, q) (`cosine`: T_cos(N, q), from the cosine rows): the table's thresholds interpolated
+    linearly in ln N and in log10 q (beyond the largest gallery and below the smallest FPIR, along the
+    last segment: True), then linearly in faces per subject between the tables (held at the last
+    table's beyond it: True)."""
     lx = -math.log10(fpir)  # rising as the fpir falls
     rates = [-math.log10(q) for q in table.fpirs]
     per_table = []
-    for rows in table.tables:
+    tables = table.cosine_tables if cosine else table.tables
+    for rows in tables:
         by_size = []
         extrapolated = False
         for row in rows.thresholds:
@@ -140,7 +154,7 @@ def table_threshold(table: OpenSetTable, subjects: int, fpir: float, faces_per_s
             extrapolated |= beyond
         t, beyond = _interpolate(math.log(max(subjects, 1)), [math.log(n) for n in rows.subjects], by_size)
         per_table.append((t, extrapolated or beyond))
-    faces = [float(rows.faces_per_subject) for rows in table.tables]
+    faces = [float(rows.faces_per_subject) for rows in tables]
     if faces_per_subject <= faces[0] or len(faces) == 1:
         t, extrapolated = per_table[0]
         return t, extrapolated or (len(faces) == 1 and faces_per_subject > faces[0])
@@ -159,14 +173,17 @@ class MarginThreshold:
     table: float
     guard: float | None  # T_LOSO(2q); None without a tail
     extrapolated: bool  # the table was read beyond its calibrated sizes, rates or faces per subject
+    cosine: bool = False  # the best cosine alone decides (a gallery below the table's cosine_below), T_cos(N, q)
 
 
 def margin_threshold(table: OpenSetTable, shape: GalleryShape, fpir: float) -> MarginThreshold:
-    """T = min(max(T_sim(N, q), T_LOSO(2q)), 2 · T_sim(N, q) − T_sim(N, 10q)), or T_sim(N, q) without a tail."""
+    """T = min(max(T_sim(N, q), T_LOSO(2q)), 2 · T_sim(N, q) − T_sim(N, 10q)), or T_sim(N, q) without a
+    tail; below the table's cosine_below subjects T_cos(N, q) (the guard's samples are margin scores)."""
     f = shape.faces_per_subject
-    sim, extrapolated = table_threshold(table, shape.subjects, fpir, f)
-    if shape.tail is None:
-        return MarginThreshold(sim, sim, None, extrapolated)
+    cosine = on_cosine(table, shape.subjects)
+    sim, extrapolated = table_threshold(table, shape.subjects, fpir, f, cosine)
+    if shape.tail is None or cosine:
+        return MarginThreshold(sim, sim, None, extrapolated, cosine)
     loose, _ = table_threshold(table, shape.subjects, min(10 * fpir, table.fpirs[0]), f)
     guard = shape.tail.threshold(2 * fpir)
     return MarginThreshold(min(max(sim, guard), 2 * sim - loose), sim, guard, extrapolated)

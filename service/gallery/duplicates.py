@@ -64,13 +64,14 @@ def find(state: LeaveOneOut, manifest: Manifest, fpir: float | None, default_fpi
     """The pairs /identify would confuse at `fpir` (default `default_fpir`): per pair of subjects,
     the face scoring highest against the other (of equal ones, the lowest id: the same whatever order
     the guard holds its faces in). Decided without a cohort, on the margin score when
-    the manifest has its open-set table, else on cosines."""
+    the manifest has its open-set table (on the best cosine below its cosine_below subjects), else on cosines."""
     shape = state.shape()
     others = GalleryShape(max(shape.subjects - 1, 1), max(shape.faces - 1, 1), shape.tail)
     decision = decide_search(manifest, fpir, None, None, others, default_fpir)
     best: dict[tuple[str, str], Pair] = {}
-    for face_id, subject, other, cosine, score in state.nearest_others(decision.threshold, by_cosine=decision.margin is None):
-        held = score if decision.margin else cosine
+    on_cosine = decision.score == "cosine"  # without a table, or a gallery below its cosine_below
+    for face_id, subject, other, cosine, score in state.nearest_others(decision.threshold, by_cosine=on_cosine):
+        held = cosine if on_cosine else score
         key = (min(subject, other), max(subject, other))
         if key not in best or (held, -face_id) > (best[key].score, -best[key].face_id):  # a tie: the older face
             best[key] = Pair(face_id, subject, other, cosine, held)

@@ -1,9 +1,10 @@
 """The open-set table on a synthetic population whose strangers the test draws itself: a table built
 by `training.open_set_table` from one population keeps its promise on another population of the
 same kind, at each gallery size of the grid and between them, with one face per subject and with
-three; and in a gallery of look-alikes, where the table alone breaks it, the guard keeps it. The
-realized rates are counted by brute force here (every stranger's score from its cosines with every
-enrolled face), never by the code under test."""
+three (below 10 subjects on the best cosine and its rows, from 10 on the margin score); and in a
+gallery of look-alikes, where the table alone breaks it, the guard keeps it. The realized rates are
+counted by brute force here (every stranger's score from its cosines with every enrolled face),
+never by the code under test."""
 
 from __future__ import annotations
 
@@ -39,13 +40,13 @@ def population(seed: int, identities: int, photos: int, family: int = 1, kinship
     return unit(unit(centres)[labels] + noise + rng.uniform(0.5, 2.5, (len(labels), 1)) * COMMON), labels
 
 
-def brute_scores(gallery: np.ndarray, faces: int, probes: np.ndarray) -> np.ndarray:
-    """Each probe's S by the issue's formula, over its cosine with each subject's best face (the
-    gallery holds `faces` consecutive faces per subject)."""
+def brute_scores(gallery: np.ndarray, faces: int, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each probe's best cosine and its S by the issue's formula, over its cosine with each subject's
+    best face (the gallery holds `faces` consecutive faces per subject)."""
     best = (probes @ gallery.T).reshape(len(probes), -1, faces).max(axis=2)
     ranked = -np.sort(-best, axis=1)
     k = min(10, best.shape[1] - 1)
-    return ranked[:, 0] if k == 0 else ranked[:, 0] + 0.5 * (ranked[:, 0] - ranked[:, 1 : k + 1].mean(axis=1))
+    return ranked[:, 0], ranked[:, 0] if k == 0 else ranked[:, 0] + 0.5 * (ranked[:, 0] - ranked[:, 1 : k + 1].mean(axis=1))
 
 
 def realized(table, embeddings, labels, size, faces, rates, rng, samples=20_000, guard=False) -> dict[float, tuple[int, int]]:
@@ -60,13 +61,14 @@ def realized(table, embeddings, labels, size, faces, rates, rng, samples=20_000,
         enrolled = np.concatenate([np.flatnonzero(labels == i)[:faces] for i in chosen])
         outside = np.flatnonzero(~np.isin(labels, chosen))
         probes = embeddings[rng.choice(outside, 20 if size <= 10 else 200, replace=False)]
-        scores = brute_scores(embeddings[enrolled], faces, probes)
+        cosines, margins = brute_scores(embeddings[enrolled], faces, probes)
         shape = GalleryShape(size, len(enrolled))
         if guard:
             shape = LeaveOneOut.build(enrolled, [str(x) for x in labels[enrolled]], embeddings[enrolled]).shape()
         for q in rates:
-            passed[q] += int((scores >= margin_threshold(table, shape, q).threshold).sum())
-        total += len(scores)
+            decided = margin_threshold(table, shape, q)
+            passed[q] += int(((cosines if decided.cosine else margins) >= decided.threshold).sum())
+        total += len(cosines)
     return {q: (passed[q], total) for q in rates}
 
 
@@ -76,15 +78,22 @@ GRID = (1, 2, 3, 5, 10, 20, 30, 100, 300)
 @pytest.fixture(scope="module")
 def table():
     embeddings, labels = population(1, 1000, 5)
-    return build(embeddings, labels, faces_per_subject=(1, 3), samples=20_000, sizes=GRID)
+    return build(embeddings, labels, faces_per_subject=(1, 3), samples=20_000, sizes=GRID, cosine_faces=(1, 3))
 
 
 def test_the_table_is_the_quantile_of_its_strangers_and_reproducible(table):
     embeddings, labels = population(1, 1000, 5)
     assert table.fpirs[0] == 0.5 and table.fpirs[-1] == 5e-4  # 10 scores above the threshold at least: 20,000 reach 5e-4
     assert [rows.faces_per_subject for rows in table.tables] == [1, 3] and table.tables[0].subjects == list(GRID)
-    again = build(embeddings, labels, faces_per_subject=(1, 3), samples=20_000, sizes=(1, 30))
+    again = build(embeddings, labels, faces_per_subject=(1, 3), samples=20_000, sizes=(1, 30), cosine_faces=(1,))
     assert [rows.thresholds for rows in again.tables] == [[rows.thresholds[0], rows.thresholds[GRID.index(30)]] for rows in table.tables]
+    assert again.cosine_tables[0].thresholds[0] == table.cosine_tables[0].thresholds[0]
+    assert table.cosine_below == 10 and [rows.subjects[-1] for rows in table.cosine_tables] == [10, 10]  # up to where the margin decides
+    assert again.cosine_tables[0].subjects == [1, 30]  # up to the first size at or above cosine_below
+    cosines = stranger_scores(embeddings, labels, 30, 1, np.random.default_rng([0, 1, 30]), 20_000, cosine=True)
+    cosine_row = again.cosine_tables[0].thresholds[1]
+    for q, t in zip(table.fpirs, cosine_row, strict=True):  # the cosine rows: the quantiles of the strangers' best cosines
+        assert (cosines.scores >= t).sum() <= math.floor(q * len(cosines.scores)) < (cosines.scores >= t - 2e-6).sum()
     draws = stranger_scores(embeddings, labels, 30, 1, np.random.default_rng([0, 1, 30]), 20_000)
     row = table.tables[0].thresholds[table.tables[0].subjects.index(30)]
     for q, t in zip(table.fpirs, row, strict=True):

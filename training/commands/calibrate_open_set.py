@@ -1,4 +1,5 @@
-"""`facegate calibrate-open-set`: the margin score's table T_sim(N, FPIR) into an embedder's manifest."""
+"""`facegate calibrate-open-set`: the margin score's table T_sim(N, FPIR), and the best cosine's for
+small galleries, into an embedder's manifest."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def calibrate_open_set(
     faces: Annotated[
         list[int] | None, typer.Option(min=1, help="Faces enrolled per subject, one table each (repeat; default: --faces 1 --faces 3).")
     ] = None,
+    cosine_faces: Annotated[
+        list[int] | None,
+        typer.Option(min=1, help="Faces per subject of the cosine rows for small galleries (repeat; default: 1, 3, 5 and 10)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the galleries' draws: the same seed, data and model give the same table.")] = 0,
     samples: Annotated[int, typer.Option(min=1000, help="Stranger scores per gallery size (more: finer FPIRs, longer).")] = 200_000,
     cache: Annotated[Path | None, typer.Option(help="Folder keeping the embeddings for the next run (keyed by model and images).")] = Path(
@@ -38,7 +43,7 @@ def calibrate_open_set(
 ) -> None:
     """Draw galleries of N calibration identities, score every other identity's photos as strangers
     by the margin score, and store each N's thresholds per FPIR in the manifest (`open_set`)."""
-    from training.open_set_table import calibrate
+    from training.open_set_table import COSINE_FACES, calibrate
 
     manifest_path = model.with_suffix(".json")
 
@@ -49,17 +54,26 @@ def calibrate_open_set(
 
     try:
         table, origin = calibrate(
-            manifest_path, get_settings(), data, sorted(set(faces or (1, 3))), seed, samples, cache, not dry_run, progress
+            manifest_path,
+            get_settings(),
+            data,
+            sorted(set(faces or (1, 3))),
+            seed,
+            samples,
+            cache,
+            not dry_run,
+            progress,
+            sorted(set(cosine_faces or COSINE_FACES)),
         )
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)
     columns = [j for j, q in enumerate(table.fpirs) if q in SHOWN_FPIRS]
-    for rows in table.tables:
+    for rows, score in [(rows, "margin score") for rows in table.tables] + [(rows, "best cosine") for rows in table.cosine_tables]:
         shown = Table(
             "subjects",
             *(f"T @ fpir {table.fpirs[j]:g}" for j in columns),
             "strangers scored",
-            title=f"{rows.faces_per_subject} face(s) per subject",
+            title=f"{score}, {rows.faces_per_subject} face(s) per subject",
         )
         for size, thresholds, count in zip(rows.subjects, rows.thresholds, rows.samples, strict=True):
             shown.add_row(f"{size:,}", *(f"{thresholds[j]:.6f}" for j in columns), f"{count:,}")

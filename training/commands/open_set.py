@@ -119,8 +119,9 @@ def eval_open_set(
 
 
 def _origin(row: dict) -> str:
-    """Where a row's threshold comes from: the per-comparison FAR of a cosine or AS-norm decision, or the margin's table and guard."""
-    if row["score"] != "margin":
+    """Where a row's threshold comes from: the per-comparison FAR of a cosine or AS-norm decision, or the
+    open-set table (the margin's, with its guard; the best cosine's below its cosine_below subjects)."""
+    if row["far"] is not None:
         return row["far"] + (" (tail)" if row["extrapolated"] else "")
     guard = row["guard_threshold"]
     source = (

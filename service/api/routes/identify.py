@@ -52,7 +52,7 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
     for face in found:
         candidates = await run_in_threadpool(service.search, face.embedding, max(options.top_k, decision.candidates_needed))
         scores = decision.scores(face.embedding, candidates)
-        ranked = [CandidateOut.of(c) for c in candidates[: options.top_k]]
+        ranked = [CandidateOut.of(c, float(score)) for c, score in zip(candidates[: options.top_k], scores, strict=False)]
         match = ranked[0] if candidates and scores[0] >= decision.threshold else None
         best = round(float(scores[0]), 6) if candidates else None
         results.append(IdentifyResult(face=FaceOut.of(face.face), candidates=ranked, match=match, best_score=best))

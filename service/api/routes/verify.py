@@ -38,13 +38,14 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
     if ("image2" in images) == (options.subject_id is not None):
         raise InvalidParameters("give exactly one of image2 and subject_id")
     decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
-    policy = options.face_policy
+    policy, subject_faces = options.face_policy, None
     if options.subject_id is not None:
         enrolled = await run_in_threadpool(service.gallery.subject_embeddings, options.subject_id)
         if len(enrolled) == 0:
             raise NoEnrolledFaces(f"subject {options.subject_id!r} has no face enrolled with the active embedder")
         # the max over k faces: the subject's FAR is the one asked for, each face is held to 1/k of it
-        decision = decide_subject(manifest, options.far, options.threshold, service.settings.default_far, len(enrolled))
+        subject_faces = len(enrolled)
+        decision = decide_subject(manifest, options.far, options.threshold, service.settings.default_far, subject_faces)
         (probe,) = await engine.faces(images["image1"], options.aligned, policy)
         similarity = float(np.max(enrolled @ probe.embedding))
         faces = [FaceOut.of(probe.face)]
@@ -71,6 +72,7 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         far=decision.far,
         faces=faces,
         subject_id=options.subject_id,
+        subject_faces=subject_faces,
         model=ModelOut.of(manifest),
         warning=decision.warning,
     )

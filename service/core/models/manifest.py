@@ -188,7 +188,7 @@ class OpenSetRows(StrictModel):
 
     faces_per_subject: int = Field(ge=1)
     subjects: list[int] = Field(min_length=2, description="Gallery sizes, rising.")
-    thresholds: list[list[float]] = Field(description="[size][fpir]: the margin score a stranger reaches with probability fpir.")
+    thresholds: list[list[float]] = Field(description="[size][fpir]: the score a stranger reaches with probability fpir.")
     samples: list[int] = Field(description="Stranger scores behind each row.")
 
 
@@ -200,15 +200,26 @@ class OpenSetTable(StrictModel):
     score: Literal["margin"] = Field("margin", description="S = s1 + 0.5 · (s1 − mean(s2 … s(k+1))), k = min(10, N − 1).")
     fpirs: list[float] = Field(min_length=2, description="The columns: FPIRs, falling.")
     tables: list[OpenSetRows] = Field(min_length=1, description="By faces per subject, rising; the first for one face.")
+    cosine_below: int = Field(
+        0, ge=0, description="Galleries of fewer subjects are decided on the best cosine, held to `cosine_tables` (0: never)."
+    )
+    cosine_tables: list[OpenSetRows] = Field(
+        default_factory=list, description="T for the best subject's cosine alone (s1), as `tables`: by faces per subject, rising from 1."
+    )
     calibration: dict[str, Any] = Field(default_factory=dict, description="Where the table comes from, and its figures.")
 
     @model_validator(mode="after")
     def _shape(self) -> OpenSetTable:
         if any(b >= a for a, b in pairwise(self.fpirs)) or not all(0 < q < 1 for q in self.fpirs):
             raise ValueError("open_set fpirs lie in (0, 1), falling")
-        if self.tables[0].faces_per_subject != 1 or any(b.faces_per_subject <= a.faces_per_subject for a, b in pairwise(self.tables)):
-            raise ValueError("open_set tables go by faces per subject, rising from 1")
-        for rows in self.tables:
+        if self.cosine_below and not self.cosine_tables:
+            raise ValueError("open_set cosine_below needs cosine_tables")
+        for tables in (self.tables, self.cosine_tables):
+            if tables and (
+                tables[0].faces_per_subject != 1 or any(b.faces_per_subject <= a.faces_per_subject for a, b in pairwise(tables))
+            ):
+                raise ValueError("open_set tables go by faces per subject, rising from 1")
+        for rows in self.tables + self.cosine_tables:
             if rows.subjects[0] < 1 or any(b <= a for a, b in pairwise(rows.subjects)):
                 raise ValueError("open_set gallery sizes rise from 1")
             if len(rows.thresholds) != len(rows.subjects) or len(rows.samples) != len(rows.subjects):

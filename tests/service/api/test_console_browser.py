@@ -317,6 +317,8 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
     labels = sorted(e.text for e in c.css("#identified ~ .photo .box .label"))
     assert labels == sorted(["1 · George W Bush", f"2 · {MARKUP_NAME}"]) or labels == sorted(["2 · George W Bush", f"1 · {MARKUP_NAME}"])
     assert all("✓" in f.text for f in faces) and not c.css("main img[src='x']")
+    # the number each face was decided on, named, against its threshold on the same scale (a small gallery: the cosine)
+    assert all("Best candidate's cosine similarity" in f.text and "reaches the threshold" in f.text for f in faces)
     assert "1 in 100 strangers would be matched at this setting." in c.one(".decision").text
     assert c.boxes_on_their_photos() == 2
     c.shot("identify")

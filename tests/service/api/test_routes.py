@@ -78,6 +78,9 @@ def test_verify_against_a_subject_uses_the_best_enrolled_face(api, lfw_faces):
     enroll(api, "bush", lfw_faces[BUSH][0])
     result = api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "bush"}).json()
     assert result["match"] and result["similarity"] > 0.999 and result["subject_id"] == "bush" and len(result["faces"]) == 1
+    assert result["subject_faces"] == 2  # why its threshold is above the model's for the FAR: each face is one try
+    pair = api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][1]}).json()
+    assert pair["subject_faces"] is None and pair["threshold"] < result["threshold"]
     error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "nobody"}), 404, "subject_not_found")
     new_subject(api, "empty")
     error(api.post("/verify", files={"image1": lfw_faces[BUSH][0]}, data={"subject_id": "empty"}), 422, "no_enrolled_faces")
@@ -115,6 +118,8 @@ def test_identify_ranks_subjects_and_says_unknown(api, lfw_faces):
     assert sorted(ids) == sorted({"george_w_bush", "colin_powell", "tony_blair"}) and ids[0] == "colin_powell"
     sims = [c["similarity"] for c in found["candidates"]]
     assert sims == sorted(sims, reverse=True)
+    # each candidate's number on the threshold's own scale (a cosine decision here: the similarity itself)
+    assert [c["score"] for c in found["candidates"]] == sims and found["best_score"] == sims[0] >= found["threshold"]
     assert found["face"]["score"] > 0.5 and found["results"] is None
     # decided at the default FPIR over the 4 faces searched: each comparison at 1 − 0.99^(1/4)
     assert (found["fpir"], found["gallery_faces"], found["far"], found["extrapolated"]) == (0.01, 4, "2.50943e-3", False)

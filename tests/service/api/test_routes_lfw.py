@@ -106,3 +106,24 @@ def test_margin_decisions_duplicates_and_compat_answers_with_default_embedder(mo
     stranger_name, stranger = people(test_data, 1, skip=20)[0]
     assert api.post("/subjects", json={"id": "new", "name": stranger_name}).status_code == 201
     assert api.post("/subjects/new/faces", files={"image": stranger[0]}).json()["possible_duplicate_of"] is None
+
+
+@pytest.mark.data
+def test_a_small_gallery_is_decided_on_one_number_with_default_embedder(model_cache, test_data, tmp_path, make_client):
+    """Below the table's cosine_below (10 subjects with the shipped model) /identify decides on the
+    best cosine: `best_score` is the match's own `similarity`, each candidate's `score` its cosine,
+    the threshold the table's cosine row (`open_set.table_threshold`), and CompreFace's similarity
+    crosses 0.5 exactly where that decision matches (issue 46: one number, and no score above 1)."""
+    from service.core.settings import Settings
+
+    api = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
+    enrolled = people(test_data, 3)
+    enroll_all(api, enrolled)
+    for _, photos in enrolled + people(test_data, 3, skip=3):
+        answer = api.post("/identify", files={"image": photos[1]}).json()
+        assert (answer["score"], answer["far"], answer["fpir"]) == ("cosine", None, 0.01)
+        assert answer["open_set"]["subjects"] == 3 and answer["open_set"]["table_threshold"] == answer["threshold"]
+        assert answer["best_score"] == answer["candidates"][0]["similarity"] == answer["candidates"][0]["score"] <= 1
+        assert (answer["match"] is not None) == (answer["best_score"] >= answer["threshold"])
+        compreface = api.post("/api/v1/recognition/recognize", files={"file": photos[1]}).json()["result"][0]["subjects"][0]
+        assert (compreface["similarity"] >= 0.5) == (answer["match"] is not None), (compreface, answer["best_score"], answer["threshold"])

@@ -174,3 +174,41 @@ def test_the_decision_takes_the_guard_only_where_it_is_stricter_and_never_beyond
         for q in (0.05, 0.01, 0.003):
             t = margin_threshold(manifest.open_set, shape, q).threshold
             assert decide_search(manifest, q, None, None, shape, 0.01).rate(t) == pytest.approx(q, rel=1e-6)
+
+
+def test_a_small_gallery_is_decided_on_the_best_cosine_held_to_the_cosine_rows():
+    """Below the table's cosine_below subjects the best cosine alone decides (score "cosine", no FAR),
+    at the cosine rows' threshold for the gallery's size and faces per subject, and its rate is read
+    off those rows; from cosine_below up the margin rows decide as before."""
+    from service.core.models.manifest import Manifest
+
+    cosine_rows = OpenSetRows(faces_per_subject=1, subjects=[1, 100], thresholds=[[0.80, 0.85, 0.90], [0.82, 0.87, 0.92]], samples=[1, 1])
+    table = hand_table().model_copy(update={"cosine_below": 100, "cosine_tables": [cosine_rows]})
+    manifest = Manifest.model_validate(
+        {
+            "name": "m",
+            "version": "1",
+            "task": "embedder",
+            "file": {"name": "m.onnx", "sha256": "0" * 64, "bytes": 1},
+            "input": {"name": "x", "shape": ["b", 3, 112, 112], "color": "RGB"},
+            "outputs": [{"name": "y", "shape": ["b", 8]}],
+            "embedding_dim": 8,
+            "alignment": "arcface_112",
+            "license": {"name": "test"},
+            "open_set": table.model_dump(),
+        }
+    )
+    small = decide_search(manifest, 0.01, None, None, GalleryShape(10, 10), 0.01)
+    assert (small.score, small.far, small.candidates_needed) == ("cosine", None, 1)
+    assert small.threshold == pytest.approx(0.85 + 0.02 * math.log(10) / math.log(100))  # in ln N between 1 and 100 subjects
+    rng = np.random.default_rng(3)
+    probe = unit(rng.normal(size=8))
+    faces = unit(rng.normal(size=(3, 8)))
+    from service.core.decision import Candidate
+
+    candidates = [Candidate(str(i), str(i), float(probe @ f), i, f) for i, f in enumerate(faces)]
+    assert small.scores(probe, candidates).tolist() == pytest.approx([c.similarity for c in candidates])  # the cosines themselves
+    assert small.rate(small.threshold) == pytest.approx(0.01, rel=1e-6)
+    assert decide_search(manifest, 0.01, None, None, GalleryShape(100, 100), 0.01).score == "margin"
+    with pytest.raises(ValueError, match="cosine_below needs cosine_tables"):
+        OpenSetTable.model_validate({**hand_table().model_dump(), "cosine_below": 100})

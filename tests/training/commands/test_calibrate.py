@@ -124,3 +124,8 @@ def test_calibrate_open_set_writes_a_table_the_service_decides_with(tmp_path):
     loaded = load_model(str(manifest_path), manifest_path.parent, manifest_path.parent, device="cpu")
     decision = decide_search(loaded.manifest, 0.01, None, None, 11, 0.01)  # 11 subjects of one face: a row of the table
     assert decision.score == "margin" and decision.threshold == round(table.tables[0].thresholds[5][5], 6)
+    # below 10 subjects the best cosine, held to its rows: for 1 and 3 faces per subject (nobody here has 5 or 10 photos)
+    assert table.cosine_below == 10 and [rows.faces_per_subject for rows in table.cosine_tables] == [1, 3]
+    assert table.cosine_tables[0].subjects == [1, 2, 3, 5, 7, 11]
+    small = decide_search(loaded.manifest, 0.01, None, None, 5, 0.01)
+    assert small.score == "cosine" and small.threshold == round(table.cosine_tables[0].thresholds[3][5], 6)

@@ -5,7 +5,7 @@
 import { call, formData } from "./api.js";
 import { busy, field, h, replace, say, statusLine } from "./dom.js";
 import { dropZone, photoWithBoxes } from "./images.js";
-import { identifyDecision, number, oneIn, sentence } from "./words.js";
+import { candidateScore, faceVerdict, identifyDecision, number, oneIn, sentence } from "./words.js";
 
 const FPIRS = ["0.1", "0.01", "0.001", "0.0001"];
 
@@ -70,7 +70,7 @@ async function report(answer, photo) {
           "li",
           {},
           h("a", { href: `#/gallery/${encodeURIComponent(c.subject_id)}` }, c.name),
-          ` (${c.subject_id}) similarity ${number(c.similarity)}`,
+          ` (${c.subject_id}) ${candidateScore(c, answer)}`,
           isMatch && h("span", { class: "tag" }, "match"),
         ),
       );
@@ -81,7 +81,7 @@ async function report(answer, photo) {
         {},
         h("h3", {}, `Face ${i + 1}`),
         h("p", { class: `verdict ${r.match ? "yes" : "unknown"}` }, r.match ? `✓ ${r.match.name}` : "Unknown: not in the gallery"),
-        r.best_score !== undefined && r.best_score !== null && h("p", { class: "note" }, `best score ${number(r.best_score, 4)} (threshold ${number(answer.threshold, 4)})`),
+        faceVerdict(r, answer) && h("p", { class: "note" }, faceVerdict(r, answer)),
         r.candidates.length ? h("div", {}, h("span", { class: "note" }, "Ranked candidates:"), candidates) : h("p", { class: "note" }, "The gallery is empty."),
       ),
     );

@@ -4,7 +4,7 @@
 import { call, formData } from "./api.js";
 import { busy, field, h, replace, say, statusLine } from "./dom.js";
 import { dropZone, photoWithBoxes } from "./images.js";
-import { number, oneIn, sentence, verifyDecision } from "./words.js";
+import { number, oneIn, sentence, subjectThreshold, verifyDecision } from "./words.js";
 
 /** A select of the FARs the served embedder has thresholds for (GET /models), the default chosen. */
 async function farSelect() {
@@ -95,7 +95,7 @@ async function verdict(answer, picked, bySubject) {
     h(
       "p",
       {},
-      `Similarity ${number(answer.similarity, 4)} with ${against}; the threshold at this setting is ${number(answer.threshold, 4)}, so this is ${answer.match ? "" : "not "}a match.`,
+      `Similarity ${number(answer.similarity, 4)} with ${against}; the threshold at this setting is ${number(answer.threshold, 4)}, so this is ${answer.match ? "" : "not "}a match.${subjectThreshold(answer)}`,
     ),
     h("p", { class: "decision" }, verifyDecision(answer)),
     h("p", { class: "note" }, `Model ${answer.model.name} ${answer.model.version}.`),

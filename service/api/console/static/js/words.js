@@ -36,9 +36,36 @@ export function verifyDecision(result) {
   );
 }
 
+/** The scale an /identify threshold applies to, in words (docs/api.md, "Scores and thresholds"). */
+export function scaleOf(result) {
+  return { cosine: "cosine similarity", "as-norm": "cohort-normalized (AS-norm) score", margin: "margin score" }[result.score] || result.score;
+}
+
+/** A candidate's number on the decision's own scale, and its raw cosine where that is another number. */
+export function candidateScore(candidate, result) {
+  const cosine = `cosine similarity ${number(candidate.similarity, 4)}`;
+  if (candidate.score === undefined || candidate.score === null || result.score === "cosine") return cosine;
+  return `${scaleOf(result)} ${number(candidate.score, 4)} (${cosine})`;
+}
+
+/** One face's decision: its best candidate's number against the threshold, on one scale. */
+export function faceVerdict(face, result) {
+  const best = face.best_score;
+  if (best === undefined || best === null) return null;
+  const reaches = best >= result.threshold;
+  return `Best candidate's ${scaleOf(result)} ${number(best, 4)} ${reaches ? "reaches" : "is below"} the threshold ${number(result.threshold, 4)}.`;
+}
+
+/** Why a subject's threshold is above the model's threshold for the same FAR. */
+export function subjectThreshold(result) {
+  const k = result.subject_faces;
+  if (!k || k <= 1 || result.far === null || result.far === undefined) return "";
+  return ` The subject has ${k} enrolled faces and the best of them counts, so each face is held to a stricter threshold than one photo pair at FAR ${result.far}: the subject as a whole is wrongly accepted ${oneIn(result.far)} times.`;
+}
+
 /** The plain-words promise of an /identify answer, and the details behind it. */
 export function identifyDecision(result) {
-  const scale = { cosine: "cosine similarity", "as-norm": "cohort-normalized (AS-norm) score", margin: "margin score" }[result.score] || result.score;
+  const scale = scaleOf(result);
   const threshold = `the best candidate's ${scale} must reach ${number(result.threshold, 4)}`;
   const faces = result.gallery_faces;
   const size = faces !== null && faces !== undefined ? `${faces.toLocaleString("en-US")} searchable ${faces === 1 ? "face" : "faces"}` : null;

@@ -1,0 +1,127 @@
+"""Small galleries, where most homes are (issue 46): the same seeded draws decided three ways.
+
+Per row, --galleries random galleries of N LFW people enrolled by f random photos each (people with
+more photos than f), each enrolled person probing with another photo, and --strangers one-photo
+people per gallery probing as strangers. Each draw is decided by /identify's decision code at
+FPIR 1e-2 and 1e-3 for the gallery's shape (`decide_search`): as it decided before the margin score
+(cosines over the N·f faces searched), on the margin score alone (the table's cosine rows unused),
+and as the manifest decides now (the best cosine below its cosine_below subjects). It prints the
+people found and the strangers matched, and the CompreFace similarity the compatibility routes
+would return (genuine at or above 0.6 and 0.9, strangers at or above 0.4), as a Markdown table.
+
+    FACEGATE_MODEL_CACHE=../shared/models PYTHONPATH=. .venv/bin/python benchmarks/small_galleries.py \\
+        --images ../shared/data/lfw --cache /tmp/lfw-dlib.npz [--sizes 1,2,3,5,9,30] [--faces 1,3,5]
+
+--flip decides on flip-averaged embeddings (each face's and its mirror's, summed): the tables were
+calibrated without it, so only the oracle columns (the threshold fitted to these strangers) compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.bench import machine_lines
+from benchmarks.open_set_variants import embeddings
+from service.core.decision import decide_search
+from service.core.models.manifest import Manifest
+from service.core.open_set import GalleryShape, K, margin_scores
+
+RATES = (1e-2, 1e-3)
+RATE_GRID = np.logspace(-9, math.log10(0.5), 200)  # a score's FPIR read off the decision's thresholds at these
+
+
+def rules(manifest: Manifest) -> dict[str, Manifest]:
+    table = manifest.open_set
+    margin = None if table is None else table.model_copy(update={"cosine_below": 0})
+    return {
+        "before": manifest.model_copy(update={"open_set": None}),
+        "margin": manifest.model_copy(update={"open_set": margin}),
+        "now": manifest,
+    }
+
+
+def draws(labels: np.ndarray, size: int, faces: int, galleries: int, strangers: int, rng: np.random.Generator):
+    """(enrolled photos size × faces, a probe photo per enrolled person, stranger photos) per gallery."""
+    ids, counts = np.unique(labels, return_counts=True)
+    photos = {i: np.flatnonzero(labels == i) for i in ids}
+    singles = np.concatenate([photos[i] for i in ids[counts == 1]])
+    eligible = ids[counts > faces]
+    for _ in range(galleries):
+        shuffled = [rng.permutation(photos[i]) for i in rng.choice(eligible, size, replace=False)]
+        yield np.stack([p[:faces] for p in shuffled]), np.array([p[faces] for p in shuffled]), rng.choice(singles, strangers, replace=False)
+
+
+def scores(emb, labels, size, faces, galleries, strangers, seed):
+    """Genuine probes' (right person first, best cosine, margin score) and strangers' (best cosine, margin score), pooled."""
+    out: dict[str, list] = {key: [] for key in ("right", "g_cos", "g_margin", "s_cos", "s_margin")}
+    for enrolled, probes, outsiders in draws(labels, size, faces, galleries, strangers, np.random.default_rng([seed, size, faces])):
+        gallery = emb[enrolled]
+        for rows, genuine in ((emb[probes], True), (emb[outsiders], False)):
+            best = np.einsum("pd,nfd->pnf", rows, gallery).max(axis=2)  # each subject's best face
+            top = -np.sort(-best, axis=1)[:, : K + 1]
+            prefix = "g" if genuine else "s"
+            out[f"{prefix}_cos"].append(top[:, 0])
+            out[f"{prefix}_margin"].append(margin_scores(top, size))
+            if genuine:
+                out["right"].append(np.argmax(best, axis=1) == np.arange(size))
+    return {key: np.concatenate(value) for key, value in out.items()}
+
+
+def row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
+    shape = GalleryShape(size, size * faces)
+    decided = {q: decide_search(manifest, q, None, None, shape, 0.01) for q in RATES}
+    kind = "margin" if decided[RATES[0]].score == "margin" else "cos"
+    genuine, stranger = s[f"g_{kind}"], s[f"s_{kind}"]
+    out = {}
+    for q, d in decided.items():
+        out[f"found {q:g}"] = float((s["right"] & (genuine >= d.threshold)).mean())
+        out[f"strangers {q:g}"] = float((stranger >= d.threshold).mean())
+        out[f"oracle {q:g}"] = float((s["right"] & (genuine > np.quantile(stranger, 1 - q, method="higher"))).mean())
+    thresholds = np.array([decide_search(manifest, q, None, None, shape, 0.01).threshold for q in RATE_GRID])
+    order = np.argsort(thresholds)
+
+    def similarity(x: np.ndarray) -> np.ndarray:  # service/api/compat/similarity.py over the decision's rate
+        rate = np.exp(np.interp(x, thresholds[order], np.log(RATE_GRID)[order]))
+        return np.clip(np.log10(rate) / (2 * math.log10(0.01)), 0, 1)
+
+    out["genuine ≥ 0.6"] = float((s["right"] & (similarity(genuine) >= 0.6)).mean())
+    out["genuine ≥ 0.9"] = float((s["right"] & (similarity(genuine) >= 0.9)).mean())
+    out["strangers ≥ 0.4"] = float((similarity(stranger) >= 0.4).mean())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=Path, required=True, help="LFW's identity folders (people with one photo are the strangers).")
+    parser.add_argument("--cache", type=Path, help="Embeddings cache (.npz), made on the first run.")
+    parser.add_argument("--model", type=Path, default=Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json")
+    parser.add_argument("--sizes", default="1,2,3,5,9,30")
+    parser.add_argument("--faces", default="1,3,5")
+    parser.add_argument("--galleries", type=int, default=300)
+    parser.add_argument("--strangers", type=int, default=25, help="Stranger probes per gallery.")
+    parser.add_argument("--flip", action="store_true", help="Flip-averaged embeddings (compare the oracle columns only).")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    emb, flip, labels = embeddings(args.images, args.cache)
+    if args.flip:
+        emb = (emb + flip) / np.linalg.norm(emb + flip, axis=1, keepdims=True)
+    decided = rules(Manifest.load(args.model))
+    print("\n".join(machine_lines()))
+    print(f"{args.images}: {args.galleries} galleries per row, {args.strangers} strangers each; values before / margin / now")
+    columns = None
+    for faces in (int(f) for f in args.faces.split(",")):
+        for size in (int(n) for n in args.sizes.split(",")):
+            s = scores(emb, labels, size, faces, args.galleries, args.strangers, args.seed)
+            cells = {name: row(manifest, s, size, faces) for name, manifest in decided.items()}
+            if columns is None:
+                columns = list(cells["now"])
+                print("| f × N | " + " | ".join(columns) + " |\n| --- |" + " --- |" * len(columns))
+            print(f"| {faces} × {size} | " + " | ".join(" / ".join(f"{100 * cells[n][c]:.2f}" for n in decided) for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()
