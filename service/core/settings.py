@@ -184,7 +184,12 @@ class Settings(BaseSettings):
         0.97, ge=0.0, le=1.0, description="/readyz lists a problem while the approximate index's measured recall@1 is below this."
     )
     index_recall_sample: int = Field(
-        200, ge=0, description="Faces (each searched with a near copy) the index's recall check samples; 0 = no check."
+        1000,
+        ge=0,
+        description=(
+            "Held-out queries the index's recall check searches (enrolled faces of subjects with another, each left out; "
+            "near copies where too few); 0 = no check."
+        ),
     )
     index_recall_every: int = Field(
         10_000, ge=1, description="Faces added or removed between two recall checks of the index (one also runs at start-up)."

@@ -225,7 +225,7 @@ def test_milvus_index_and_search_parameters_default_per_index_type(tmp_path):
         assert described["search_params"] == {"nprobe": default_nprobe(MILVUS_NLIST)}
         assert g.search(unit(3), 1)[0].face_id and sent[-1] == {"metric_type": "IP", "params": described["search_params"]}
         result = measure(g, g.index, 10, seed=0)
-        assert result.queries == 20 and result.recall_at_1 == 1.0 and g.index.changes == 20
+        assert result.queries == result.mated_queries == 10 and result.recall_at_1 == 1.0 and g.index.changes == 20
     finally:
         g.close()
     given = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="HNSW", milvus_search_params={"ef": 32})
