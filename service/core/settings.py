@@ -181,7 +181,13 @@ class Settings(BaseSettings):
     )
     index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
     min_index_recall: float = Field(
-        0.97, ge=0.0, le=1.0, description="/readyz lists a problem while the approximate index's measured recall@1 is below this."
+        0.97,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Below this measured recall@1 the approximate index's search is widened until it is met; where the widest "
+            "cannot meet it, searches are answered from an exact copy and /readyz lists a problem."
+        ),
     )
     index_recall_sample: int = Field(
         1000,
