@@ -480,7 +480,8 @@ def main() -> None:
                     f"{spec:<16} {index.search_params or '-':<14} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} "
                     f"{np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
                     f"{np.percentile(c8, 50):>7.2f} {np.percentile(c8, 99):>7.2f} "
-                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f} {check.recall_at_1:>6.3f}",
+                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f} {check.recall_at_1:>6.3f}"
+                    + (" (HNSW: face hidden {:.3f}, kept {:.3f})".format(*check.mated_bounds) if check.mated_bounds else ""),
                     flush=True,
                 )
             del index

@@ -36,7 +36,7 @@ MIN_TRAIN_OTHER = 10_000  # a quantizer outside IVF (HNSW32,SQ8) trains on this 
 REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
 CANDIDATES = 16  # faces a search asks the index for at least (/identify at top_k=1): max(4 × top_k, 16)
 TARGET_RECALL = 0.99  # recall@1 the default search parameters aim at (docs/scaling.md: the benchmark behind them)
-MAX_EF_SEARCH = 4096  # the widest efSearch the recall check widens to: 8 × the default at 1M faces, as slow as a flat scan there
+MAX_EF_SEARCH = 4096  # the widest efSearch the recall check widens to (8 × the default at 1M faces)
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
