@@ -37,11 +37,15 @@ def clustered(people: int, per_person: int, dim: int = 128, seed: int = 0, sprea
     return unit(0.917 * shared + 0.332 * person.repeat(per_person, 0) + spread * photo)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_search_thread():
+    set_search_threads(1)  # one thread, as the service: HNSW's graph is then built the same each run
+
+
 @pytest.fixture(scope="module")
 def gallery(tmp_path_factory) -> tuple[Path, np.ndarray]:
     """A SQLite gallery of the clustered faces (no index kept: each test opens it with its own), and
     a photo more of each person, not enrolled: the queries /identify would get."""
-    set_search_threads(1)  # one thread, as the service: HNSW's graph is then built the same each run
     folder = tmp_path_factory.mktemp("clustered")
     faces = clustered(PEOPLE, PER_PERSON + 1).reshape(PEOPLE, PER_PERSON + 1, -1)
     enroll(folder, faces[:, :PER_PERSON])
