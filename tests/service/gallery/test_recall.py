@@ -110,9 +110,9 @@ def found_share(store: SqliteGallery, queries: np.ndarray) -> float:
 @pytest.mark.parametrize(("spec", "params"), [("IVF32,Flat", "nprobe=1"), ("HNSW8", "efSearch=16")])
 def test_the_check_reports_what_new_photos_find(tmp_path, spec, params):
     """Photos spread wider than near copies (same-person cosine about 0.8): the check's recall@1
-    is within 0.03 of what a new photo of each enrolled person finds (HNSW: between the bounds it
-    gives), where the gallery's own faces (always found by IVF) averaged with near copies claimed
-    over 0.9."""
+    is within 0.03 of what a new photo of each enrolled person finds (HNSW: the lower of two bounds
+    that hold it), where the gallery's own faces (always found by IVF) averaged with near copies
+    claimed over 0.9."""
     faces = clustered(300, 11, seed=3, spread=0.45).reshape(300, 11, -1)
     enroll(tmp_path, faces[:, :8])
     store = open_with(tmp_path, spec, params)
@@ -120,9 +120,10 @@ def test_the_check_reports_what_new_photos_find(tmp_path, spec, params):
         truth = found_share(store, faces[:, 8:].reshape(900, -1))
         result = measure(store, store.index, 1000, seed=0)
         assert result.mated_queries == result.queries == 1000 and truth < 0.9
-        assert abs(result.recall_at_1 - truth) < 0.03, (result, truth)
-        if spec.startswith("HNSW"):
-            assert result.mated_bounds is not None and result.mated_bounds[0] < truth < result.mated_bounds[1]
+        if spec.startswith("HNSW"):  # the lower of its two bounds, which hold what new photos find between them here
+            assert result.mated_bounds is not None and result.recall_at_1 == result.mated_bounds[0] < truth < result.mated_bounds[1]
+        else:
+            assert abs(result.recall_at_1 - truth) < 0.03, (result, truth)
         before = store.index.search(faces[0, :1], 1)
         assert before[1][0][0] == store.list_faces("p0")[0].id and before[0][0][0] == pytest.approx(1, abs=1e-5)  # nothing left hidden
     finally:
