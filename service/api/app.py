@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.start_warm_up(readiness.warmup_done)
         gallery = open_gallery(settings, models.embedder_key)
         gallery_stats = GalleryStats(gallery)
-        recall = RecallCheck.from_settings(settings, gallery, gallery.index, engine.pipeline.embedder if engine else None)
+        recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, engine.pipeline.embedder if engine else None)
         recall.start()  # on its own thread: at start-up, then every FACEGATE_INDEX_RECALL_EVERY changes
         app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")

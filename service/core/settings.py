@@ -181,10 +181,21 @@ class Settings(BaseSettings):
     )
     index_dir: Path | None = Field(None, description="Where a non-flat index is persisted between restarts; unset = data_dir/index.")
     min_index_recall: float = Field(
-        0.97, ge=0.0, le=1.0, description="/readyz lists a problem while the approximate index's measured recall@1 is below this."
+        0.97,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Below this measured recall@1 the approximate index's search is widened until it is met; where the widest "
+            "cannot meet it, searches are answered from an exact copy and /readyz lists a problem."
+        ),
     )
     index_recall_sample: int = Field(
-        200, ge=0, description="Faces (each searched with a near copy) the index's recall check samples; 0 = no check."
+        1000,
+        ge=0,
+        description=(
+            "Held-out queries the index's recall check searches (enrolled faces of subjects with another, each left out; "
+            "near copies where too few); 0 = no check."
+        ),
     )
     index_recall_every: int = Field(
         10_000, ge=1, description="Faces added or removed between two recall checks of the index (one also runs at start-up)."

@@ -36,6 +36,7 @@ MIN_TRAIN_OTHER = 10_000  # a quantizer outside IVF (HNSW32,SQ8) trains on this 
 REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces is rebuilt at start-up
 CANDIDATES = 16  # faces a search asks the index for at least (/identify at top_k=1): max(4 × top_k, 16)
 TARGET_RECALL = 0.99  # recall@1 the default search parameters aim at (docs/scaling.md: the benchmark behind them)
+MAX_EF_SEARCH = 4096  # the widest efSearch the recall check widens to (8 × the default at 1M faces)
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
@@ -61,8 +62,9 @@ class VectorIndex(Protocol):
 
     def remove(self, ids: np.ndarray) -> int: ...
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Q×k cosine scores and ids, best first; missing neighbours have id -1."""
+    def search(self, queries: np.ndarray, k: int, approximate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Q×k cosine scores and ids, best first; missing neighbours have id -1. `approximate`: through
+        the index even while its answers come from an exact copy (what the recall check measures)."""
         ...
 
     @property
@@ -75,6 +77,16 @@ class VectorIndex(Protocol):
 
     def tune(self) -> Any:
         """Set the default search parameters for the gallery's size now, unless they were given."""
+        ...
+
+    def widen(self) -> Any:
+        """Search wider than now (twice the efSearch or nprobe): the parameters now in force, or None
+        where they cannot widen further."""
+        ...
+
+    @property
+    def answers_exactly(self) -> bool:
+        """Searches are answered from an exact copy of the faces (`use_exact`), not the index."""
         ...
 
     def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -105,13 +117,33 @@ def default_search_params(index: faiss.Index, size: int) -> str:
     `nprobe` of its lists; HNSW keeps `efSearch` candidates while walking its graph."""
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
-        nprobe = default_nprobe(ivf.nlist)
-        hnsw_quantizer = isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW)
-        return f"nprobe={nprobe}" + (f",quantizer_efSearch={max(2 * nprobe, 64)}" if hnsw_quantizer else "")
-    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
-    if isinstance(inner, faiss.IndexHNSW):
+        return ivf_params(ivf, default_nprobe(ivf.nlist))
+    if is_hnsw(index):
         return f"efSearch={default_ef_search(size)}"
     return ""
+
+
+def ivf_params(ivf: faiss.IndexIVF, nprobe: int) -> str:
+    """`nprobe` lists, and the candidates an HNSW quantizer keeps to find them."""
+    hnsw_quantizer = isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW)
+    return f"nprobe={nprobe}" + (f",quantizer_efSearch={max(2 * nprobe, 64)}" if hnsw_quantizer else "")
+
+
+def is_hnsw(index: faiss.Index) -> bool:
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    return isinstance(inner, faiss.IndexHNSW)
+
+
+def wider_params(index: faiss.Index) -> str | None:
+    """Twice the lists (IVF, up to every list) or candidates (HNSW, up to MAX_EF_SEARCH) the index
+    searches now; None where it searches them all already."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return None if ivf.nprobe >= ivf.nlist else ivf_params(ivf, min(2 * ivf.nprobe, ivf.nlist))
+    if is_hnsw(index):
+        ef = int(faiss.downcast_index(index.index).hnsw.efSearch)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+        return None if ef >= MAX_EF_SEARCH else f"efSearch={min(2 * ef, MAX_EF_SEARCH)}"
+    return None
 
 
 def default_nprobe(nlist: int) -> int:
@@ -218,21 +250,67 @@ class FaissIndex:
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
         self.changes = 0
+        self.widened_from: str | None = None  # the parameters before the recall check widened them
+        self._exact: faiss.IndexIDMap2 | None = None  # a flat copy searches are answered from (use_exact)
+        self._journal: list[tuple[np.ndarray, np.ndarray | None]] | None = None  # writes while that copy is read from the store
 
     def tune(self) -> str | None:
         """Without FACEGATE_INDEX_SEARCH_PARAMS, set the default search parameters for the gallery's
         size now (at start-up, and as it grows: the recall check calls this); the parameters when
         they changed, else None."""
-        if self.requested_params:
+        if self.requested_params or self.widened_from is not None:  # given, or widened for a measured recall: kept
             return None
         params = default_search_params(self._index, self.size)
         if params == self.search_params:
             return None
+        self._set_params(params)
+        return params
+
+    def widen(self) -> str | None:
+        """Twice the efSearch or nprobe in force (the recall check measured too low a recall@1 with
+        them), whoever chose them; the parameters now, or None where the index searches all it can."""
+        params = wider_params(self._index)
+        if params is None:
+            return None
+        if self.widened_from is None:
+            self.widened_from = self.search_params
+        self._set_params(params)
+        return params
+
+    def _set_params(self, params: str) -> None:
         with self._lock.write():  # not beside a search, which reads them
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
             faiss.ParameterSpace().set_index_parameters(self._index, params)  # type: ignore[arg-type]
             self.search_params = params
-        return params
+
+    @property
+    def answers_exactly(self) -> bool:
+        return self._exact is not None
+
+    def begin_exact(self) -> None:
+        """From now on, remember every write, for `use_exact` to replay on a copy read from the store
+        meanwhile (a face committed after its page was read, or deleted after it)."""
+        with self._lock.write():
+            self._journal = []
+
+    def use_exact(self, pages: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Answer searches from a flat copy of these faces (the store's `(ids, vectors)` pages, read
+        since `begin_exact`), with the writes since replayed and kept in step, until `stop_exact`:
+        every answer is then the flat index's, at a flat scan's cost and its memory (4 × dim bytes a face)."""
+        flat = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+        for ids, vectors in pages:
+            flat.add_with_ids(np.ascontiguousarray(vectors, np.float32).reshape(-1, self.dim), np.ascontiguousarray(ids, np.int64))  # type: ignore[call-arg]
+        with self._lock.write():
+            for written, added in self._journal or []:
+                flat.remove_ids(written)  # type: ignore[arg-type]  # the Python wrapper's overload takes an id array
+                if added is not None:
+                    flat.add_with_ids(added, written)  # type: ignore[call-arg]
+            self._exact, self._journal = flat, None
+
+    def stop_exact(self) -> None:
+        """Answer from the index again (its measured recall meets the minimum)."""
+        with self._lock.write():
+            self._exact, self._journal = None, None
 
     @property
     def is_trained(self) -> bool:
@@ -250,6 +328,7 @@ class FaissIndex:
             self._removed.difference_update(ids.tolist())
             self.dirty = True
             self.changes += len(ids)
+            self._keep_exact(ids, vectors)
 
     def remove(self, ids: np.ndarray) -> int:
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
@@ -258,6 +337,7 @@ class FaissIndex:
         with self._lock.write():
             self.dirty = True
             self.changes += len(ids)
+            self._keep_exact(ids, None)
             # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
             # overload), and an HNSW one here is an IndexIDMap, which has id_map
             if self._removable:
@@ -268,7 +348,16 @@ class FaissIndex:
             self._dead += len(present)
             return len(present)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _keep_exact(self, ids: np.ndarray, vectors: np.ndarray | None) -> None:
+        """A write (vectors None: a removal) also to the exact copy, or remembered until it exists."""
+        if self._journal is not None:
+            self._journal.append((ids, vectors))
+        if self._exact is not None:
+            self._exact.remove_ids(ids)  # type: ignore[arg-type]  # the Python wrapper's overload takes an id array
+            if vectors is not None:
+                self._exact.add_with_ids(vectors, ids)  # type: ignore[call-arg]
+
+    def search(self, queries: np.ndarray, k: int, approximate: bool = False) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
         if _search_threads:
             faiss.omp_set_num_threads(_search_threads)  # OpenMP's count is per thread: this one's, as the process's
@@ -276,9 +365,45 @@ class FaissIndex:
             k = min(k, self.size)
             if k <= 0:
                 return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+            if self._exact is not None and not approximate:
+                return self._exact.search(queries, k)
             if not self._removed:
                 return self._index.search(queries, k)
             return self._index.search(queries, k, params=self._skip_removed())
+
+    def search_hiding(self, queries: np.ndarray, k: int, hidden: np.ndarray) -> np.ndarray | None:
+        """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` out of
+        the way: its vector zeroed in the graph's flat storage for that one search (under the write
+        lock, restored before it is released), so it neither answers nor draws the search to it, as a
+        face that was never enrolled would not. None for other indexes (and an HNSW graph over codes),
+        where a query's own vector has no such pull or cannot be hidden."""
+        if self.kind != "faiss-hnsw":
+            return None
+        storage = faiss.downcast_index(faiss.downcast_index(self._index.index).storage)  # type: ignore[attr-defined]  # an IndexIDMap over IndexHNSW
+        if not isinstance(storage, faiss.IndexFlat):
+            return None
+        queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
+        with self._lock.read():
+            id_map = faiss.vector_to_array(self._index.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+        order = np.argsort(id_map, kind="stable")
+        nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
+        out = np.full((len(queries), k), -1, np.int64)
+        if _search_threads:
+            faiss.omp_set_num_threads(_search_threads)
+        for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
+            with self._lock.write():  # one search with a vector changed: nothing else reads the index meanwhile
+                xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * self.dim).reshape(-1, self.dim)
+                kept = xb[node].copy() if id_map[node] == face else None
+                if kept is not None:
+                    xb[node] = 0
+                try:
+                    params = self._skip_removed() if self._removed else None
+                    found = self._index.search(query[None], min(k, self.size), params=params)[1][0]  # type: ignore[call-arg]
+                    out[row, : len(found)] = found
+                finally:
+                    if kept is not None:
+                        xb[node] = kept
+        return out
 
     def _skip_removed(self) -> faiss.SearchParameters:
         """HNSW search parameters that leave the removed faces out while searching (so k are found)."""
@@ -322,11 +447,18 @@ class FaissIndex:
             "backend": self.kind,
             "factory": self.spec,
             "search_params": self.search_params,
-            "search_params_source": "FACEGATE_INDEX_SEARCH_PARAMS" if self.requested_params else "default",
+            "search_params_source": self._params_source(),
             **({} if self.requested_params or self.exact else {"target_recall": TARGET_RECALL}),
+            **({} if self.widened_from is None else {"widened_from": self.widened_from}),
+            **({"answers": "exact"} if self._exact is not None else {}),
             "size": self.size,
             "trained": self.is_trained,
         }
+
+    def _params_source(self) -> str:
+        if self.widened_from is not None:
+            return "widened"  # by the recall check, from widened_from
+        return "FACEGATE_INDEX_SEARCH_PARAMS" if self.requested_params else "default"
 
     def save(self, path: Path, meta: dict[str, Any]) -> None:
         """Write the index next to `path` and then `path` itself (JSON: `meta` + the index file's

@@ -112,6 +112,12 @@ class GalleryStore(Protocol):
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]: ...
 
+    def mated_faces(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of the active embedder's faces whose subject has another, and their subjects: the
+        index's recall check searches a sample of them with each left out, as another photo of an
+        enrolled person."""
+        ...
+
     def counts(self, searchable: int | None = None) -> dict[str, int]:
         """subjects, faces, searchable_faces (the index's size; `searchable` when the caller has just
         read it: Milvus counts with a query) and incompatible_faces (another embedder's)."""

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from service.core.errors import GalleryUnavailable
-from service.gallery.index import TARGET_RECALL, IndexConfig, default_ef_search, default_nprobe
+from service.gallery.index import MAX_EF_SEARCH, TARGET_RECALL, IndexConfig, default_ef_search, default_nprobe
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.milvus")
@@ -95,6 +95,7 @@ class MilvusIndex:
         self.index_params = dict(index_params or default_index_params(index_type, dim))
         self.requested_params = dict(search_params or {})  # FACEGATE_MILVUS_SEARCH_PARAMS
         self.search_params = dict(self.requested_params)  # in force
+        self.widened_from: dict[str, Any] | None = None  # the parameters before the recall check widened them
         self.changes = 0
         self._client = None
         self._lock = threading.Lock()
@@ -179,7 +180,8 @@ class MilvusIndex:
         self.changes += len(face_ids)
         return int(result.get("delete_count", len(face_ids))) if isinstance(result, dict) else len(face_ids)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, approximate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Milvus's answer (no exact copy is kept here: `approximate` changes nothing)."""
         queries = np.asarray(queries, np.float32).reshape(-1, self.dim)
         if k <= 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
@@ -221,7 +223,7 @@ class MilvusIndex:
     def tune(self) -> dict[str, Any] | None:
         """Without FACEGATE_MILVUS_SEARCH_PARAMS, set the default search parameters for the
         collection's index and size now; the parameters when they changed, else None."""
-        if self.requested_params:
+        if self.requested_params or self.widened_from:  # given, or widened for a measured recall: kept
             return None
         size = self.size if self.index_type.upper() == "HNSW" else 0  # only ef depends on it: no count otherwise
         params = default_search_params(self.index_type, self.index_params, size)
@@ -229,6 +231,30 @@ class MilvusIndex:
             return None
         self.search_params = params
         return params
+
+    def flush(self) -> None:
+        """Seal what was upserted into segments Milvus indexes. Rows left in a growing segment are
+        searched row by row: on Milvus Lite 20,000 of them cost 1.5 s a search (and a count), 85 ms
+        once flushed (docs/benchmarks.md), so a bulk fill ends with this."""
+        self._call(lambda client: client.flush(self.collection, timeout=self.timeout))
+
+    def widen(self) -> dict[str, Any] | None:
+        """Twice the `ef` (up to MAX_EF_SEARCH) or `nprobe` (up to nlist) in force; None for an index
+        searched with Milvus's own parameters, or already at the widest."""
+        params = dict(self.search_params)
+        if "ef" in params and int(params["ef"]) < MAX_EF_SEARCH:
+            params["ef"] = min(2 * int(params["ef"]), MAX_EF_SEARCH)
+        elif "nprobe" in params and int(params["nprobe"]) < int(self.index_params.get("nlist", params["nprobe"])):
+            params["nprobe"] = min(2 * int(params["nprobe"]), int(self.index_params["nlist"]))
+        else:
+            return None
+        self.widened_from = self.widened_from or dict(self.search_params)
+        self.search_params = params
+        return params
+
+    @property
+    def answers_exactly(self) -> bool:
+        return False  # Milvus has no exact copy here: a low recall is widened and reported, not answered around
 
     def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Up to n ids drawn uniformly (a reservoir over every id: Milvus has no random sample)."""
@@ -262,7 +288,12 @@ class MilvusIndex:
             "index_type": self.index_type,
             "index_params": self.index_params,
             "search_params": self.search_params,
-            "search_params_source": "FACEGATE_MILVUS_SEARCH_PARAMS" if self.requested_params else "default",
+            "search_params_source": "widened"
+            if self.widened_from
+            else "FACEGATE_MILVUS_SEARCH_PARAMS"
+            if self.requested_params
+            else "default",
+            **({"widened_from": self.widened_from} if self.widened_from else {}),
             **({} if self.requested_params or self.exact or not self.search_params else {"target_recall": TARGET_RECALL}),
             "metric": "IP",
             "consistency": self.consistency,
@@ -326,4 +357,5 @@ def fill(
     for stored in index.ids():
         gone = sorted(set(stored) - set(store.lookup_faces(stored)))
         removed += index.remove(np.array(gone, np.int64)) if gone else 0
+    index.flush()
     return upserted, removed

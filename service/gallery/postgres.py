@@ -45,6 +45,7 @@ from service.gallery.sqlite import (
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
     LOOKUP_CHUNK,
+    MATED_FACES,
     SUBJECT_SELECT,
     embedding_blob,
     face_record,
@@ -462,6 +463,13 @@ class PostgresGallery(GalleryStore):
                 (face_ids, sha),
             )
             return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
+
+    def mated_faces(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of the active embedder's faces whose subject has another, and their subjects (the recall check's queries)."""
+        sha = required_embedder(self.embedder).sha256
+        with self._conn() as conn:
+            rows = conn.execute(MATED_FACES, (sha, sha)).fetchall()
+        return np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], object)
 
     def face_chips(self, face_ids: list[int]) -> dict[int, FaceChip]:
         """The stored chips of those of `face_ids` that have one (FACEGATE_STORE_CROPS)."""

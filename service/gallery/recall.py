@@ -1,12 +1,22 @@
 """Whether the approximate index still finds what an exact search finds: an index searched with too
 small an efSearch or nprobe loses top-1 answers without an error anywhere, so a background check
-measures it. At start-up and after every FACEGATE_INDEX_RECALL_EVERY faces added or removed, a
-sample of the gallery's own faces and a near copy of each (its stored chip mirrored and embedded
-again where chips are kept, else its embedding slightly perturbed: near but not equal, as a new
-photo of the person would be) is searched as /identify searches (CANDIDATES faces from the index,
-re-scored from the stored embeddings) and exactly, by one pass over the store's embeddings.
-recall@1 is the share of queries whose best candidate is as similar as the exact best; /readyz and
-/metrics report it, and /readyz lists a problem under FACEGATE_MIN_INDEX_RECALL.
+measures it, and acts on it. At start-up, after every FACEGATE_INDEX_RECALL_EVERY faces added or
+removed, and whenever the store replaces its index (a rebuild), it searches held-out queries as
+/identify searches (CANDIDATES faces from the index, re-scored from the stored embeddings) and
+exactly, by one pass over the store's embeddings. recall@1 is the share of queries whose best
+candidate is as similar as the exact best.
+
+The queries are enrolled faces of subjects with another face, each searched with itself left out:
+another photo of an enrolled person, as /identify's mated searches are (a gallery's own faces
+searched for themselves are found almost always, whatever the index, and over-report it). Where
+the gallery has too few such faces, near copies make up the sample: a face's stored chip mirrored
+and embedded again where chips are kept, else its embedding moved slightly along the directions in
+which faces differ.
+
+Under FACEGATE_MIN_INDEX_RECALL the check widens the search (twice the efSearch or nprobe, measured
+again on the same queries) until the minimum is met; where it cannot, the index's searches are
+answered from an exact flat copy of the faces until a later check meets it. Both are logged and
+shown in /readyz.
 
 It runs on its own thread, never on the event loop nor a request's: it reads the store a page at a
 time and searches the index under its read lock, as requests do. An exact (flat) index is not
@@ -19,8 +29,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import faiss
@@ -29,7 +39,7 @@ import numpy as np
 from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, VectorIndex
+from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -45,15 +55,32 @@ TIE = 1e-5  # float32 dot products of one pair differ in the last bits between F
 
 
 @dataclass(frozen=True)
+class Probe:
+    """Held-out queries with their exact answer, measured once and searched at each parameter tried."""
+
+    queries: np.ndarray
+    left_out: np.ndarray  # the face each query is (searched with it left out); -1 for a near copy
+    mirrored: int  # near copies made from a stored chip; the other near copies are perturbed embeddings
+    best: np.ndarray  # the exact best similarity over the store, the left-out face excluded
+
+    @property
+    def mated(self) -> int:
+        return int((self.left_out >= 0).sum())
+
+
+@dataclass(frozen=True)
 class RecallResult:
     recall_at_1: float  # over every query
-    own_faces: float  # the gallery's faces searched for themselves
-    near_copies: float  # their mirrored or perturbed copies
+    mated: float | None  # over the enrolled faces searched with themselves left out (None: none)
+    mated_bounds: tuple[float, float] | None  # HNSW: with the face hidden / kept in the graph; `mated` is the hidden one
+    near_copies: float | None  # over the near copies that made up the sample (None: none needed)
     queries: int
+    mated_queries: int
     mirrored: int  # near copies made from a stored chip; the rest were perturbed embeddings
     faces: int  # in the index when checked
     index: str  # its backend and kind, e.g. "faiss-ivf IVF1024,SQ8"
     search_params: str
+    answers: str  # "index", or "exact": searches answered from a flat copy (the minimum unmet at the widest search)
     checked_at: float  # time.time()
     seconds: float
 
@@ -64,7 +91,7 @@ class RecallCheck:
     def __init__(
         self,
         store: GalleryStore,
-        index: VectorIndex | None,
+        index: Callable[[], VectorIndex | None],
         sample: int,
         every: int,
         minimum: float,
@@ -72,20 +99,21 @@ class RecallCheck:
         template: str | None = None,
         poll: float = POLL_SECONDS,
     ):
-        """`embed` and `template`: the active embedder and its alignment, to embed mirrored chips
+        """`index`: the store's index now (a store replaces it when it rebuilds; the check follows).
+        `embed` and `template`: the active embedder and its alignment, to embed mirrored chips
         (None: every near copy is a perturbed embedding). `sample` 0 turns the check off."""
-        self.store, self.index, self.sample, self.every, self.minimum = store, index, sample, every, minimum
+        self.store, self.follow, self.sample, self.every, self.minimum = store, index, sample, every, minimum
         self.embed, self.template, self.poll = embed, template, poll
         self.last: RecallResult | None = None
         self.error: str | None = None
         self.running = False
-        self._checked_changes = 0
+        self._checked: tuple[VectorIndex | None, int] = (None, 0)  # the index last checked and its change count then
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="facegate-index-recall", daemon=True)
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, store: GalleryStore, index: VectorIndex | None, embedder: FaceEmbedder | None
+        cls, settings: Settings, store: GalleryStore, index: Callable[[], VectorIndex | None], embedder: FaceEmbedder | None
     ) -> RecallCheck:
         """The check of the service's gallery: mirrored chips are embedded by its embedder."""
         return cls(
@@ -99,11 +127,16 @@ class RecallCheck:
         )
 
     @property
+    def index(self) -> VectorIndex | None:
+        return self.follow()
+
+    @property
     def enabled(self) -> bool:
-        return self.index is not None and self.sample > 0 and not self.index.exact
+        index = self.index
+        return index is not None and self.sample > 0 and not index.exact
 
     def start(self) -> None:
-        if self.enabled:
+        if self.sample > 0 and self.index is not None:  # a flat index may be replaced by an approximate one
             self._thread.start()
 
     def close(self) -> None:
@@ -112,24 +145,42 @@ class RecallCheck:
             self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        assert self.index is not None  # started only when enabled
-        first = True
-        while first or not self._stop.wait(self.poll):
-            if first or self.index.changes - self._checked_changes >= self.every:
+        while True:
+            if self.due():
                 self.run()
-            first = False
+            if self._stop.wait(self.poll):
+                return
+
+    def due(self) -> bool:
+        """Never checked, the store replaced its index since, or enough changes to this one."""
+        index, changes = self._checked
+        now = self.index
+        return self.enabled and (now is not index or now is not None and now.changes - changes >= self.every)
 
     def run(self) -> RecallResult | None:
         """One check now, on the calling thread (the daemon's, or a test's); None when it failed (logged)."""
-        assert self.index is not None
+        index = self.index
+        if index is None or index.exact:
+            return None
         self.running = True
         try:
-            self._checked_changes = self.index.changes
-            if (params := self.index.tune()) is not None:  # the gallery grew or shrank: the default for its size
-                log.info("gallery index: search parameters now %s (facegate's default for %d faces)", params, self.index.size)
-            self.last, self.error = measure(self.store, self.index, self.sample, self.embed, self.template), None
-            level = logging.WARNING if self.last.recall_at_1 < self.minimum else logging.INFO
-            log.log(level, "gallery index recall@1 %.3f over %d queries (%s)", self.last.recall_at_1, self.last.queries, self.last)
+            self._checked = (index, index.changes)
+            if (params := index.tune()) is not None:  # the gallery grew or shrank: the default for its size
+                log.info("gallery index: search parameters now %s (facegate's default for %d faces)", params, index.size)
+            started = time.monotonic()
+            probe = held_out(self.store, index, self.sample, self.embed, self.template)
+            result = measured(self.store, index, probe, started)
+            if result.recall_at_1 < self.minimum:
+                result = self._raise_recall(index, probe, result, started)
+            elif index.answers_exactly and isinstance(index, FaissIndex):
+                index.stop_exact()
+                log.warning(
+                    "gallery index recall@1 %.3f meets FACEGATE_MIN_INDEX_RECALL again: answering from the index", result.recall_at_1
+                )
+                result = replace(result, answers="index")
+            self.last, self.error = result, None
+            level = logging.WARNING if result.recall_at_1 < self.minimum else logging.INFO
+            log.log(level, "gallery index recall@1 %.3f over %d queries (%s)", result.recall_at_1, result.queries, result)
         except (FacegateError, OSError, RuntimeError, ValueError) as exc:  # a store outage, a model error: try at the next change
             self.error = f"{type(exc).__name__}: {exc}"
             log.warning("gallery index recall check failed: %s", self.error)
@@ -137,11 +188,44 @@ class RecallCheck:
             self.running = False
         return self.last if self.error is None else None
 
+    def _raise_recall(self, index: VectorIndex, probe: Probe, result: RecallResult, started: float) -> RecallResult:
+        """Widen the search until the minimum is met; where it cannot be, answer exactly."""
+        while result.recall_at_1 < self.minimum and (params := index.widen()) is not None:
+            low = result.recall_at_1
+            result = measured(self.store, index, probe, started)
+            log.warning(
+                "gallery index recall@1 %.3f under FACEGATE_MIN_INDEX_RECALL=%s: search widened to %s, recall@1 now %.3f",
+                low,
+                self.minimum,
+                params,
+                result.recall_at_1,
+            )
+        if result.recall_at_1 >= self.minimum:
+            if index.answers_exactly and isinstance(index, FaissIndex):
+                index.stop_exact()
+                log.warning(
+                    "gallery index recall@1 %.3f meets FACEGATE_MIN_INDEX_RECALL again: answering from the index", result.recall_at_1
+                )
+            return replace(result, answers="index")
+        if isinstance(index, FaissIndex) and not index.answers_exactly:
+            index.begin_exact()
+            index.use_exact(pages(self.store))
+            log.warning(
+                "gallery index recall@1 %.3f at its widest search (%s), under FACEGATE_MIN_INDEX_RECALL=%s: answering from an "
+                "exact copy of the %d faces (a flat scan per search) until a check meets the minimum",
+                result.recall_at_1,
+                result.search_params,
+                self.minimum,
+                index.size,
+            )
+        return replace(result, answers="exact" if index.answers_exactly else "index")
+
     def report(self) -> dict[str, Any] | None:
         """`gallery.index.recall` of /readyz: the last result, or why there is none."""
-        if self.index is None:
+        index = self.index
+        if index is None:
             return None
-        if self.index.exact:
+        if index.exact:
             return {"recall_at_1": 1.0, "exact": True}
         if self.sample <= 0:
             return {"recall_at_1": None, "disabled": "FACEGATE_INDEX_RECALL_SAMPLE=0"}
@@ -153,7 +237,8 @@ class RecallCheck:
 
     def recall(self) -> float:
         """For /metrics: the last recall@1, 1 for an exact index, NaN before the first check."""
-        if self.index is not None and self.index.exact:
+        index = self.index
+        if index is not None and index.exact:
             return 1.0
         return self.last.recall_at_1 if self.last else math.nan
 
@@ -163,20 +248,111 @@ class RecallCheck:
         if self.last is None or self.last.recall_at_1 >= self.minimum:
             return []
         kind = "efSearch (ef on Milvus)" if "hnsw" in self.last.index.lower() else "nprobe"
+        answered = (
+            "every search is answered from an exact copy of the faces (a flat scan: slower, and the faces' memory again)"
+            if self.last.answers == "exact"
+            else "identifications may miss the enrolled face that matches best"
+        )
         return [
             {
                 "model": "gallery index",
                 "name": self.last.index,
                 "error": (
-                    f"recall@1 {self.last.recall_at_1:.3f} with search parameters {self.last.search_params or 'none'}, "
-                    f"under FACEGATE_MIN_INDEX_RECALL={self.minimum}: identifications may miss the enrolled face that matches best"
+                    f"recall@1 {self.last.recall_at_1:.3f} with search parameters {self.last.search_params or 'none'} (widened as "
+                    f"far as they go), under FACEGATE_MIN_INDEX_RECALL={self.minimum}: {answered}"
                 ),
                 "fix": (
-                    f"raise {kind} in FACEGATE_INDEX_SEARCH_PARAMS (or FACEGATE_MILVUS_SEARCH_PARAMS), or leave it empty for "
-                    "facegate's default for the gallery's size; benchmarks/gallery_ann.py measures the trade-off (docs/scaling.md)"
+                    f"an index with finer codes or more links (the widest {kind} did not reach it), a lower FACEGATE_MIN_INDEX_RECALL, "
+                    "or FACEGATE_INDEX=Flat; benchmarks/gallery_ann.py measures the trade-off (docs/scaling.md)"
                 ),
             }
         ]
+
+
+def held_out(
+    store: GalleryStore,
+    index: VectorIndex,
+    sample: int,
+    embed: Callable[[np.ndarray], np.ndarray] | None = None,
+    template: str | None = None,
+    seed: int | None = None,
+) -> Probe:
+    """`sample` queries: enrolled faces of subjects with another, each to be searched with itself left
+    out, made up where too few with near copies of faces drawn from the index; and their exact answer."""
+    rng = np.random.default_rng(seed)
+    faces = store.lookup_faces(one_per_subject(*store.mated_faces(), sample, rng).tolist())
+    left_out = np.array(sorted(faces), np.int64)
+    vectors = [np.stack([faces[int(i)][2] for i in left_out])] if len(left_out) else []
+    mirrored = 0
+    if (wanted := sample - len(left_out)) > 0:
+        drawn = store.lookup_faces(index.sample_ids(wanted, rng).tolist())
+        ids = np.array(sorted(drawn), np.int64)
+        if len(ids):
+            own = np.stack([drawn[int(i)][2] for i in ids]).astype(np.float32)
+            near = perturbed(own, rng)
+            if embed is not None and template is not None:
+                chips = store.face_chips(ids.tolist())
+                if chips:
+                    rows = [k for k, i in enumerate(ids) if int(i) in chips]
+                    near[rows] = embed(np.stack([chips[int(ids[k])].align(template)[:, ::-1] for k in rows]))
+                    mirrored = len(rows)
+            vectors.append(near)
+            left_out = np.concatenate([left_out, np.full(len(near), -1, np.int64)])
+    if not vectors:
+        raise ValueError("the index holds no face the store has: nothing to sample")
+    queries = np.concatenate(vectors).astype(np.float32)
+    return Probe(queries, left_out, mirrored, exact_best(store, queries, left_out))
+
+
+def one_per_subject(ids: np.ndarray, subjects: np.ndarray, sample: int, rng: np.random.Generator) -> np.ndarray:
+    """`sample` of `ids` at random, a face of as many subjects as there are before a second of any:
+    a new photo is of a person, whatever how many photos they enrolled (drawn face by face, a few
+    people with hundreds of near-identical photos would make the index look better than it is)."""
+    if len(ids) == 0:
+        return ids
+    order = rng.permutation(len(ids))
+    code = np.unique(subjects[order], return_inverse=True)[1]
+    by_subject = np.argsort(code, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(code[by_subject]) != 0])
+    rank = np.empty(len(ids), np.int64)
+    rank[by_subject] = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))  # the face's place among its subject's
+    return np.sort(ids[order[np.argsort(rank, kind="stable")[:sample]]])
+
+
+def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: float) -> RecallResult:
+    """recall@1 of `index` (its approximate search, at the parameters in force) on `probe`. In an
+    HNSW graph a left-out face still draws the search to itself, next to its subject's other faces:
+    searched so, its queries over-report (0.983 where held-out LFW photos found 0.953 through HNSW32
+    at efSearch 64 on 300k faces); with it hidden, the graph has a hole where a new photo's graph has
+    none, which can under-report (0.916 where new photos found 0.948 on test_recall.py's synthetic
+    gallery), but on real faces still over-reported (0.961 there). The hidden figure is the one
+    reported, the lower: under the minimum it widens the search sooner, which costs time, not
+    answers; both are kept (docs/benchmarks.md)."""
+    mated = probe.left_out >= 0
+    found = index_best(store, index, probe.queries, probe.left_out)
+    assert found is not None  # not hidden: every index answers
+    hit = found >= probe.best - TIE
+    hidden = index_best(store, index, probe.queries[mated], probe.left_out[mated], hide=True) if mated.any() else None
+    bounds = None
+    if hidden is not None:
+        bounds = (float(np.mean(hidden >= probe.best[mated] - TIE)), float(hit[mated].mean()))
+        hit[mated] = hidden >= probe.best[mated] - TIE
+    described = index.describe()
+    return RecallResult(
+        recall_at_1=float(hit.mean()),
+        mated=float(hit[mated].mean()) if mated.any() else None,
+        mated_bounds=bounds,
+        near_copies=float(hit[~mated].mean()) if (~mated).any() else None,
+        queries=len(hit),
+        mated_queries=int(mated.sum()),
+        mirrored=probe.mirrored,
+        faces=int(described.get("size", 0)),
+        index=f"{described.get('backend')} {described.get('factory') or described.get('index_type') or ''}".strip(),
+        search_params=str(described.get("search_params", "")),
+        answers="exact" if index.answers_exactly else "index",
+        checked_at=time.time(),
+        seconds=round(time.monotonic() - started, 3),
+    )
 
 
 def measure(
@@ -187,40 +363,9 @@ def measure(
     template: str | None = None,
     seed: int | None = None,
 ) -> RecallResult:
-    """recall@1 of `index` against the exact answer over `store`, on `sample` of its faces and a
-    near copy of each."""
+    """recall@1 of `index` against the exact answer over `store`, on `sample` held-out queries."""
     started = time.monotonic()
-    rng = np.random.default_rng(seed)
-    faces = store.lookup_faces(index.sample_ids(sample, rng).tolist())
-    if not faces:
-        raise ValueError("the index holds no face the store has: nothing to sample")
-    ids = np.array(sorted(faces), np.int64)
-    own = np.stack([faces[i][2] for i in ids]).astype(np.float32)
-    near, mirrored = perturbed(own, rng), 0
-    if embed is not None and template is not None:
-        chips = store.face_chips(ids.tolist())
-        if chips:
-            rows = [k for k, i in enumerate(ids) if int(i) in chips]
-            near[rows] = embed(np.stack([chips[int(ids[k])].align(template)[:, ::-1] for k in rows]))
-            mirrored = len(rows)
-    queries = np.concatenate([own, near])
-    best = exact_best(store, queries)
-    found = index_best(store, index, queries)
-    hit = found >= best - TIE
-    half = len(own)
-    described = index.describe()
-    return RecallResult(
-        recall_at_1=float(hit.mean()),
-        own_faces=float(hit[:half].mean()),
-        near_copies=float(hit[half:].mean()),
-        queries=len(queries),
-        mirrored=mirrored,
-        faces=int(described.get("size", 0)),
-        index=f"{described.get('backend')} {described.get('factory') or described.get('index_type') or ''}".strip(),
-        search_params=str(described.get("search_params", "")),
-        checked_at=time.time(),
-        seconds=round(time.monotonic() - started, 3),
-    )
+    return measured(store, index, held_out(store, index, sample, embed, template, seed), started)
 
 
 def perturbed(vectors: np.ndarray, rng: np.random.Generator, cosine: float = PERTURBED_COSINE) -> np.ndarray:
@@ -237,28 +382,48 @@ def perturbed(vectors: np.ndarray, rng: np.random.Generator, cosine: float = PER
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
-def exact_best(store: GalleryStore, queries: np.ndarray) -> np.ndarray:
-    """Each query's highest similarity over every face the store holds for the active embedder,
-    a page at a time (FAISS's brute-force search: one thread, the GIL released)."""
-    best = np.full(len(queries), -np.inf, np.float32)
+def pages(store: GalleryStore) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Every face of the active embedder, a page of (ids, vectors) at a time, in id order."""
     after = 0
     while True:
         ids, vectors = store.embeddings_after(after, PAGE)
         if len(ids) == 0:
-            return best
-        scores, _ = faiss.knn(queries, np.ascontiguousarray(vectors, np.float32), 1, metric=faiss.METRIC_INNER_PRODUCT)
-        best = np.maximum(best, scores[:, 0])
+            return
+        yield ids, vectors
         after = int(ids[-1])
 
 
-def index_best(store: GalleryStore, index: VectorIndex, queries: np.ndarray) -> np.ndarray:
-    """Each query's highest similarity among the faces the index proposes, re-scored from the
-    store's embeddings: what /identify's search would rank first."""
-    _, ids = index.search(queries, CANDIDATES)
-    stored = store.lookup_faces(sorted({int(i) for i in ids.ravel() if i >= 0}))
+def exact_best(store: GalleryStore, queries: np.ndarray, left_out: np.ndarray | None = None) -> np.ndarray:
+    """Each query's highest similarity over every face the store holds for the active embedder but
+    the one it leaves out, a page at a time (FAISS's brute-force search: one thread, the GIL released)."""
+    left_out = np.full(len(queries), -1, np.int64) if left_out is None else left_out
     best = np.full(len(queries), -np.inf, np.float32)
-    for row, (query, candidates) in enumerate(zip(queries, ids, strict=True)):
-        vectors = [stored[int(i)][2] for i in candidates if int(i) in stored]
+    for ids, vectors in pages(store):
+        scores, places = faiss.knn(queries, np.ascontiguousarray(vectors, np.float32), min(2, len(ids)), metric=faiss.METRIC_INNER_PRODUCT)
+        scores[ids[places] == left_out[:, None]] = -np.inf
+        best = np.maximum(best, scores.max(1))
+    return best
+
+
+def index_best(
+    store: GalleryStore, index: VectorIndex, queries: np.ndarray, left_out: np.ndarray | None = None, hide: bool = False
+) -> np.ndarray | None:
+    """Each query's highest similarity among the CANDIDATES faces the index proposes (its own left
+    out), re-scored from the store's embeddings: what /identify's search would rank first. `hide`:
+    with each query's own face hidden in an HNSW graph while it is searched (None where the index
+    cannot hide it)."""
+    left_out = np.full(len(queries), -1, np.int64) if left_out is None else left_out
+    if not hide:
+        ids = index.search(queries, CANDIDATES + 1, approximate=True)[1]
+    elif isinstance(index, FaissIndex) and (hidden := index.search_hiding(queries, CANDIDATES + 1, left_out)) is not None:
+        ids = hidden
+    else:
+        return None
+    proposed = [[int(i) for i in row if i >= 0 and i != skip][:CANDIDATES] for row, skip in zip(ids, left_out, strict=True)]
+    stored = store.lookup_faces(sorted({i for row in proposed for i in row}))
+    best = np.full(len(queries), -np.inf, np.float32)
+    for row, (query, candidates) in enumerate(zip(queries, proposed, strict=True)):
+        vectors = [stored[i][2] for i in candidates if i in stored]
         if vectors:
             best[row] = float(np.max(np.stack(vectors) @ query))
     return best

@@ -97,6 +97,11 @@ CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new 
 
 DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
+# faces of the active model (both parameters) whose subject has another: the recall check's queries
+MATED_FACES = (
+    "SELECT id, subject_id FROM faces WHERE model_sha256 = %s AND subject_id IN "
+    "(SELECT subject_id FROM faces WHERE model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
+)
 
 
 def encode_crop(crop_rgb: np.ndarray) -> bytes:
@@ -633,6 +638,13 @@ class SqliteGallery(GalleryStore):
                 (key.sha256, after_id, limit),
             ).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
+
+    def mated_faces(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of the active embedder's faces whose subject has another, and their subjects (the recall check's queries)."""
+        sha = required_embedder(self.embedder).sha256
+        with self._lock:
+            rows = self._db.execute(MATED_FACES.replace("%s", "?"), (sha, sha)).fetchall()
+        return np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], object)
 
     def read(self, sql: str, params: tuple) -> list[tuple]:
         """Rows of a read-only query, under the store's lock (`facegate gallery migrate` reads through it)."""

@@ -225,7 +225,13 @@ def test_milvus_index_and_search_parameters_default_per_index_type(tmp_path):
         assert described["search_params"] == {"nprobe": default_nprobe(MILVUS_NLIST)}
         assert g.search(unit(3), 1)[0].face_id and sent[-1] == {"metric_type": "IP", "params": described["search_params"]}
         result = measure(g, g.index, 10, seed=0)
-        assert result.queries == 20 and result.recall_at_1 == 1.0 and g.index.changes == 20
+        assert result.queries == result.mated_queries == 10 and result.recall_at_1 == 1.0 and g.index.changes == 20
+        nprobe = described["search_params"]["nprobe"]
+        assert g.index.widen() == {"nprobe": min(2 * nprobe, MILVUS_NLIST)} and g.index.describe()["widened_from"] == {"nprobe": nprobe}
+        assert g.index.describe()["search_params_source"] == "widened" and g.index.tune() is None  # kept as the gallery grows
+        while g.index.widen() is not None:
+            pass
+        assert g.index.search_params == {"nprobe": MILVUS_NLIST} and not g.index.answers_exactly  # no exact copy on Milvus
     finally:
         g.close()
     given = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="HNSW", milvus_search_params={"ef": 32})
