@@ -109,15 +109,18 @@ class FaceDetector:
 
     def letterbox(self, image: np.ndarray, size: int | None = None) -> tuple[np.ndarray, float]:
         """Scale to fit a square network input (`size_for` the image unless given) keeping the
-        aspect ratio; pad right/bottom. `scale` maps results back."""
+        aspect ratio; pad right/bottom with black. `scale` maps results back. The resized image is
+        the canvas when it fills it (a square photo), else padded by OpenCV: no zeroed canvas
+        written over (docs/sizing.md#the-cpu-budget-per-image)."""
         h, w = image.shape[:2]
         size = size or self.size_for((h, w))
         scale = min(size / w, size / h)
         new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
         interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-        canvas = np.zeros((size, size, 3), dtype=np.uint8)
-        canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
-        return canvas, scale
+        resized = cv2.resize(image, (new_w, new_h), interpolation=interp)
+        if (new_w, new_h) == (size, size):
+            return resized, scale
+        return cv2.copyMakeBorder(resized, 0, size - new_h, 0, size - new_w, cv2.BORDER_CONSTANT, value=(0, 0, 0)), scale
 
     def infer(self, canvases: np.ndarray) -> list[np.ndarray]:
         """N letterboxed BGR canvases of one size → each one's candidates (CANDIDATE columns, in
@@ -127,7 +130,7 @@ class FaceDetector:
         return self.shapes.run(self._run, canvases)
 
     def _run(self, canvases: np.ndarray) -> list[np.ndarray]:
-        blob = canvases if self.uint8_input else np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
+        blob = canvases if self.uint8_input else _nchw_float32(canvases)
         session = self.sessions.get((len(canvases), canvases.shape[1]), self.session)
         outputs = dict(zip(self.output_names, session.run(self.output_names, {self.input_name: blob}), strict=True))
         return self._candidates(outputs, canvases.shape[1], len(canvases))
@@ -172,3 +175,13 @@ class FaceDetector:
                 faces.append(face)
         faces.sort(key=lambda f: f.area, reverse=True)
         return faces
+
+
+def _nchw_float32(canvases: np.ndarray) -> np.ndarray:
+    """N×H×W×3 uint8 → N×3×H×W float32, each channel split out by OpenCV then widened as one
+    contiguous plane: half the CPU of numpy's strided transpose-and-convert (the model host's, a run)."""
+    blob = np.empty((canvases.shape[0], 3, *canvases.shape[1:3]), np.float32)
+    for canvas, planes in zip(canvases, blob, strict=True):
+        for plane, channel in zip(planes, cv2.split(canvas), strict=True):
+            plane[...] = channel
+    return blob
