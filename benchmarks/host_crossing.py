@@ -11,6 +11,7 @@ Run it against an older checkout on its PYTHONPATH to compare (docs/benchmarks.m
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing
 import os
 import queue
@@ -64,6 +65,7 @@ class _AnsweringModels:
 
 
 def _host(folder: str, cpu: multiprocessing.connection.Connection) -> None:
+    logging.getLogger("facegate.model_host").setLevel(logging.CRITICAL)  # its models' absence is the point
     host = ModelHost(Settings(detector="none", embedder="none"), Path(folder))
     host.local = _AnsweringModels()  # type: ignore[assignment]
     host.warmed.set()
