@@ -67,3 +67,42 @@ def test_the_detector_input_is_the_canvases_in_float32_nchw():
     blob = _nchw_float32(canvases)
     assert blob.dtype == np.float32 and blob.flags.c_contiguous
     assert np.array_equal(blob, canvases.transpose(0, 3, 1, 2).astype(np.float32))
+
+
+def _candidates_reference(outputs, size, n, threshold):
+    """The candidates decoded stride by stride, as written before (then sorted by image)."""
+    rows, owners = [], []
+    for stride in (8, 16, 32):
+        cells = np.arange(size // stride, dtype=np.float32)
+        xs, ys = np.meshgrid(cells, cells)
+        grid_all = np.stack([xs.ravel(), ys.ravel()], axis=1)
+        score = np.sqrt(np.clip(outputs[f"cls_{stride}"][..., 0], 0, 1) * np.clip(outputs[f"obj_{stride}"][..., 0], 0, 1))
+        image, anchor = np.nonzero(score >= threshold)
+        grid = grid_all[anchor]
+        bbox = outputs[f"bbox_{stride}"][image, anchor]
+        centre = (grid + bbox[:, :2]) * stride
+        extent = np.exp(bbox[:, 2:4]) * stride
+        landmarks = (outputs[f"kps_{stride}"][image, anchor].reshape(-1, 5, 2) + grid[:, None, :]) * stride
+        rows.append(np.concatenate([score[image, anchor][:, None], centre - extent / 2, extent, landmarks.reshape(-1, 10)], axis=1))
+        owners.append(image)
+    found, owner = np.concatenate(rows).astype(np.float32), np.concatenate(owners)
+    order = np.argsort(owner, kind="stable")
+    return np.split(found[order], np.searchsorted(owner[order], np.arange(1, n)))
+
+
+def test_the_candidates_are_decoded_as_stride_by_stride(detector):
+    rng = np.random.default_rng(7)
+    for size in detector.sizes:
+        n = 3
+        outputs = {}
+        for stride in (8, 16, 32):
+            anchors = (size // stride) ** 2
+            outputs[f"cls_{stride}"] = rng.uniform(0, 1.2, (n, anchors, 1)).astype(np.float32)
+            outputs[f"obj_{stride}"] = rng.uniform(0, 1.2, (n, anchors, 1)).astype(np.float32)
+            outputs[f"bbox_{stride}"] = rng.normal(0, 1, (n, anchors, 4)).astype(np.float32)
+            outputs[f"kps_{stride}"] = rng.normal(0, 1, (n, anchors, 10)).astype(np.float32)
+        found = detector._candidates(outputs, size, n)
+        reference = _candidates_reference(outputs, size, n, detector.score_threshold)
+        assert len(found) == n and all(len(f) > 100 for f in found)
+        for mine, theirs in zip(found, reference, strict=True):
+            assert mine.dtype == np.float32 and np.array_equal(mine, theirs)
