@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
-import os
 import queue
 import resource
+import shutil
 import tempfile
 import threading
 import time
@@ -114,7 +114,7 @@ def main() -> None:
     print(f"worker process: {1e6 * worker / args.images:8.1f} µs CPU an image")
     print(f"model host:     {1e6 * host_cpu / args.images:8.1f} µs CPU an image")
     print(f"both:           {1e6 * (worker + host_cpu) / args.images:8.1f} µs CPU an image; {args.images / wall:.0f} images/s")
-    os.rmdir(folder) if not os.listdir(folder) else None
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
