@@ -280,6 +280,8 @@ def _patch_middleware(m: Any) -> None:
 def _patch_connection(m: Any) -> None:
     _wrap(m._ConnectionBase, "send", "send")
     _wrap(m._ConnectionBase, "recv", "recv")
+    _wrap(m._ConnectionBase, "send_bytes", "send")
+    _wrap(m._ConnectionBase, "recv_bytes", "recv")
     _wrap(m._ConnectionBase, "poll", "poll")
 
 

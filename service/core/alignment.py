@@ -53,24 +53,26 @@ def model_templates() -> tuple[str, ...]:
 
 def similarity_transform(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """2×3 matrix of the rotation, uniform scale and translation that maps src onto dst with the
-    least squared error (Umeyama 1991). OpenCV's estimateAffinePartial2D is robust-fit (RANSAC/
-    LMedS), not least squares, so five clean landmarks are solved in closed form here."""
-    src = np.asarray(src, dtype=np.float64)
-    dst = np.asarray(dst, dtype=np.float64)
-    src_mean, dst_mean = src.mean(axis=0), dst.mean(axis=0)
-    src_c, dst_c = src - src_mean, dst - dst_mean
-    cov = dst_c.T @ src_c / len(src)
-    u, singular, vt = np.linalg.svd(cov)
-    d = np.ones(2)
-    if np.linalg.det(u) * np.linalg.det(vt) < 0:
-        d[-1] = -1  # a reflection is not a similarity: flip the weakest axis
-    rotation = u @ np.diag(d) @ vt
-    src_var = (src_c**2).sum() / len(src)
-    scale = (singular * d).sum() / src_var if src_var > 0 else 1.0
-    matrix = np.empty((2, 3))
-    matrix[:, :2] = scale * rotation
-    matrix[:, 2] = dst_mean - scale * rotation @ src_mean
-    return matrix
+    least squared error (Umeyama 1991). In 2-D Umeyama's SVD has a closed form: a similarity is a
+    complex factor s·e^(iθ), and the best one is Σ conj(p)·q / Σ |p|² over the centred points p of
+    src and q of dst (a rotation always, as Umeyama's with its reflection flip). Five points are
+    summed in plain floats: numpy's per-call cost was most of the SVD version's ~100 µs
+    (docs/sizing.md#the-cpu-budget-per-image). OpenCV's estimateAffinePartial2D is a robust fit
+    (RANSAC/LMedS), not least squares."""
+    src_points = np.asarray(src, dtype=np.float64).tolist()
+    dst_points = np.asarray(dst, dtype=np.float64).tolist()
+    n = len(src_points)
+    src_x, src_y = (sum(axis) / n for axis in zip(*src_points, strict=True))
+    dst_x, dst_y = (sum(axis) / n for axis in zip(*dst_points, strict=True))
+    var = dot = cross = 0.0
+    for (x, y), (u, v) in zip(src_points, dst_points, strict=True):
+        x, y, u, v = x - src_x, y - src_y, u - dst_x, v - dst_y
+        var += x * x + y * y
+        dot += x * u + y * v
+        cross += x * v - y * u
+    # every point on one spot: no rotation or scale to fit, a shift only
+    cos, sin = (dot / var, cross / var) if var > 0 else (1.0, 0.0)
+    return np.array([[cos, -sin, dst_x - cos * src_x + sin * src_y], [sin, cos, dst_y - sin * src_x - cos * src_y]])
 
 
 def _warp(image: np.ndarray, landmarks: np.ndarray, template: str) -> tuple[np.ndarray, np.ndarray]:

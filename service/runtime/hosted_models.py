@@ -31,6 +31,7 @@ from service.core.models.files import LoadedModel, manifest_path
 from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet, Problem, with_cohort
 from service.core.settings import Settings
+from service.runtime import wire
 from service.runtime.model_host import PING_TIMEOUT, connect
 from service.runtime.shm_arena import Arena, arena_path
 
@@ -199,16 +200,18 @@ class HostedModels:
             return future
         offset = self.arena.put(rows) if self.arena else None
         number = next(self._numbers)
-        message = ("run", number, role, offset, rows.shape, rows.dtype.str, rows if offset is None else None)
+        message = None if offset is None else wire.record(role, number, offset, rows.shape, rows.dtype.str)
+        if message is None:  # the pixels inline
+            message = wire.pickled(("run", number, role, offset, rows.shape, rows.dtype.str, rows if offset is None else None))
         return self._send(number, message, offset, rows.nbytes)
 
     def ask(self, kind: str) -> Future:
         """A question to the host whose answer is its value: `metrics` (its metric families), `ping`
         (its state: warmed, warmup_error), `ready` (that state, once it has warmed up)."""
         number = next(self._numbers)
-        return self._send(number, (kind, number), None, 0)
+        return self._send(number, wire.pickled((kind, number)), None, 0)
 
-    def _send(self, number: int, message: tuple, offset: int | None, nbytes: int) -> Future:
+    def _send(self, number: int, message: bytes, offset: int | None, nbytes: int) -> Future:
         """Send `message` on the connection; its future fails at once (503) when there is none."""
         future: Future = Future()
         try:
@@ -216,7 +219,7 @@ class HostedModels:
                 if self._connection is None:
                     raise ConnectionError("not connected")
                 self._pending[number] = (future, offset, nbytes)
-                self._connection.send(message)
+                self._connection.send_bytes(message)
         except (OSError, EOFError) as exc:
             with self._lock:
                 self._pending.pop(number, None)
@@ -229,10 +232,12 @@ class HostedModels:
             self.arena.release(offset, nbytes)
 
     def _read(self, connection: Connection) -> None:
-        """Hand each answer to its future; when the host goes away, fail every run still pending."""
+        """Hand each answer to its future (all those a message holds); when the host goes away, fail
+        every run still pending."""
         try:
             while True:
-                self._answer(connection.recv())
+                for message in wire.messages(connection.recv_bytes()):
+                    self._answer(message)
         except (EOFError, OSError):
             pass
         with self._lock:

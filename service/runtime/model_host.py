@@ -30,6 +30,7 @@ from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.metrics import Metrics
+from service.runtime import wire
 from service.runtime.local_models import LocalModels
 from service.runtime.shm_arena import Arena
 
@@ -135,7 +136,8 @@ class _Worker:
         writer.start()
         try:
             while True:
-                self._handle(self.connection.recv())
+                for message in wire.messages(self.connection.recv_bytes()):
+                    self._handle(message)
         except (EOFError, OSError):
             pass  # the worker went away: its arena is its own to remove
         finally:
@@ -180,25 +182,44 @@ class _Worker:
         return self.arena
 
     def _write(self) -> None:
-        while (item := self.answers.get()) is not None:
-            if isinstance(item[0], str):  # an answer already made
-                self._send(item)
-                continue
-            number, offset, room, future = item
-            try:
-                out = future.result()
-            except Exception as exc:  # the model run failed: the worker's request gets it as its error
-                self._send(("error", number, f"{type(exc).__name__}: {exc}"))
-                continue
-            if offset is not None and out.nbytes <= room:  # written back over its input, in place
-                self._arena().view(offset, out.shape, out.dtype.str)[...] = out
-                self._send(("done", number, offset, out.shape, out.dtype.str, None))
-            else:
-                self._send(("done", number, None, out.shape, out.dtype.str, out))
+        """Send the answers as their runs finish: every answer waiting when this wakes goes out at
+        once, the records of runs answered in place as one message (one wake-up of the worker's reader)."""
+        ending = False
+        while not ending:
+            items = [self.answers.get()]
+            with suppress(queue.Empty):
+                while items[-1] is not None:
+                    items.append(self.answers.get_nowait())
+            ending = items[-1] is None
+            records = []
+            for item in items[:-1] if ending else items:
+                answer = self._answer(item)
+                if wire.is_record(answer):
+                    records.append(answer)
+                else:
+                    self._send(answer)
+            if records:
+                self._send(wire.joined(records))
 
-    def _send(self, message: tuple) -> None:
+    def _answer(self, item: tuple) -> bytes:
+        """An answer as the bytes sent: a record for a run answered in place, pickled otherwise."""
+        if isinstance(item[0], str):  # an answer already made
+            return wire.pickled(item)
+        number, offset, room, future = item
+        try:
+            out = future.result()
+        except Exception as exc:  # the model run failed: the worker's request gets it as its error
+            return wire.pickled(("error", number, f"{type(exc).__name__}: {exc}"))
+        if offset is not None and out.nbytes <= room:  # written back over its input, in place
+            self._arena().view(offset, out.shape, out.dtype.str)[...] = out
+            if (done := wire.record("done", number, offset, out.shape, out.dtype.str)) is not None:
+                return done
+            return wire.pickled(("done", number, offset, out.shape, out.dtype.str, None))
+        return wire.pickled(("done", number, None, out.shape, out.dtype.str, out))
+
+    def _send(self, message: bytes) -> None:
         with suppress(OSError):  # the worker went away; its reader ends this connection
-            self.connection.send(message)
+            self.connection.send_bytes(message)
 
 
 def run_host(folder: str) -> None:

@@ -92,14 +92,16 @@ class FaceDetector:
         self.sessions = {(n, size): fork() for n in self.shapes.sizes for size in self.sizes} if fork else {}
 
     @staticmethod
-    def _grid(size: int) -> dict[int, np.ndarray]:
-        """Anchor-free grid: each output row is the cell (col, row) of its stride, row-major."""
-        grid = {}
+    def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Anchor-free grid of every stride's outputs in turn: each row's cell (col, row) of its
+        stride, row-major, and that stride."""
+        cells, strides = [], []
         for stride in STRIDES:
-            cells = np.arange(size // stride, dtype=np.float32)
-            xs, ys = np.meshgrid(cells, cells)
-            grid[stride] = np.stack([xs.ravel(), ys.ravel()], axis=1)
-        return grid
+            axis = np.arange(size // stride, dtype=np.float32)
+            xs, ys = np.meshgrid(axis, axis)
+            cells.append(np.stack([xs.ravel(), ys.ravel()], axis=1))
+            strides.append(np.full((xs.size, 1), stride, np.float32))
+        return np.concatenate(cells), np.concatenate(strides)
 
     def size_for(self, image_size: tuple[int, int]) -> int:
         """The smallest size holding the image's longer side, else the largest (with 320/480/640: an
@@ -109,15 +111,18 @@ class FaceDetector:
 
     def letterbox(self, image: np.ndarray, size: int | None = None) -> tuple[np.ndarray, float]:
         """Scale to fit a square network input (`size_for` the image unless given) keeping the
-        aspect ratio; pad right/bottom. `scale` maps results back."""
+        aspect ratio; pad right/bottom with black. `scale` maps results back. The resized image is
+        the canvas when it fills it (a square photo), else padded by OpenCV: no zeroed canvas
+        written over (docs/sizing.md#the-cpu-budget-per-image)."""
         h, w = image.shape[:2]
         size = size or self.size_for((h, w))
         scale = min(size / w, size / h)
         new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
         interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-        canvas = np.zeros((size, size, 3), dtype=np.uint8)
-        canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interp)
-        return canvas, scale
+        resized = cv2.resize(image, (new_w, new_h), interpolation=interp)
+        if (new_w, new_h) == (size, size):
+            return resized, scale
+        return cv2.copyMakeBorder(resized, 0, size - new_h, 0, size - new_w, cv2.BORDER_CONSTANT, value=(0, 0, 0)), scale
 
     def infer(self, canvases: np.ndarray) -> list[np.ndarray]:
         """N letterboxed BGR canvases of one size → each one's candidates (CANDIDATE columns, in
@@ -127,28 +132,26 @@ class FaceDetector:
         return self.shapes.run(self._run, canvases)
 
     def _run(self, canvases: np.ndarray) -> list[np.ndarray]:
-        blob = canvases if self.uint8_input else np.ascontiguousarray(canvases.transpose(0, 3, 1, 2), dtype=np.float32)
+        blob = canvases if self.uint8_input else _nchw_float32(canvases)
         session = self.sessions.get((len(canvases), canvases.shape[1]), self.session)
         outputs = dict(zip(self.output_names, session.run(self.output_names, {self.input_name: blob}), strict=True))
         return self._candidates(outputs, canvases.shape[1], len(canvases))
 
     def _candidates(self, outputs: dict[str, np.ndarray], size: int, n: int) -> list[np.ndarray]:
-        """The anchors scoring at least the threshold, decoded for the whole batch at once, then
-        split by image."""
-        rows, owners = [], []
-        for stride in STRIDES:
-            score = np.sqrt(np.clip(outputs[f"cls_{stride}"][..., 0], 0, 1) * np.clip(outputs[f"obj_{stride}"][..., 0], 0, 1))
-            image, anchor = np.nonzero(score >= self.score_threshold)
-            grid = self._grids[size][stride][anchor]
-            bbox = outputs[f"bbox_{stride}"][image, anchor]
-            centre = (grid + bbox[:, :2]) * stride
-            extent = np.exp(bbox[:, 2:4]) * stride
-            landmarks = (outputs[f"kps_{stride}"][image, anchor].reshape(-1, 5, 2) + grid[:, None, :]) * stride
-            rows.append(np.concatenate([score[image, anchor][:, None], centre - extent / 2, extent, landmarks.reshape(-1, 10)], axis=1))
-            owners.append(image)
-        found, owner = np.concatenate(rows).astype(np.float32), np.concatenate(owners)
-        order = np.argsort(owner, kind="stable")  # each image's candidates stride by stride, as that image alone gives them
-        return np.split(found[order], np.searchsorted(owner[order], np.arange(1, n)))
+        """The anchors scoring at least the threshold, decoded for the whole batch at once (the
+        strides' outputs side by side: one pass, not one a stride), then split by image: each
+        image's candidates stride by stride, as that image alone gives them."""
+        side = {kind: np.concatenate([outputs[f"{kind}_{stride}"] for stride in STRIDES], axis=1) for kind in ("cls", "obj", "bbox", "kps")}
+        score = np.sqrt(np.clip(side["cls"][..., 0], 0, 1) * np.clip(side["obj"][..., 0], 0, 1))
+        image, anchor = np.nonzero(score >= self.score_threshold)  # image by image: row-major
+        cells, strides = self._grids[size]
+        grid, stride = cells[anchor], strides[anchor]
+        bbox = side["bbox"][image, anchor]
+        centre = (grid + bbox[:, :2]) * stride
+        extent = np.exp(bbox[:, 2:4]) * stride
+        landmarks = (side["kps"][image, anchor].reshape(-1, 5, 2) + grid[:, None, :]) * stride[:, None, :]
+        found = np.concatenate([score[image, anchor][:, None], centre - extent / 2, extent, landmarks.reshape(-1, 10)], axis=1)
+        return np.split(found.astype(np.float32), np.searchsorted(image, np.arange(1, n)))
 
     def detect(self, image_bgr: np.ndarray) -> list[Face]:
         """Faces sorted by box area, largest first."""
@@ -172,3 +175,13 @@ class FaceDetector:
                 faces.append(face)
         faces.sort(key=lambda f: f.area, reverse=True)
         return faces
+
+
+def _nchw_float32(canvases: np.ndarray) -> np.ndarray:
+    """N×H×W×3 uint8 → N×3×H×W float32, each channel split out by OpenCV then widened as one
+    contiguous plane: half the CPU of numpy's strided transpose-and-convert (the model host's, a run)."""
+    blob = np.empty((canvases.shape[0], 3, *canvases.shape[1:3]), np.float32)
+    for canvas, planes in zip(canvases, blob, strict=True):
+        for plane, channel in zip(planes, cv2.split(canvas), strict=True):
+            plane[...] = channel
+    return blob
