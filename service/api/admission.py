@@ -16,7 +16,9 @@ request's body is bounded by its class (its slots × FACEGATE_MAX_REQUEST_BYTES)
 with its key.
 
 Counts not open connections (an idle socket costs a file descriptor, and `service.api.server` closes
-it at its header deadline), and never refuses /healthz, /readyz or /metrics. The event loop is
+it at its header deadline), and never refuses /healthz, /readyz, /metrics or the console's static
+files: those hold no slot, since they cost a file read at most and a flood of them (2,000 GETs of
+/console/js/main.js, 128 at once) must not take the slots of keyed image requests. The event loop is
 single-threaded: plain counters are exact."""
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections import Counter
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.api import console
 from service.api.error_handlers import error_response
 from service.budget import BodyBudget
 from service.core.errors import FacegateError, Overloaded
@@ -119,7 +122,7 @@ class Admission:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED:
+        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED or console.is_console(scope["path"]):
             return await self.app(scope, receive, send)
         refusal = self._refusal(scope)
         if refusal:

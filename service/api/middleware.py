@@ -85,8 +85,7 @@ class ApiKeyAuth:
             refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)
             response = refuse(any(presented)) if refuse else error_response(Unauthorized("a valid X-API-Key header is required"))
             return await response(scope, receive, send)
-        # A body-key route's key is not known yet; the console's files need none (they take keyed slots,
-        # not the few a client without a key may hold: a browser fetches several at once).
+        # A body-key route's key is not known yet; the console's files need none (and admission holds no slot for them).
         scope[AUTHENTICATED] = valid or (public and path not in self.body_key_paths)
         await self.app(scope, receive, send)
 

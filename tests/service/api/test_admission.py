@@ -210,6 +210,33 @@ async def _sink(message):
     return None
 
 
+def test_the_console_files_and_probes_take_no_slot():
+    """Issue 45 (N5): 2,000 GETs of /console/js/main.js, 128 at once, took keyed slots: keyed /verify
+    got 503 on 3 of 8 tries. With every slot held, the console's files and the probes still answer."""
+
+    async def scenario():
+        held = Held()
+        admission = _admission(held, limit=1)
+        busy = asyncio.create_task(_call(admission, _scope()))
+        await asyncio.sleep(0.05)
+        assert admission.inflight == 1 and (await _call(admission, _scope()))[0] == 503
+        passed = []
+
+        async def file(scope, receive, send):
+            passed.append(scope["path"])
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        admission.app = file
+        for path in ("/console/js/main.js", "/console/", "/healthz"):
+            assert (await _call(admission, {**_scope(keyed=True), "path": path}))[0] == 200
+        assert passed == ["/console/js/main.js", "/console/", "/healthz"] and admission.inflight == 1
+        held.release.set()
+        await busy
+
+    asyncio.run(scenario())
+
+
 def test_the_ticket_is_reachable_from_a_request():
     from starlette.requests import Request
 
