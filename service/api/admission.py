@@ -9,11 +9,13 @@ from one client address, and moves to a keyed slot once its key checks out (`Tic
 However many anonymous uploads trickle, keyed clients keep their slots. Beyond either limit: a JSON
 503 `overloaded` with Retry-After, at once.
 
-A keyed request's body is held against FACEGATE_MAX_BODY_MEGABYTES (`service.budget.BodyBudget`) from
-before it is read until its answer: its Content-Length, or FACEGATE_MAX_REQUEST_BYTES when it is
-chunked; one that does not fit waits up to FACEGATE_DECODE_WAIT seconds, then 503. An unauthenticated
-request's body is bounded by its class (its slots × FACEGATE_MAX_REQUEST_BYTES) and enters the budget
-with its key.
+A keyed request's body is charged to FACEGATE_MAX_BODY_MEGABYTES (`service.budget.BodyBudget`) as it
+arrives (`Ticket.charge`, called by `service.api.middleware.BodyLimit` for each piece) and held until
+its answer: what has arrived, never what is declared, so a body that trickles holds next to nothing
+(and BodyLimit ends it at its minimum upload rate). A piece that does not fit waits up to
+FACEGATE_DECODE_WAIT seconds, the body no longer read meanwhile, then 503. An unauthenticated
+request's body is bounded by its class (its slots × FACEGATE_MAX_REQUEST_BYTES) and enters the budget,
+what has arrived of it, with its key.
 
 Counts not open connections (an idle socket costs a file descriptor, and `service.api.server` closes
 it at its header deadline), and never refuses /healthz, /readyz, /metrics or the console's static
@@ -31,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.api import console
 from service.api.error_handlers import error_response
 from service.budget import BodyBudget
-from service.core.errors import FacegateError, Overloaded
+from service.core.errors import Overloaded
 
 ALWAYS_ADMITTED = {"/healthz", "/readyz", "/metrics"}
 AUTHENTICATED = "facegate.authenticated"  # scope key set by ApiKeyAuth: the request's key checked out (or none is needed)
@@ -41,13 +43,22 @@ TICKET = "facegate.admission"  # scope key: the request's Ticket
 class Ticket:
     """One admitted request's slot and body share, released when it ends."""
 
-    def __init__(self, admission: Admission, keyed: bool, client: str, body: int):
-        self.admission, self.keyed, self.client, self.body = admission, keyed, client, body
+    def __init__(self, admission: Admission, keyed: bool, client: str):
+        self.admission, self.keyed, self.client = admission, keyed, client
+        self.arrived = 0  # bytes of the body received so far
         self.held = 0  # bytes of the body budget taken
 
+    async def charge(self, size: int) -> None:
+        """`size` more bytes of the body arrived: a keyed request takes them from the body budget
+        (waiting for room, then 503 overloaded); an unauthenticated one counts them for later."""
+        self.arrived += size
+        room = self.admission.bodies.capacity - self.held  # a body larger than the whole budget holds all of it
+        if self.keyed and size and room:
+            self.held += await self.admission.bodies.acquire(min(size, room))
+
     async def authenticated(self) -> None:
-        """The key read from the body checked out: move to a keyed slot and into the body budget
-        (503 overloaded when the keyed slots are full, or the budget stays spent)."""
+        """The key read from the body checked out: move to a keyed slot and into the body budget with
+        what has arrived (503 overloaded when the keyed slots are full, or the budget stays spent)."""
         if self.keyed:
             return
         admission = self.admission
@@ -56,7 +67,7 @@ class Ticket:
         admission.inflight += 1
         if admission.inflight > admission.limit:
             raise Overloaded(admission.full_message())
-        self.held = await admission.bodies.acquire(self.body)
+        self.held = await admission.bodies.acquire(self.arrived)
 
     async def release(self) -> None:
         if self.keyed:
@@ -81,10 +92,9 @@ class Admission:
         unauthenticated: int,
         per_client: int,
         bodies: BodyBudget,
-        max_body: int,
     ):
         self.app, self.limit, self.unauthenticated, self.per_client = app, limit, unauthenticated, per_client
-        self.bodies, self.max_body = bodies, max_body
+        self.bodies = bodies
         self.inflight = 0
         self.waiting_for_key: Counter[str] = Counter()  # unauthenticated requests by client address
 
@@ -95,15 +105,6 @@ class Admission:
         self.waiting_for_key[client] -= 1
         if self.waiting_for_key[client] <= 0:
             del self.waiting_for_key[client]  # the counter stays as small as the requests in flight
-
-    def _body_size(self, scope: Scope) -> int:
-        """What a request's body will hold: its declared length (0 above the limit: BodyLimit refuses
-        it unread), the limit when chunked, else nothing."""
-        headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
-        if declared is not None:
-            return int(declared) if declared.isdigit() and int(declared) <= self.max_body else 0
-        return self.max_body if b"chunked" in headers.get(b"transfer-encoding", b"").lower() else 0
 
     def _refusal(self, scope: Scope) -> str | None:
         if scope.get(AUTHENTICATED):
@@ -129,18 +130,13 @@ class Admission:
             return await error_response(Overloaded(refusal))(scope, receive, send)
         keyed = bool(scope.get(AUTHENTICATED))
         client = (scope.get("client") or ("unknown",))[0]
-        admitted = Ticket(self, keyed, client, self._body_size(scope))
+        admitted = Ticket(self, keyed, client)
         if keyed:
             self.inflight += 1
         else:
             self.waiting_for_key[client] += 1
         scope[TICKET] = admitted
         try:
-            if keyed:
-                try:
-                    admitted.held = await self.bodies.acquire(admitted.body)
-                except FacegateError as exc:
-                    return await error_response(exc)(scope, receive, send)
             await self.app(scope, receive, send)
         finally:
             await admitted.release()

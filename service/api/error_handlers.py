@@ -31,6 +31,17 @@ def error_response(error: FacegateError, status: int | None = None, headers: Map
     return JSONResponse({"error": body}, status_code=status or error.status, headers=headers)
 
 
+class WhileReading(HTTPException):
+    """A typed error raised while a body is read (by `service.api.middleware.BodyLimit`): FastAPI turns
+    any exception from its body parsing into a 400 but an HTTPException, which it passes on; the
+    handler answers with the error it carries."""
+
+    def __init__(self, error: FacegateError, headers: Mapping[str, str] | None = None):
+        retry = {"Retry-After": str(error.retry_after)} if isinstance(error, Overloaded) else {}  # for routes that answer it themselves
+        super().__init__(error.status, error.message, headers={**(headers or {}), **retry})
+        self.error = error
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(FacegateError)
     async def facegate_error(_: Request, exc: FacegateError) -> JSONResponse:
@@ -42,6 +53,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc, WhileReading):
+            return error_response(exc.error, headers=exc.headers)
         error = error_for_status(exc.status_code)(str(exc.detail))
         return error_response(error, exc.status_code, exc.headers)
 

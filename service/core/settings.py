@@ -274,9 +274,9 @@ class Settings(BaseSettings):
     max_body_megabytes: float = Field(
         200.0,
         gt=0,
-        description="Request bodies held at once across requests, in MB (10⁶ bytes): each from before it is read until its answer "
-        "(its Content-Length; FACEGATE_MAX_REQUEST_BYTES when chunked); a body that does not fit waits (FACEGATE_DECODE_WAIT), "
-        "then 503 overloaded. The memory bound of docs/sizing.md.",
+        description="Request bodies held at once across requests, in MB (10⁶ bytes): what has arrived of each, until its answer "
+        "(never what it declares); a piece that does not fit waits, unread (FACEGATE_DECODE_WAIT), then 503 overloaded. "
+        "The memory bound of docs/sizing.md.",
     )
     max_faces: int = Field(
         32, ge=1, description="Most faces one image may hold where every face is embedded (/embed, /identify faces=all)."
@@ -296,6 +296,13 @@ class Settings(BaseSettings):
     )
     body_timeout: float = Field(
         60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed."
+    )
+    body_min_rate: int = Field(
+        16_384,
+        ge=0,
+        description="Bytes per second a request body must keep arriving at: at least this many times 5 in every 5 s until it "
+        "ends (time it waits for room in FACEGATE_MAX_BODY_MEGABYTES aside), else 408 request_timeout and the connection is "
+        "closed, so that a trickle cannot hold a slot or its share of the body budget (0: only FACEGATE_BODY_TIMEOUT).",
     )
     backlog: int = Field(2048, ge=1, description="Connections the kernel queues before `facegate serve` accepts them (listen backlog).")
     max_inflight_requests: int = Field(
