@@ -3,13 +3,20 @@ before the memory is used and gives it back when done; one that does not fit wai
 seconds gets 503 overloaded. Two are kept: decoded pixels (`PixelBudget`: memory grows with decoded
 pixels, not bytes — a 1.5 KB lossless WebP can decode to 40 MP, 120 MB of BGR — so an image's pixels
 are held from before its decode until its faces are embedded) and request bodies (`BodyBudget`,
-held by `service.api.admission` from before a body is read until its answer)."""
+charged by `service.api.admission` as a body arrives and held until its answer).
+
+`CostLanes` keeps cheap images from waiting behind costly ones: an image's cost (its pixels after
+the header check) is known before its decode, so images above a threshold go through a lane of
+their own, narrower than the engine's threads, and every client (`CLIENT`: its key, else its
+address) may have only so many pixels in flight; a normal photo never queues behind them."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
 from service.core.errors import Overloaded
 
@@ -62,3 +69,40 @@ class PixelBudget(Budget):
 class BodyBudget(Budget):
     def __init__(self, megabytes: float, wait: float):
         super().__init__(int(megabytes * 1_000_000), wait, f"request-body budget (FACEGATE_MAX_BODY_MEGABYTES={megabytes:g})")
+
+
+# Who a request is for admission and fairness: "key <digest prefix>" for a keyed request, else
+# "address <ip>"; set by service.api.middleware.ApiKeyAuth before anything else runs.
+CLIENT: ContextVar[str] = ContextVar("facegate_client", default="unknown")
+
+
+class CostLanes:
+    def __init__(self, threshold_megapixels: float, width: int, per_client_megapixels: float, wait: float):
+        """Images above `threshold_megapixels` run at most `width` at a time (waiting up to `wait`
+        seconds, then 503); a client's images in flight, of any cost, are capped at
+        `per_client_megapixels` (beyond it 503 at once, though one image always fits)."""
+        self.threshold = int(threshold_megapixels * 1_000_000)
+        self.per_client = int(per_client_megapixels * 1_000_000)
+        self.costly = Budget(width, wait, f"lane of images above FACEGATE_COSTLY_MEGAPIXELS={threshold_megapixels:g} ({width} at a time)")
+        self.in_flight: Counter[str] = Counter()  # pixels by client, on the event loop only
+
+    @asynccontextmanager
+    async def enter(self, pixels: int) -> AsyncIterator[None]:
+        client = CLIENT.get()
+        held = self.in_flight[client]
+        if held and held + pixels > self.per_client:
+            raise Overloaded(
+                f"this client has {held / 1e6:.1f} MP of images in flight (FACEGATE_CLIENT_MEGAPIXELS="
+                f"{self.per_client / 1e6:g}); retry in {Overloaded.retry_after} s"
+            )
+        self.in_flight[client] += pixels
+        try:
+            if pixels > self.threshold:
+                async with self.costly.hold(1):
+                    yield
+            else:
+                yield
+        finally:
+            self.in_flight[client] -= pixels
+            if self.in_flight[client] <= 0:
+                del self.in_flight[client]

@@ -78,6 +78,10 @@ class Ticket:
             self.admission.leave_unauthenticated(self.client)
 
 
+def client_address(scope: Scope) -> str:
+    return (scope.get("client") or ("unknown",))[0]
+
+
 def ticket(request: Request) -> Ticket | None:
     """The request's admission ticket (None on a path never refused)."""
     found: Ticket | None = request.scope.get(TICKET)
@@ -109,7 +113,7 @@ class Admission:
     def _refusal(self, scope: Scope) -> str | None:
         if scope.get(AUTHENTICATED):
             return self.full_message() if self.inflight >= self.limit else None
-        client = (scope.get("client") or ("unknown",))[0]
+        client = client_address(scope)
         if sum(self.waiting_for_key.values()) >= self.unauthenticated:
             return (
                 f"{self.unauthenticated} requests whose key is not yet known are being served "
@@ -129,7 +133,7 @@ class Admission:
         if refusal:
             return await error_response(Overloaded(refusal))(scope, receive, send)
         keyed = bool(scope.get(AUTHENTICATED))
-        client = (scope.get("client") or ("unknown",))[0]
+        client = client_address(scope)
         admitted = Ticket(self, keyed, client)
         if keyed:
             self.inflight += 1

@@ -10,16 +10,18 @@ at FACEGATE_BODY_MIN_RATE, and charges each piece to the request's admission tic
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import console
-from service.api.admission import AUTHENTICATED, TICKET, Ticket
+from service.api import body_key, console
+from service.api.admission import AUTHENTICATED, TICKET, Ticket, client_address
 from service.api.auth import ApiKeys
 from service.api.error_handlers import WhileReading, error_response
+from service.budget import CLIENT
 from service.core.errors import BodyTooLarge, FacegateError, RequestTimeout, Unauthorized
 from service.metrics import Metrics
 
@@ -58,7 +60,8 @@ class RequestMetrics:
 
 class ApiKeyAuth:
     """`body_key_paths`: routes whose clients send the key in the body (DeepStack's `api_key` form
-    field); their route class checks it, header or field, once the body is read. A request whose
+    field); their route class checks it, header or field, once the body is read, and a key among the
+    body's first fields (`service.api.body_key`) already counts here. A request whose
     key checked out here (or that needs none) is marked `AUTHENTICATED` for admission control.
     `refusals`: under a path prefix, the answer to a missing or empty (False) or wrong (True) key in
     a foreign API's shape.
@@ -80,6 +83,12 @@ class ApiKeyAuth:
         # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
         valid = not self.keys.enabled or (len(presented) == 1 and self.keys.check(presented[0].decode("latin-1")))
         path = scope.get("path")
+        key = presented[0].decode("latin-1") if valid and presented else None
+        if not valid and not presented and path in self.body_key_paths:  # a key in the body's first fields counts before admission
+            key, receive = await body_key.peek_key(scope, receive)
+            valid = key is not None and self.keys.check(key)
+        # who the request is for fairness (service.budget.CostLanes): its key, else its address
+        CLIENT.set(f"key {hashlib.sha256(key.encode()).hexdigest()[:16]}" if valid and key else f"address {client_address(scope)}")
         public = path in PUBLIC_PATHS or path in self.body_key_paths or (path is not None and console.is_console(path))
         if not valid and not public:
             refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)

@@ -87,6 +87,18 @@ class Settings(BaseSettings):
             "Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
         ),
     )
+    costly_megapixels: float = Field(
+        4.0,
+        gt=0,
+        description="Images above this many megapixels (after the header check: a large JPEG at its reduced size) go through a "
+        "lane one thread narrower than FACEGATE_WORKER_THREADS (at least one), so that cheap photos never wait behind them.",
+    )
+    client_megapixels: float = Field(
+        64.0,
+        gt=0,
+        description="Megapixels of images one client (its API key, else its address) may have in flight at once in this "
+        "process; beyond it 503 overloaded at once (one image always fits).",
+    )
     jpeg_reduce_to_side: int = Field(
         4000,
         ge=0,
