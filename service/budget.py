@@ -30,15 +30,16 @@ class Budget:
         self.setting = setting
         self._changed = asyncio.Condition()
 
-    async def acquire(self, amount: int) -> int:
-        """Take `amount` (capped at the whole budget: a request larger than it runs alone); what was
-        taken, to be given back with `release`."""
+    async def acquire(self, amount: int, wait: float | None = None) -> int:
+        """Take `amount` (capped at the whole budget: a request larger than it runs alone), waiting
+        up to `wait` seconds (the budget's own by default); what was taken, to be given back with `release`."""
         amount = min(amount, self.capacity)
+        wait = self.wait if wait is None else wait
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.free >= amount), self.wait)
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.free >= amount), wait)
             except asyncio.TimeoutError:
-                raise Overloaded(f"the {self.setting} stayed spent for {self.wait:g} s; retry later") from None
+                raise Overloaded(f"the {self.setting} stayed spent for {wait:g} s; retry later") from None
             self.free -= amount
         return amount
 

@@ -25,6 +25,8 @@ single-threaded: plain counters are exact."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import Counter
 
 from starlette.requests import Request
@@ -38,6 +40,7 @@ from service.core.errors import Overloaded
 ALWAYS_ADMITTED = {"/healthz", "/readyz", "/metrics"}
 AUTHENTICATED = "facegate.authenticated"  # scope key set by ApiKeyAuth: the request's key checked out (or none is needed)
 TICKET = "facegate.admission"  # scope key: the request's Ticket
+GIVE_WAY_POLL = 0.05  # seconds between looks, while a body waits for room, at whether every holder waits too
 
 
 class Ticket:
@@ -45,16 +48,38 @@ class Ticket:
 
     def __init__(self, admission: Admission, keyed: bool, client: str):
         self.admission, self.keyed, self.client = admission, keyed, client
+        self.number = next(admission.numbers)  # its order of admission: the newest gives way
         self.arrived = 0  # bytes of the body received so far
         self.held = 0  # bytes of the body budget taken
 
     async def charge(self, size: int) -> None:
         """`size` more bytes of the body arrived: a keyed request takes them from the body budget
-        (waiting for room, then 503 overloaded); an unauthenticated one counts them for later."""
+        (waiting for room, then 503 overloaded); an unauthenticated one counts them for later.
+        Bodies arriving at once can each hold part of the budget and all wait for more: when every
+        holder waits, none can finish, and the newest gives way (503) so that the others can."""
         self.arrived += size
-        room = self.admission.bodies.capacity - self.held  # a body larger than the whole budget holds all of it
-        if self.keyed and size and room:
-            self.held += await self.admission.bodies.acquire(min(size, room))
+        admission = self.admission
+        room = admission.bodies.capacity - self.held  # a body larger than the whole budget holds all of it
+        if not (self.keyed and size and room):
+            return
+        bodies, deadline = admission.bodies, time.monotonic() + admission.bodies.wait
+        try:
+            while True:
+                try:
+                    self.held += await bodies.acquire(min(size, room), wait=GIVE_WAY_POLL)
+                    admission.holding.add(self)
+                    return
+                except Overloaded:
+                    admission.waiting.add(self)  # after a first look found no room
+                    if time.monotonic() >= deadline:
+                        raise Overloaded(f"the {bodies.setting} stayed spent for {bodies.wait:g} s; retry later") from None
+                    if admission.gives_way() is self:
+                        raise Overloaded(
+                            "request bodies still arriving fill FACEGATE_MAX_BODY_MEGABYTES and each waits for more: "
+                            f"the newest gives way; retry in {Overloaded.retry_after} s"
+                        ) from None
+        finally:
+            admission.waiting.discard(self)
 
     async def authenticated(self) -> None:
         """The key read from the body checked out: move to a keyed slot and into the body budget with
@@ -68,10 +93,12 @@ class Ticket:
         if admission.inflight > admission.limit:
             raise Overloaded(admission.full_message())
         self.held = await admission.bodies.acquire(self.arrived)
+        admission.holding.add(self)
 
     async def release(self) -> None:
         if self.keyed:
             self.admission.inflight -= 1
+            self.admission.holding.discard(self)
             if self.held:
                 await self.admission.bodies.release(self.held)
         else:
@@ -100,7 +127,17 @@ class Admission:
         self.app, self.limit, self.unauthenticated, self.per_client = app, limit, unauthenticated, per_client
         self.bodies = bodies
         self.inflight = 0
+        self.numbers = itertools.count()
+        self.holding: set[Ticket] = set()  # keyed requests holding part of the body budget
+        self.waiting: set[Ticket] = set()  # requests waiting for room in it
         self.waiting_for_key: Counter[str] = Counter()  # unauthenticated requests by client address
+
+    def gives_way(self) -> Ticket | None:
+        """Where every request holding part of the body budget waits for more (none can finish and
+        give any back), the newest of them, which is refused so that the others go on; else None."""
+        if self.holding and self.holding <= self.waiting:
+            return max(self.holding, key=lambda held: held.number)
+        return None
 
     def full_message(self) -> str:
         return f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {Overloaded.retry_after} s"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -170,6 +171,28 @@ def test_request_bodies_are_charged_to_their_budget_as_they_arrive():
         held.release.set()
         assert [(await t)[0] for t in [*first, small]] == [200] * 3
         assert admission.bodies.free == 50 * MB
+
+    asyncio.run(scenario())
+
+
+def test_bodies_that_all_wait_for_room_do_not_wait_for_each_other():
+    """Charged on arrival, three 6 MB bodies at once in a 10 MB budget each held part and all waited
+    for more: none could finish before FACEGATE_DECODE_WAIT. The newest gives way at once; the
+    others are read and served."""
+
+    async def scenario():
+        held = Reader()
+        admission = _with_bodies(held, limit=10, megabytes=10.0, wait=30.0)
+        started = time.monotonic()
+        bodies = [asyncio.create_task(_call(admission, _scope(), [b"x" * MB] * 6)) for _ in range(3)]
+        done, _ = await asyncio.wait(bodies, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        (refused,) = done
+        status, body = refused.result()
+        assert status == 503 and "gives way" in body["error"]["message"] and refused is bodies[2]  # the newest
+        await asyncio.sleep(0.2)
+        held.release.set()
+        assert [(await t)[0] for t in bodies[:2]] == [200, 200] and time.monotonic() - started < 5
+        assert admission.bodies.free == 10 * MB and not admission.holding and not admission.waiting
 
     asyncio.run(scenario())
 
