@@ -83,7 +83,7 @@ class ApiKeyAuth:
         # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
         valid = not self.keys.enabled or (len(presented) == 1 and self.keys.check(presented[0].decode("latin-1")))
         path = scope.get("path")
-        key = presented[0].decode("latin-1") if valid and presented else None
+        key = presented[0].decode("latin-1") if self.keys.enabled and valid else None  # a key that checked out, never one made up
         if not valid and not presented and path in self.body_key_paths:  # a key in the body's first fields counts before admission
             key, receive = await body_key.peek_key(scope, receive)
             valid = key is not None and self.keys.check(key)

@@ -14,6 +14,7 @@ from service.api.admission import AUTHENTICATED
 from service.api.auth import ApiKeys
 from service.api.body_key import PEEK_BYTES, peek_key
 from service.api.middleware import ApiKeyAuth
+from service.budget import CLIENT
 
 KEY = "body-key"
 PATH = "/v1/vision/face/recognize"
@@ -99,3 +100,32 @@ def test_a_body_that_does_not_come_is_waited_for_briefly(monkeypatch):
         return await asyncio.wait_for(peek_key({"headers": headers}, never), 5)
 
     assert asyncio.run(scenario())[0] is None
+
+
+@pytest.mark.parametrize(
+    "keys, headers, body, who",
+    [
+        ([KEY], [(b"x-api-key", KEY.encode())], None, "key"),
+        ([KEY], [], {"api_key": KEY}, "key"),  # found among the first fields
+        ([], [(b"x-api-key", b"made-up")], None, "address"),  # no keys configured: a header proves nothing
+        ([KEY], [(b"x-api-key", b"wrong")], None, "address"),
+    ],
+)
+def test_a_request_is_its_key_for_fairness_only_where_the_key_checked_out(keys, headers, body, who):
+    """The per-client pixel cap (service.budget.CostLanes) counts by key: a key nobody checked would
+    let a client without one take a fresh share with every made-up value."""
+    seen = {}
+
+    async def app(scope, receive, send):
+        seen["client"] = CLIENT.get()
+
+    form_body, form_headers = _form(body) if body else (b"", [])
+    queue = _pieces(form_body)
+
+    async def receive():
+        return queue.pop(0)
+
+    scope = {"type": "http", "path": PATH, "headers": headers + form_headers, "client": ("10.1.2.3", 5000)}
+    asyncio.run(ApiKeyAuth(app, ApiKeys(keys), body_key_paths=frozenset({PATH}))(scope, receive, None))
+    assert seen["client"].split()[0] == who
+    assert seen["client"] == "address 10.1.2.3" or KEY not in seen["client"]  # a digest, never the key itself
