@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from typing import Protocol, runtime_checkable
 
 from service.core.errors import Overloaded
 
@@ -77,26 +79,52 @@ class BodyBudget(Budget):
 CLIENT: ContextVar[str] = ContextVar("facegate_client", default="unknown")
 
 
+@runtime_checkable
+class SharedTally(Protocol):
+    """Per-client counts every worker process of a host shares (the model host's: `HostedModels`)."""
+
+    def take(self, client: str, amount: int, cap: int) -> Future: ...
+    def give(self, client: str, amount: int) -> None: ...
+
+
 class CostLanes:
-    def __init__(self, threshold_megapixels: float, width: int, per_client_megapixels: float, wait: float):
+    def __init__(
+        self, threshold_megapixels: float, width: int, per_client_megapixels: float, wait: float, shared: SharedTally | None = None
+    ):
         """Images above `threshold_megapixels` run at most `width` at a time (waiting up to `wait`
         seconds, then 503); a client's images in flight, of any cost, are capped at
-        `per_client_megapixels` (beyond it 503 at once, though one image always fits)."""
+        `per_client_megapixels` (beyond it 503 at once, though one image always fits), counted
+        across the host's worker processes where `shared` is given, else in this process."""
         self.threshold = int(threshold_megapixels * 1_000_000)
         self.per_client = int(per_client_megapixels * 1_000_000)
         self.costly = Budget(width, wait, f"lane of images above FACEGATE_COSTLY_MEGAPIXELS={threshold_megapixels:g} ({width} at a time)")
-        self.in_flight: Counter[str] = Counter()  # pixels by client, on the event loop only
+        self.shared = shared
+        self.in_flight: Counter[str] = Counter()  # pixels by client, on the event loop only (without `shared`)
+
+    async def _take(self, client: str, pixels: int) -> bool:
+        if self.shared is not None:
+            taken: bool = await asyncio.wrap_future(self.shared.take(client, pixels, self.per_client))
+            return taken
+        if self.in_flight[client] and self.in_flight[client] + pixels > self.per_client:
+            return False
+        self.in_flight[client] += pixels
+        return True
+
+    def _give(self, client: str, pixels: int) -> None:
+        if self.shared is not None:
+            return self.shared.give(client, pixels)
+        self.in_flight[client] -= pixels
+        if self.in_flight[client] <= 0:
+            del self.in_flight[client]
 
     @asynccontextmanager
     async def enter(self, pixels: int) -> AsyncIterator[None]:
         client = CLIENT.get()
-        held = self.in_flight[client]
-        if held and held + pixels > self.per_client:
+        if not await self._take(client, pixels):
             raise Overloaded(
-                f"this client has {held / 1e6:.1f} MP of images in flight (FACEGATE_CLIENT_MEGAPIXELS="
-                f"{self.per_client / 1e6:g}); retry in {Overloaded.retry_after} s"
+                f"this client already has images in flight up to FACEGATE_CLIENT_MEGAPIXELS={self.per_client / 1e6:g}; "
+                f"retry in {Overloaded.retry_after} s"
             )
-        self.in_flight[client] += pixels
         try:
             if pixels > self.threshold:
                 async with self.costly.hold(1):
@@ -104,6 +132,4 @@ class CostLanes:
             else:
                 yield
         finally:
-            self.in_flight[client] -= pixels
-            if self.in_flight[client] <= 0:
-                del self.in_flight[client]
+            self._give(client, pixels)

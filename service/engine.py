@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.budget import CostLanes, PixelBudget
+from service.budget import CostLanes, PixelBudget, SharedTally
 from service.core.cpus import available_cores
 from service.core.decode import Probe
 from service.core.pipeline import Detect, EmbeddedFace, FacePipeline, FacePolicy, Steps, advance
@@ -50,7 +50,13 @@ class Engine:
         self.models: ModelRuns = hosted or LocalModels(settings, pipeline, metrics, self.executor, settings.batching)
         self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
         # One thread (and decoder process) is always left to cheap images; with one thread there is none to keep.
-        self.lanes = CostLanes(settings.costly_megapixels, max(1, self.workers - 1), settings.client_megapixels, settings.decode_wait)
+        self.lanes = CostLanes(
+            settings.costly_megapixels,
+            max(1, self.workers - 1),
+            settings.client_megapixels,
+            settings.decode_wait,
+            hosted if isinstance(hosted, SharedTally) else None,  # a client's share counted across the host's workers
+        )
 
     def describe(self) -> dict:
         """What /readyz reports of how requests are served."""

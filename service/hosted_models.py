@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -172,16 +173,26 @@ class HostedModels:
             else:
                 future.set_result(result)
 
-    def ask(self, kind: str) -> Future:
+    def ask(self, kind: str, *args) -> Future:
         """A question to the host whose answer is its value: `ready` (once warmed up: the warm-up's
-        error or None), `metrics` (its metric families)."""
+        error or None), `metrics` (its metric families), `take` (whether a client's share fit)."""
         future: Future = Future()
         number = next(self._numbers)
         with self._lock:
             connection = self._connection or self._reconnect()
             self._pending[number] = (future, None, 0)
-            connection.send((kind, number))
+            connection.send((kind, number, *args))
         return future
+
+    def take(self, client: str, amount: int, cap: int) -> Future:
+        """`amount` more of `client`'s share of the host, if it stays under `cap` (its future: whether it did)."""
+        return self.ask("take", client, amount, cap)
+
+    def give(self, client: str, amount: int) -> None:
+        """Give back what `take` took (nothing to wait for; a host gone has forgotten it anyway)."""
+        with self._lock, suppress(OSError):
+            if self._connection is not None:
+                self._connection.send(("give", client, amount))
 
     def start_warm_up(self, done: Callable[[str | None], None]) -> None:
         """The host warms its models up once for every worker: wait for it in the background."""

@@ -96,8 +96,9 @@ class Settings(BaseSettings):
     client_megapixels: float = Field(
         64.0,
         gt=0,
-        description="Megapixels of images one client (its API key, else its address) may have in flight at once in this "
-        "process; beyond it 503 overloaded at once (one image always fits).",
+        description="Megapixels of images one client (its API key, else its address) may have in flight at once, across the "
+        "worker processes of `facegate serve --workers N` (counted by their model host); beyond it 503 overloaded at once "
+        "(one image always fits).",
     )
     jpeg_reduce_to_side: int = Field(
         4000,
