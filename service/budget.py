@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
-from service.core.errors import Overloaded
+from service.core.errors import ModelUnavailable, Overloaded
 
 
 class Budget:
@@ -103,7 +103,10 @@ class CostLanes:
 
     async def _take(self, client: str, pixels: int) -> bool:
         if self.shared is not None:
-            taken: bool = await asyncio.wrap_future(self.shared.take(client, pixels, self.per_client))
+            try:
+                taken: bool = await asyncio.wrap_future(self.shared.take(client, pixels, self.per_client))
+            except (OSError, EOFError) as exc:  # where the models run: no image goes on without it
+                raise ModelUnavailable(f"the model host is not answering ({exc}); retry shortly") from None
             return taken
         if self.in_flight[client] and self.in_flight[client] + pixels > self.per_client:
             return False

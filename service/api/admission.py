@@ -25,6 +25,7 @@ single-threaded: plain counters are exact."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections import Counter
@@ -34,20 +35,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import console
 from service.api.error_handlers import error_response
-from service.budget import BodyBudget
-from service.core.errors import Overloaded
+from service.budget import BodyBudget, SharedTally
+from service.core.errors import FacegateError, Overloaded
 
 ALWAYS_ADMITTED = {"/healthz", "/readyz", "/metrics"}
 AUTHENTICATED = "facegate.authenticated"  # scope key set by ApiKeyAuth: the request's key checked out (or none is needed)
 TICKET = "facegate.admission"  # scope key: the request's Ticket
+ANONYMOUS = "anonymous"  # the shared tally's name for requests whose key is not yet known (and, with an address, one client's)
 GIVE_WAY_POLL = 0.05  # seconds between looks, while a body waits for room, at whether every holder waits too
 
 
 class Ticket:
     """One admitted request's slot and body share, released when it ends."""
 
-    def __init__(self, admission: Admission, keyed: bool, client: str):
-        self.admission, self.keyed, self.client = admission, keyed, client
+    def __init__(self, admission: Admission, keyed: bool, client: str, shared: SharedTally | None = None):
+        """`shared`: where an unauthenticated request's slot is also counted for the whole host."""
+        self.admission, self.keyed, self.client, self.shared = admission, keyed, client, shared
         self.number = next(admission.numbers)  # its order of admission: the newest gives way
         self.arrived = 0  # bytes of the body received so far
         self.held = 0  # bytes of the body budget taken
@@ -87,7 +90,7 @@ class Ticket:
         if self.keyed:
             return
         admission = self.admission
-        admission.leave_unauthenticated(self.client)
+        admission.leave_unauthenticated(self.client, self.shared)
         self.keyed = True
         admission.inflight += 1
         if admission.inflight > admission.limit:
@@ -102,7 +105,15 @@ class Ticket:
             if self.held:
                 await self.admission.bodies.release(self.held)
         else:
-            self.admission.leave_unauthenticated(self.client)
+            self.admission.leave_unauthenticated(self.client, self.shared)
+
+
+def _shared_tally(scope: Scope) -> SharedTally | None:
+    """The counts the worker processes of this host share (their model host's), if any: known once
+    the app's lifespan has started it."""
+    service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+    hosted = getattr(service, "hosted", None)
+    return hosted if isinstance(hosted, SharedTally) else None
 
 
 def client_address(scope: Scope) -> str:
@@ -142,25 +153,44 @@ class Admission:
     def full_message(self) -> str:
         return f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {Overloaded.retry_after} s"
 
-    def leave_unauthenticated(self, client: str) -> None:
+    def leave_unauthenticated(self, client: str, shared: SharedTally | None) -> None:
         self.waiting_for_key[client] -= 1
         if self.waiting_for_key[client] <= 0:
             del self.waiting_for_key[client]  # the counter stays as small as the requests in flight
+        if shared is not None:
+            shared.give(ANONYMOUS, 1)
+            shared.give(f"{ANONYMOUS} {client}", 1)
+
+    async def _shared_refusal(self, shared: SharedTally, client: str) -> str | None:
+        """The host-wide count of unauthenticated requests (`facegate serve --workers N`: the model
+        host's tally), taken for this one; the refusal where it is full."""
+        if not await asyncio.wrap_future(shared.take(ANONYMOUS, 1, self.unauthenticated)):
+            return self._all_taken()
+        if not await asyncio.wrap_future(shared.take(f"{ANONYMOUS} {client}", 1, self.per_client)):
+            shared.give(ANONYMOUS, 1)
+            return self._client_taken()
+        return None
+
+    def _all_taken(self) -> str:
+        return (
+            f"{self.unauthenticated} requests whose key is not yet known are being served "
+            f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
+        )
+
+    def _client_taken(self) -> str:
+        return (
+            f"{self.per_client} requests whose key is not yet known are being served for this client "
+            f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
+        )
 
     def _refusal(self, scope: Scope) -> str | None:
         if scope.get(AUTHENTICATED):
             return self.full_message() if self.inflight >= self.limit else None
         client = client_address(scope)
         if sum(self.waiting_for_key.values()) >= self.unauthenticated:
-            return (
-                f"{self.unauthenticated} requests whose key is not yet known are being served "
-                f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
-            )
+            return self._all_taken()
         if self.waiting_for_key[client] >= self.per_client:
-            return (
-                f"{self.per_client} requests whose key is not yet known are being served for this client "
-                f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
-            )
+            return self._client_taken()
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -171,7 +201,15 @@ class Admission:
             return await error_response(Overloaded(refusal))(scope, receive, send)
         keyed = bool(scope.get(AUTHENTICATED))
         client = client_address(scope)
-        admitted = Ticket(self, keyed, client)
+        shared = None if keyed else _shared_tally(scope)
+        if shared is not None:
+            try:
+                refusal = await self._shared_refusal(shared, client)
+            except (OSError, EOFError, FacegateError):  # the model host is away (restarting): this process's counts hold
+                shared, refusal = None, None
+            if refusal:
+                return await error_response(Overloaded(refusal))(scope, receive, send)
+        admitted = Ticket(self, keyed, client, shared)
         if keyed:
             self.inflight += 1
         else:

@@ -328,7 +328,8 @@ class Settings(BaseSettings):
         16,
         ge=1,
         description="Requests served at once whose key is not known until their body is read (DeepStack's api_key form field); "
-        "they never take one of FACEGATE_MAX_INFLIGHT_REQUESTS until it checks out. Beyond it 503 overloaded.",
+        "they never take one of FACEGATE_MAX_INFLIGHT_REQUESTS until it checks out. Beyond it 503 overloaded. Counted for the "
+        "whole host with `facegate serve --workers N` (by the model host).",
     )
     max_unauthenticated_per_client: int = Field(
         4, ge=1, description="Of FACEGATE_MAX_UNAUTHENTICATED_REQUESTS, the most from one client address."

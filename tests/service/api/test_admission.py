@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +19,7 @@ from service.api.error_handlers import WhileReading, error_response
 from service.api.middleware import ABANDONED, BodyLimit, CancelOnDisconnect
 from service.budget import BodyBudget
 from service.core.errors import Overloaded
+from service.model_host import Tally
 
 
 class Held:
@@ -360,3 +364,47 @@ def test_the_ticket_is_reachable_from_a_request():
     from starlette.requests import Request
 
     assert ticket(Request({"type": "http", "headers": []})) is None
+
+
+class _HostTally:
+    """The model host's Tally as one worker process reaches it (its answers at once)."""
+
+    def __init__(self, tally: Tally):
+        self.tally, self.mine = tally, Counter()
+
+    def take(self, client: str, amount: int, cap: int) -> Future:
+        answer: Future = Future()
+        answer.set_result(self.tally.take(client, amount, cap, self.mine))
+        return answer
+
+    def give(self, client: str, amount: int) -> None:
+        self.tally.give(client, amount, self.mine)
+
+
+def test_requests_whose_key_is_unknown_are_counted_across_the_workers_of_a_host():
+    """Issue 45 (N4): with 4 workers, 7 of 10 anonymous uploads from one address were admitted (4 a
+    worker). With a model host, its tally counts them for every worker."""
+
+    async def scenario():
+        tally = Tally()
+        held = Held()
+        workers = [_admission(held, unauthenticated=3, per_client=2) for _ in range(2)]
+        apps = [SimpleNamespace(state=SimpleNamespace(service=SimpleNamespace(hosted=_HostTally(tally)))) for _ in workers]
+
+        def anonymous(worker: int, client: str):
+            scope = {**_scope(client, keyed=False), "app": apps[worker]}
+            return asyncio.create_task(_call(workers[worker], scope))
+
+        first = [anonymous(0, "10.0.0.1"), anonymous(1, "10.0.0.1")]
+        await asyncio.sleep(0.05)
+        status, body = await anonymous(0, "10.0.0.1")  # its third, through either worker
+        assert status == 503 and "FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT" in body["error"]["message"]
+        first.append(anonymous(1, "10.0.0.2"))
+        await asyncio.sleep(0.05)
+        status, body = await anonymous(0, "10.0.0.3")  # the host's three are taken, one of them on the other worker
+        assert status == 503 and "FACEGATE_MAX_UNAUTHENTICATED_REQUESTS" in body["error"]["message"]
+        held.release.set()
+        assert [(await t)[0] for t in first] == [200] * 3
+        assert not tally.held
+
+    asyncio.run(scenario())
