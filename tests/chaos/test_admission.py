@@ -98,3 +98,26 @@ def test_large_json_bodies_at_once_stay_within_the_body_budget(tmp_path):
         print(f"{BODIES} × {len(body) / 1e6:.0f} MB JSON bodies: PSS base {memory.base / 1e6:.0f} MB, peak +{memory.growth / 1e6:.0f} MB")
         assert set(statuses) == {503}, statuses  # parsed, then: no model loaded (the body is what is measured)
         assert memory.growth < 350e6, f"the server grew by {memory.growth / 1e6:.0f} MB"  # 2 bodies' copies, and slack
+
+
+def test_unauthenticated_uploads_from_one_address_are_counted_across_the_workers(tmp_path):
+    """Issue 45 (N4): with 4 workers, 7 of 10 anonymous uploads from one address were admitted,
+    FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT (4) counted by each worker. With two workers the host's
+    model host counts them: 4 admitted, whichever worker each reached."""
+    env = without_models(tmp_path, FACEGATE_API_KEYS=KEY, FACEGATE_WORKERS="2", FACEGATE_BODY_MIN_RATE="0")
+    with facegate_serve(env, tmp_path / "server.log") as (url, port, _):
+        sockets = [_trickle(port, "127.0.0.2") for _ in range(10)]
+        try:
+            answers: dict = {}
+
+            def refused() -> bool:  # each upload is admitted or refused once its first fields were looked at for a key
+                answers.update({s: _answer(s) for s in sockets if not answers.get(s)})
+                return sum(a.startswith(b"HTTP/1.1 503") for a in answers.values()) >= 6
+
+            wait_until(refused, "6 of the 10 uploads refused, whichever worker each reached", timeout=30, step=0.2)
+            same_address = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10)
+            assert same_address.post(f"{url}/v1/vision/face/list").status_code == 503  # its 4 are taken on the host
+            assert httpx.post(f"{url}/v1/vision/face/list", timeout=10).status_code == 401  # another address: admitted, no key
+        finally:
+            for s in sockets:
+                s.close()
