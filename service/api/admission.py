@@ -54,6 +54,7 @@ class Ticket:
         self.number = next(admission.numbers)  # its order of admission: the newest gives way
         self.arrived = 0  # bytes of the body received so far
         self.held = 0  # bytes of the body budget taken
+        self.need = 0  # bytes of it the piece it waits with needs
 
     async def charge(self, size: int) -> None:
         """`size` more bytes of the body arrived: a keyed request takes them from the body budget
@@ -66,10 +67,11 @@ class Ticket:
         if not (self.keyed and size and room):
             return
         bodies, deadline = admission.bodies, time.monotonic() + admission.bodies.wait
+        self.need = min(size, room)
         try:
             while True:
                 try:
-                    self.held += await bodies.acquire(min(size, room), wait=GIVE_WAY_POLL)
+                    self.held += await bodies.acquire(self.need, wait=GIVE_WAY_POLL)
                     admission.holding.add(self)
                     return
                 except Overloaded:
@@ -101,9 +103,11 @@ class Ticket:
     async def release(self) -> None:
         if self.keyed:
             self.admission.inflight -= 1
-            self.admission.holding.discard(self)
-            if self.held:
-                await self.admission.bodies.release(self.held)
+            try:
+                if self.held:
+                    await self.admission.bodies.release(self.held)
+            finally:  # a holder until its share is back: else the others could see none but waiters and give way
+                self.admission.holding.discard(self)
         else:
             self.admission.leave_unauthenticated(self.client, self.shared)
 
@@ -144,9 +148,9 @@ class Admission:
         self.waiting_for_key: Counter[str] = Counter()  # unauthenticated requests by client address
 
     def gives_way(self) -> Ticket | None:
-        """Where every request holding part of the body budget waits for more (none can finish and
-        give any back), the newest of them, which is refused so that the others go on; else None."""
-        if self.holding and self.holding <= self.waiting:
+        """Where every request holding part of the body budget waits for more than is free (none can
+        finish and give any back), the newest of them, which is refused so that the others go on; else None."""
+        if self.holding and self.holding <= self.waiting and all(waiting.need > self.bodies.free for waiting in self.waiting):
             return max(self.holding, key=lambda held: held.number)
         return None
 

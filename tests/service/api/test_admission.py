@@ -181,14 +181,16 @@ def test_request_bodies_are_charged_to_their_budget_as_they_arrive():
 
 def test_bodies_that_all_wait_for_room_do_not_wait_for_each_other():
     """Charged on arrival, three 6 MB bodies at once in a 10 MB budget each held part and all waited
-    for more: none could finish before FACEGATE_DECODE_WAIT. The newest gives way at once; the
-    others are read and served."""
+    for more: none could finish before FACEGATE_DECODE_WAIT. The newest gives way at once (its 2 MB
+    back); the others are read, one after the other, and served."""
 
     async def scenario():
         held = Reader()
         admission = _with_bodies(held, limit=10, megabytes=10.0, wait=30.0)
         started = time.monotonic()
-        bodies = [asyncio.create_task(_call(admission, _scope(), [b"x" * MB] * 6)) for _ in range(3)]
+        # 4 + 4 + 2 MB arrive first and fill the budget; then each waits for its next piece (2, 2, 4 MB)
+        pieces = [[b"x" * 4 * MB, b"x" * 2 * MB], [b"x" * 4 * MB, b"x" * 2 * MB], [b"x" * 2 * MB, b"x" * 4 * MB]]
+        bodies = [asyncio.create_task(_call(admission, _scope(), body)) for body in pieces]
         done, _ = await asyncio.wait(bodies, timeout=5, return_when=asyncio.FIRST_COMPLETED)
         (refused,) = done
         status, body = refused.result()
