@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 FIELD = b"api_key"
 PEEK_BYTES = 8192
 PEEK_SECONDS = 2.0
+FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")
 
 
 class _FirstFields:
@@ -89,6 +90,8 @@ async def peek_key(scope: Scope, receive: Receive) -> tuple[str | None, Receive]
     """The `api_key` form field near the start of the request's body (or None), and a `receive` that
     replays what was read before reading on."""
     content_type = dict(scope["headers"]).get(b"content-type", b"")
+    if parse_options_header(content_type)[0] not in FORMS:  # no form, no field: nothing is read
+        return None, receive
     read: list[Message] = []
     prefix, complete = b"", False
     deadline = time.monotonic() + PEEK_SECONDS
