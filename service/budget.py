@@ -3,13 +3,22 @@ before the memory is used and gives it back when done; one that does not fit wai
 seconds gets 503 overloaded. Two are kept: decoded pixels (`PixelBudget`: memory grows with decoded
 pixels, not bytes — a 1.5 KB lossless WebP can decode to 40 MP, 120 MB of BGR — so an image's pixels
 are held from before its decode until its faces are embedded) and request bodies (`BodyBudget`,
-held by `service.api.admission` from before a body is read until its answer)."""
+charged by `service.api.admission` as a body arrives and held until its answer).
+
+`CostLanes` keeps cheap images from waiting behind costly ones: an image's cost (its pixels after
+the header check) is known before its decode, so images above a threshold go through a lane of
+their own, narrower than the engine's threads, and every client (`CLIENT`: its key, else its
+address) may have only so many pixels in flight; a normal photo never queues behind them."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Protocol, runtime_checkable
 
 from service.core.errors import Overloaded
 
@@ -23,15 +32,16 @@ class Budget:
         self.setting = setting
         self._changed = asyncio.Condition()
 
-    async def acquire(self, amount: int) -> int:
-        """Take `amount` (capped at the whole budget: a request larger than it runs alone); what was
-        taken, to be given back with `release`."""
+    async def acquire(self, amount: int, wait: float | None = None) -> int:
+        """Take `amount` (capped at the whole budget: a request larger than it runs alone), waiting
+        up to `wait` seconds (the budget's own by default); what was taken, to be given back with `release`."""
         amount = min(amount, self.capacity)
+        wait = self.wait if wait is None else wait
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.free >= amount), self.wait)
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.free >= amount), wait)
             except asyncio.TimeoutError:
-                raise Overloaded(f"the {self.setting} stayed spent for {self.wait:g} s; retry later") from None
+                raise Overloaded(f"the {self.setting} stayed spent for {wait:g} s; retry later") from None
             self.free -= amount
         return amount
 
@@ -62,3 +72,67 @@ class PixelBudget(Budget):
 class BodyBudget(Budget):
     def __init__(self, megabytes: float, wait: float):
         super().__init__(int(megabytes * 1_000_000), wait, f"request-body budget (FACEGATE_MAX_BODY_MEGABYTES={megabytes:g})")
+
+
+# Who a request is for admission and fairness: "key <digest prefix>" for a keyed request, else
+# "address <ip>"; set by service.api.middleware.ApiKeyAuth before anything else runs.
+CLIENT: ContextVar[str] = ContextVar("facegate_client", default="unknown")
+
+
+@runtime_checkable
+class SharedTally(Protocol):
+    """Per-client counts every worker process of a host shares (the model host's: `HostedModels`)."""
+
+    def take(self, client: str, amount: int, cap: int) -> Future: ...
+    def give(self, client: str, amount: int) -> None: ...
+
+
+class CostLanes:
+    def __init__(
+        self, threshold_megapixels: float, width: int, per_client_megapixels: float, wait: float, shared: SharedTally | None = None
+    ):
+        """Images above `threshold_megapixels` run at most `width` at a time (waiting up to `wait`
+        seconds, then 503); a client's images in flight, of any cost, are capped at
+        `per_client_megapixels` (beyond it 503 at once, though one image always fits), counted
+        across the host's worker processes where `shared` is given, else in this process."""
+        self.threshold = int(threshold_megapixels * 1_000_000)
+        self.per_client = int(per_client_megapixels * 1_000_000)
+        self.costly = Budget(width, wait, f"lane of images above FACEGATE_COSTLY_MEGAPIXELS={threshold_megapixels:g} ({width} at a time)")
+        self.shared = shared
+        self.in_flight: Counter[str] = Counter()  # pixels by client, on the event loop only (without `shared`)
+
+    async def _take(self, client: str, pixels: int) -> bool:
+        if self.shared is not None:
+            # sent off the loop (a send may wait on the link's lock); a host that cannot answer fails it with 503
+            asked = await asyncio.to_thread(self.shared.take, client, pixels, self.per_client)
+            taken: bool = await asyncio.wrap_future(asked)
+            return taken
+        if self.in_flight[client] and self.in_flight[client] + pixels > self.per_client:
+            return False
+        self.in_flight[client] += pixels
+        return True
+
+    def _give(self, client: str, pixels: int) -> None:
+        if self.shared is not None:
+            asyncio.get_running_loop().run_in_executor(None, self.shared.give, client, pixels)  # off the loop, like take
+            return
+        self.in_flight[client] -= pixels
+        if self.in_flight[client] <= 0:
+            del self.in_flight[client]
+
+    @asynccontextmanager
+    async def enter(self, pixels: int) -> AsyncIterator[None]:
+        client = CLIENT.get()
+        if not await self._take(client, pixels):
+            raise Overloaded(
+                f"this client already has images in flight up to FACEGATE_CLIENT_MEGAPIXELS={self.per_client / 1e6:g}; "
+                f"retry in {Overloaded.retry_after} s"
+            )
+        try:
+            if pixels > self.threshold:
+                async with self.costly.hold(1):
+                    yield
+            else:
+                yield
+        finally:
+            self._give(client, pixels)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.budget import PixelBudget
+from service.budget import CostLanes, PixelBudget, SharedTally
 from service.core.cpus import available_cores
 from service.core.decode import Probe
 from service.core.errors import ModelUnavailable
@@ -52,6 +52,14 @@ class Engine:
         self.models: ModelRuns = hosted or LocalModels(settings, pipeline, metrics, self.executor, settings.batching)
         self.pixels = PixelBudget(settings.max_decoded_megapixels, settings.decode_wait)
         self.run_timeout = settings.model_run_timeout
+        # One thread (and decoder process) is always left to cheap images; with one thread there is none to keep.
+        self.lanes = CostLanes(
+            settings.costly_megapixels,
+            max(1, self.workers - 1),
+            settings.client_megapixels,
+            settings.decode_wait,
+            hosted if isinstance(hosted, SharedTally) else None,  # a client's share counted across the host's workers
+        )
 
     def describe(self) -> dict:
         """What /readyz reports of how requests are served."""
@@ -129,11 +137,12 @@ class Engine:
         decoded pixels are held against the pixel budget until the faces are embedded. `timings`, when
         given, gets the seconds the image waited on each model ("detect", "embed"), its batch included:
         what CompreFace's `execution_time` reports. A request cancelled meanwhile (its client gone)
-        stops its probe or decode where it is."""
+        stops its probe or decode where it is. A costly image goes through its lane first
+        (`CostLanes`: one thread always stays free for cheap ones), then the pixel budget."""
         cancel = threading.Event()
         try:
             sent = await self._run(self.pipeline.probe, data, cancel)
-            async with self.pixels.hold(sent.budget_pixels):
+            async with self.lanes.enter(sent.budget_pixels), self.pixels.hold(sent.budget_pixels):
                 return await self._faces(data, sent, aligned, policy, chips, {} if timings is None else timings, cancel)
         finally:
             cancel.set()  # after an answer nothing listens; after a cancellation the decoder process is stopped

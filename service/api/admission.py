@@ -9,59 +9,119 @@ from one client address, and moves to a keyed slot once its key checks out (`Tic
 However many anonymous uploads trickle, keyed clients keep their slots. Beyond either limit: a JSON
 503 `overloaded` with Retry-After, at once.
 
-A keyed request's body is held against FACEGATE_MAX_BODY_MEGABYTES (`service.budget.BodyBudget`) from
-before it is read until its answer: its Content-Length, or FACEGATE_MAX_REQUEST_BYTES when it is
-chunked; one that does not fit waits up to FACEGATE_DECODE_WAIT seconds, then 503. An unauthenticated
-request's body is bounded by its class (its slots × FACEGATE_MAX_REQUEST_BYTES) and enters the budget
-with its key.
+A keyed request's body is charged to FACEGATE_MAX_BODY_MEGABYTES (`service.budget.BodyBudget`) as it
+arrives (`Ticket.charge`, called by `service.api.middleware.BodyLimit` for each piece) and held until
+its answer: what has arrived, never what is declared, so a body that trickles holds next to nothing
+(and BodyLimit ends it at its minimum upload rate). A piece that does not fit waits up to
+FACEGATE_DECODE_WAIT seconds, the body no longer read meanwhile, then 503. An unauthenticated
+request's body is bounded by its class (its slots × FACEGATE_MAX_REQUEST_BYTES) and enters the budget,
+what has arrived of it, with its key.
 
 Counts not open connections (an idle socket costs a file descriptor, and `service.api.server` closes
-it at its header deadline), and never refuses /healthz, /readyz or /metrics. The event loop is
+it at its header deadline), and never refuses /healthz, /readyz, /metrics or the console's static
+files: those hold no slot, since they cost a file read at most and a flood of them (2,000 GETs of
+/console/js/main.js, 128 at once) must not take the slots of keyed image requests. The event loop is
 single-threaded: plain counters are exact."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from collections import Counter
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.api import console
 from service.api.error_handlers import error_response
-from service.budget import BodyBudget
+from service.budget import BodyBudget, SharedTally
 from service.core.errors import FacegateError, Overloaded
 
 ALWAYS_ADMITTED = {"/healthz", "/readyz", "/metrics"}
 AUTHENTICATED = "facegate.authenticated"  # scope key set by ApiKeyAuth: the request's key checked out (or none is needed)
 TICKET = "facegate.admission"  # scope key: the request's Ticket
+ANONYMOUS = "anonymous"  # the shared tally's name for requests whose key is not yet known (and, with an address, one client's)
+GIVE_WAY_POLL = 0.05  # seconds between looks, while a body waits for room, at whether every holder waits too
 
 
 class Ticket:
     """One admitted request's slot and body share, released when it ends."""
 
-    def __init__(self, admission: Admission, keyed: bool, client: str, body: int):
-        self.admission, self.keyed, self.client, self.body = admission, keyed, client, body
+    def __init__(self, admission: Admission, keyed: bool, client: str, shared: SharedTally | None = None):
+        """`shared`: where an unauthenticated request's slot is also counted for the whole host."""
+        self.admission, self.keyed, self.client, self.shared = admission, keyed, client, shared
+        self.number = next(admission.numbers)  # its order of admission: the newest gives way
+        self.arrived = 0  # bytes of the body received so far
         self.held = 0  # bytes of the body budget taken
+        self.need = 0  # bytes of it the piece it waits with needs
+
+    async def charge(self, size: int) -> None:
+        """`size` more bytes of the body arrived: a keyed request takes them from the body budget
+        (waiting for room, then 503 overloaded); an unauthenticated one counts them for later.
+        Bodies arriving at once can each hold part of the budget and all wait for more: when every
+        holder waits, none can finish, and the newest gives way (503) so that the others can."""
+        self.arrived += size
+        admission = self.admission
+        room = admission.bodies.capacity - self.held  # a body larger than the whole budget holds all of it
+        if not (self.keyed and size and room):
+            return
+        bodies, deadline = admission.bodies, time.monotonic() + admission.bodies.wait
+        self.need = min(size, room)
+        try:
+            while True:
+                try:
+                    self.held += await bodies.acquire(self.need, wait=GIVE_WAY_POLL)
+                    admission.holding.add(self)
+                    return
+                except Overloaded:
+                    admission.waiting.add(self)  # after a first look found no room
+                    if time.monotonic() >= deadline:
+                        raise Overloaded(f"the {bodies.setting} stayed spent for {bodies.wait:g} s; retry later") from None
+                    if admission.gives_way() is self:
+                        raise Overloaded(
+                            "request bodies still arriving fill FACEGATE_MAX_BODY_MEGABYTES and each waits for more: "
+                            f"the newest gives way; retry in {Overloaded.retry_after} s"
+                        ) from None
+        finally:
+            admission.waiting.discard(self)
 
     async def authenticated(self) -> None:
-        """The key read from the body checked out: move to a keyed slot and into the body budget
-        (503 overloaded when the keyed slots are full, or the budget stays spent)."""
+        """The key read from the body checked out: move to a keyed slot and into the body budget with
+        what has arrived (503 overloaded when the keyed slots are full, or the budget stays spent)."""
         if self.keyed:
             return
         admission = self.admission
-        admission.leave_unauthenticated(self.client)
+        admission.leave_unauthenticated(self.client, self.shared)
         self.keyed = True
         admission.inflight += 1
         if admission.inflight > admission.limit:
             raise Overloaded(admission.full_message())
-        self.held = await admission.bodies.acquire(self.body)
+        self.held = await admission.bodies.acquire(self.arrived)
+        admission.holding.add(self)
 
     async def release(self) -> None:
         if self.keyed:
             self.admission.inflight -= 1
-            if self.held:
-                await self.admission.bodies.release(self.held)
+            try:
+                if self.held:
+                    await self.admission.bodies.release(self.held)
+            finally:  # a holder until its share is back: else the others could see none but waiters and give way
+                self.admission.holding.discard(self)
         else:
-            self.admission.leave_unauthenticated(self.client)
+            self.admission.leave_unauthenticated(self.client, self.shared)
+
+
+def _shared_tally(scope: Scope) -> SharedTally | None:
+    """The counts the worker processes of this host share (their model host's), if any: known once
+    the app's lifespan has started it."""
+    service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+    hosted = getattr(service, "hosted", None)
+    return hosted if isinstance(hosted, SharedTally) else None
+
+
+def client_address(scope: Scope) -> str:
+    return (scope.get("client") or ("unknown",))[0]
 
 
 def ticket(request: Request) -> Ticket | None:
@@ -78,66 +138,88 @@ class Admission:
         unauthenticated: int,
         per_client: int,
         bodies: BodyBudget,
-        max_body: int,
     ):
         self.app, self.limit, self.unauthenticated, self.per_client = app, limit, unauthenticated, per_client
-        self.bodies, self.max_body = bodies, max_body
+        self.bodies = bodies
         self.inflight = 0
+        self.numbers = itertools.count()
+        self.holding: set[Ticket] = set()  # keyed requests holding part of the body budget
+        self.waiting: set[Ticket] = set()  # requests waiting for room in it
         self.waiting_for_key: Counter[str] = Counter()  # unauthenticated requests by client address
+
+    def gives_way(self) -> Ticket | None:
+        """Where every request holding part of the body budget waits for more than is free (none can
+        finish and give any back), the newest of them, which is refused so that the others go on; else None."""
+        if self.holding and self.holding <= self.waiting and all(waiting.need > self.bodies.free for waiting in self.waiting):
+            return max(self.holding, key=lambda held: held.number)
+        return None
 
     def full_message(self) -> str:
         return f"{self.limit} requests are being served (FACEGATE_MAX_INFLIGHT_REQUESTS); retry in {Overloaded.retry_after} s"
 
-    def leave_unauthenticated(self, client: str) -> None:
+    def leave_unauthenticated(self, client: str, shared: SharedTally | None) -> None:
         self.waiting_for_key[client] -= 1
         if self.waiting_for_key[client] <= 0:
             del self.waiting_for_key[client]  # the counter stays as small as the requests in flight
+        if shared is not None:
+            shared.give(ANONYMOUS, 1)
+            shared.give(f"{ANONYMOUS} {client}", 1)
 
-    def _body_size(self, scope: Scope) -> int:
-        """What a request's body will hold: its declared length (0 above the limit: BodyLimit refuses
-        it unread), the limit when chunked, else nothing."""
-        headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
-        if declared is not None:
-            return int(declared) if declared.isdigit() and int(declared) <= self.max_body else 0
-        return self.max_body if b"chunked" in headers.get(b"transfer-encoding", b"").lower() else 0
+    async def _shared_refusal(self, shared: SharedTally, client: str) -> str | None:
+        """The host-wide count of unauthenticated requests (`facegate serve --workers N`: the model
+        host's tally), taken for this one; the refusal where it is full."""
+        if not await asyncio.wrap_future(shared.take(ANONYMOUS, 1, self.unauthenticated)):
+            return self._all_taken()
+        if not await asyncio.wrap_future(shared.take(f"{ANONYMOUS} {client}", 1, self.per_client)):
+            shared.give(ANONYMOUS, 1)
+            return self._client_taken()
+        return None
+
+    def _all_taken(self) -> str:
+        return (
+            f"{self.unauthenticated} requests whose key is not yet known are being served "
+            f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
+        )
+
+    def _client_taken(self) -> str:
+        return (
+            f"{self.per_client} requests whose key is not yet known are being served for this client "
+            f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
+        )
 
     def _refusal(self, scope: Scope) -> str | None:
         if scope.get(AUTHENTICATED):
             return self.full_message() if self.inflight >= self.limit else None
-        client = (scope.get("client") or ("unknown",))[0]
+        client = client_address(scope)
         if sum(self.waiting_for_key.values()) >= self.unauthenticated:
-            return (
-                f"{self.unauthenticated} requests whose key is not yet known are being served "
-                f"(FACEGATE_MAX_UNAUTHENTICATED_REQUESTS); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
-            )
+            return self._all_taken()
         if self.waiting_for_key[client] >= self.per_client:
-            return (
-                f"{self.per_client} requests whose key is not yet known are being served for this client "
-                f"(FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT); send the key as an X-API-Key header, or retry in {Overloaded.retry_after} s"
-            )
+            return self._client_taken()
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED:
+        if scope["type"] != "http" or scope["path"] in ALWAYS_ADMITTED or console.is_console(scope["path"]):
             return await self.app(scope, receive, send)
         refusal = self._refusal(scope)
         if refusal:
             return await error_response(Overloaded(refusal))(scope, receive, send)
         keyed = bool(scope.get(AUTHENTICATED))
-        client = (scope.get("client") or ("unknown",))[0]
-        admitted = Ticket(self, keyed, client, self._body_size(scope))
+        client = client_address(scope)
+        shared = None if keyed else _shared_tally(scope)
+        if shared is not None:
+            try:
+                refusal = await self._shared_refusal(shared, client)
+            except (OSError, EOFError, FacegateError):  # the model host is away (restarting): this process's counts hold
+                shared, refusal = None, None
+            if refusal:
+                return await error_response(Overloaded(refusal))(scope, receive, send)
+        admitted = Ticket(self, keyed, client, shared)
         if keyed:
             self.inflight += 1
         else:
             self.waiting_for_key[client] += 1
         scope[TICKET] = admitted
         try:
-            if keyed:
-                try:
-                    admitted.held = await self.bodies.acquire(admitted.body)
-                except FacegateError as exc:
-                    return await error_response(exc)(scope, receive, send)
             await self.app(scope, receive, send)
         finally:
             await admitted.release()

@@ -134,14 +134,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     # add_middleware wraps: the last added runs first (metrics see every answer, 401 and 413 included).
     app.add_middleware(CancelOnDisconnect)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout, min_rate=settings.body_min_rate)
     app.add_middleware(
         Admission,
         limit=settings.max_inflight_requests,
         unauthenticated=settings.max_unauthenticated_requests,
         per_client=settings.max_unauthenticated_per_client,
         bodies=BodyBudget(settings.max_body_megabytes, settings.decode_wait),
-        max_body=settings.max_request_bytes,
     )
     app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS, refusals=compat.KEY_REFUSALS)
     app.add_middleware(RequestMetrics, metrics=metrics)

@@ -32,6 +32,17 @@ def error_response(error: FacegateError, status: int | None = None, headers: Map
     return JSONResponse({"error": body}, status_code=status or error.status, headers=headers)
 
 
+class WhileReading(HTTPException):
+    """A typed error raised while a body is read (by `service.api.middleware.BodyLimit`): FastAPI turns
+    any exception from its body parsing into a 400 but an HTTPException, which it passes on; the
+    handler answers with the error it carries."""
+
+    def __init__(self, error: FacegateError, headers: Mapping[str, str] | None = None):
+        retry = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}  # for routes that answer it themselves
+        super().__init__(error.status, error.message, headers={**(headers or {}), **retry})
+        self.error = error
+
+
 def install(app: FastAPI, shapes: Mapping[str, Callable[[FacegateError], JSONResponse]]) -> None:
     """`shapes`: a path prefix → how errors under it are answered (a foreign API's error shape)."""
 
@@ -54,6 +65,8 @@ def install(app: FastAPI, shapes: Mapping[str, Callable[[FacegateError], JSONRes
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc, WhileReading):
+            return answer(request, exc.error, headers=exc.headers)
         error = error_for_status(exc.status_code)(str(exc.detail))
         return answer(request, error, exc.status_code, exc.headers)
 

@@ -4,23 +4,25 @@ went away.
 
 The body limit refuses a declared Content-Length
 above the limit before reading anything, caps the bytes actually streamed (chunked uploads
-declare nothing), and gives the whole body FACEGATE_BODY_TIMEOUT seconds to arrive."""
+declare nothing), gives the whole body FACEGATE_BODY_TIMEOUT seconds to arrive and keeps it arriving
+at FACEGATE_BODY_MIN_RATE, and charges each piece to the request's admission ticket as it arrives."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 
-from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import console
-from service.api.admission import AUTHENTICATED
+from service.api import body_key, console
+from service.api.admission import AUTHENTICATED, TICKET, Ticket, client_address
 from service.api.auth import ApiKeys
-from service.api.error_handlers import error_response
-from service.core.errors import BodyTooLarge, RequestTimeout, Unauthorized
+from service.api.error_handlers import WhileReading, error_response
+from service.budget import CLIENT
+from service.core.errors import BodyTooLarge, FacegateError, RequestTimeout, Unauthorized
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}
@@ -58,7 +60,8 @@ class RequestMetrics:
 
 class ApiKeyAuth:
     """`body_key_paths`: routes whose clients send the key in the body (DeepStack's `api_key` form
-    field); their route class checks it, header or field, once the body is read. A request whose
+    field); their route class checks it, header or field, once the body is read, and a key among the
+    body's first fields (`service.api.body_key`) already counts here. A request whose
     key checked out here (or that needs none) is marked `AUTHENTICATED` for admission control.
     `refusals`: under a path prefix, the answer to a missing or empty (False) or wrong (True) key in
     a foreign API's shape.
@@ -80,20 +83,32 @@ class ApiKeyAuth:
         # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
         valid = not self.keys.enabled or (len(presented) == 1 and self.keys.check(presented[0].decode("latin-1")))
         path = scope.get("path")
+        key = presented[0].decode("latin-1") if self.keys.enabled and valid else None  # a key that checked out, never one made up
+        if not valid and not presented and path in self.body_key_paths:  # a key in the body's first fields counts before admission
+            key, receive = await body_key.peek_key(scope, receive)
+            valid = key is not None and self.keys.check(key)
+        # who the request is for fairness (service.budget.CostLanes): its key, else its address
+        CLIENT.set(f"key {hashlib.sha256(key.encode()).hexdigest()[:16]}" if valid and key else f"address {client_address(scope)}")
         public = path in PUBLIC_PATHS or path in self.body_key_paths or (path is not None and console.is_console(path))
         if not valid and not public:
             refuse = next((r for prefix, r in self.refusals.items() if scope["path"].startswith(prefix)), None)
             response = refuse(any(presented)) if refuse else error_response(Unauthorized("a valid X-API-Key header is required"))
             return await response(scope, receive, send)
-        # A body-key route's key is not known yet; the console's files need none (they take keyed slots,
-        # not the few a client without a key may hold: a browser fetches several at once).
+        # A body-key route's key is not known yet; the console's files need none (and admission holds no slot for them).
         scope[AUTHENTICATED] = valid or (public and path not in self.body_key_paths)
         await self.app(scope, receive, send)
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 60.0):
-        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
+    """`min_rate`: bytes a second the body must keep arriving at, judged over RATE_WINDOW seconds (the
+    spirit of nginx's client_body_timeout, by volume rather than by read): a trickle is ended within
+    a window instead of holding its slot for FACEGATE_BODY_TIMEOUT. Time spent waiting for room in the
+    body budget (`Ticket.charge`) is not the client's: both clocks stop meanwhile."""
+
+    RATE_WINDOW = 5.0  # seconds
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 60.0, min_rate: int = 0):
+        self.app, self.max_bytes, self.timeout, self.min_rate = app, max_bytes, timeout, min_rate
 
     def _too_large(self) -> str:
         return f"the request body exceeds the {self.max_bytes}-byte limit (FACEGATE_MAX_REQUEST_BYTES)"
@@ -105,29 +120,47 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             response = error_response(BodyTooLarge(self._too_large()), headers={"Connection": "close"})
             return await response(scope, receive, send)
+        admitted: Ticket | None = scope.get(TICKET)
         seen = 0
         deadline = time.monotonic() + self.timeout
+        window = self.min_rate * self.RATE_WINDOW  # bytes due by `window_end`
+        window_end, window_seen = time.monotonic() + self.RATE_WINDOW, 0
         complete = False
 
+        def timed_out(slow: bool) -> WhileReading:
+            message = (
+                f"the request body arrived slower than {self.min_rate} bytes/s over {self.RATE_WINDOW:g} s (FACEGATE_BODY_MIN_RATE)"
+                if slow
+                else f"the request body did not arrive within {self.timeout:g} s (FACEGATE_BODY_TIMEOUT)"
+            )
+            return WhileReading(RequestTimeout(message), headers={"Connection": "close"})
+
         async def capped() -> Message:
-            nonlocal seen, complete
+            nonlocal seen, complete, deadline, window_end, window_seen
             if complete:  # after the body only a disconnect can come: no deadline on waiting for it
                 return await receive()
+            until = min(deadline, window_end) if window else deadline
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+                message = await asyncio.wait_for(receive(), max(until - time.monotonic(), 0.0))
             except asyncio.TimeoutError:
-                raise HTTPException(
-                    RequestTimeout.status,
-                    f"the request body did not arrive within {self.timeout:g} s (FACEGATE_BODY_TIMEOUT)",
-                    headers={"Connection": "close"},
-                ) from None
+                raise timed_out(slow=until < deadline) from None
             complete = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                size = len(message.get("body", b""))
+                seen += size
                 if seen > self.max_bytes:
-                    # An HTTPException, not BodyTooLarge: FastAPI turns any other error while it reads a
-                    # body into a 400; the handler answers 413 with BodyTooLarge's code.
-                    raise HTTPException(BodyTooLarge.status, self._too_large())
+                    raise WhileReading(BodyTooLarge(self._too_large()))
+                window_seen += size
+                if window_seen >= window:
+                    window_end, window_seen = time.monotonic() + self.RATE_WINDOW, 0
+                if admitted is not None:
+                    waited = time.monotonic()
+                    try:
+                        await admitted.charge(size)
+                    except FacegateError as exc:  # the budget stayed spent
+                        raise WhileReading(exc) from None
+                    waited = time.monotonic() - waited
+                    deadline, window_end = deadline + waited, window_end + waited
             return message
 
         await self.app(scope, capped, send)

@@ -188,6 +188,15 @@ class Overloaded(FacegateError):
     retry_after = 1  # seconds
 
 
+class DecoderFailed(Overloaded):
+    """A decoder process died mid-job (killed from outside, or its decoder crashed) while what is known
+    of the image fits its memory limit: the server's fault, not the image's, so a 503 with Retry-After
+    (a fresh process takes the next image). Where the image's size is the likely cause: 413
+    image_too_large."""
+
+    code, status = "decoder_failed", 503
+
+
 class InternalError(FacegateError):
     """An unexpected exception (logged)."""
 

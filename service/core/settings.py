@@ -87,6 +87,19 @@ class Settings(BaseSettings):
             "Decoded image pixels held at once across requests (3 bytes each, twice while decoding): the memory bound of docs/sizing.md."
         ),
     )
+    costly_megapixels: float = Field(
+        4.0,
+        gt=0,
+        description="Images above this many megapixels (after the header check: a large JPEG at its reduced size) go through a "
+        "lane one thread narrower than FACEGATE_WORKER_THREADS (at least one), so that cheap photos never wait behind them.",
+    )
+    client_megapixels: float = Field(
+        64.0,
+        gt=0,
+        description="Megapixels of images one client (its API key, else its address) may have in flight at once, across the "
+        "worker processes of `facegate serve --workers N` (counted by their model host); beyond it 503 overloaded at once "
+        "(one image always fits).",
+    )
     jpeg_reduce_to_side: int = Field(
         4000,
         ge=0,
@@ -291,9 +304,9 @@ class Settings(BaseSettings):
     max_body_megabytes: float = Field(
         200.0,
         gt=0,
-        description="Request bodies held at once across requests, in MB (10⁶ bytes): each from before it is read until its answer "
-        "(its Content-Length; FACEGATE_MAX_REQUEST_BYTES when chunked); a body that does not fit waits (FACEGATE_DECODE_WAIT), "
-        "then 503 overloaded. The memory bound of docs/sizing.md.",
+        description="Request bodies held at once across requests, in MB (10⁶ bytes): what has arrived of each, until its answer "
+        "(never what it declares); a piece that does not fit waits, unread (FACEGATE_DECODE_WAIT), then 503 overloaded. "
+        "The memory bound of docs/sizing.md.",
     )
     max_faces: int = Field(
         32, ge=1, description="Most faces one image may hold where every face is embedded (/embed, /identify faces=all)."
@@ -314,6 +327,13 @@ class Settings(BaseSettings):
     body_timeout: float = Field(
         60.0, gt=0, description="Seconds a request has to send its whole body; then 408 request_timeout and the connection is closed."
     )
+    body_min_rate: int = Field(
+        16_384,
+        ge=0,
+        description="Bytes per second a request body must keep arriving at: at least this many times 5 in every 5 s until it "
+        "ends (time it waits for room in FACEGATE_MAX_BODY_MEGABYTES aside), else 408 request_timeout and the connection is "
+        "closed, so that a trickle cannot hold a slot or its share of the body budget (0: only FACEGATE_BODY_TIMEOUT).",
+    )
     backlog: int = Field(2048, ge=1, description="Connections the kernel queues before `facegate serve` accepts them (listen backlog).")
     max_inflight_requests: int = Field(
         64,
@@ -325,7 +345,8 @@ class Settings(BaseSettings):
         16,
         ge=1,
         description="Requests served at once whose key is not known until their body is read (DeepStack's api_key form field); "
-        "they never take one of FACEGATE_MAX_INFLIGHT_REQUESTS until it checks out. Beyond it 503 overloaded.",
+        "they never take one of FACEGATE_MAX_INFLIGHT_REQUESTS until it checks out. Beyond it 503 overloaded. Counted for the "
+        "whole host with `facegate serve --workers N` (by the model host).",
     )
     max_unauthenticated_per_client: int = Field(
         4, ge=1, description="Of FACEGATE_MAX_UNAUTHENTICATED_REQUESTS, the most from one client address."

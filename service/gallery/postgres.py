@@ -64,6 +64,7 @@ log = logging.getLogger("facegate.gallery")
 MIGRATIONS = Path(__file__).with_name("migrations")  # NNNN_name.sql, applied in order, each once
 MIGRATION_LOCK = 0x66616365_67617465  # pg_advisory_xact_lock key: replicas starting together migrate one at a time
 NAME_KEY_INDEX = "subjects_name_key"  # migrations/0002_subject_names.sql
+NAME_KEYS_LOWERED = 3  # migrations/0003_name_keys_lowered.sql, whose step is _lower_name_keys
 LOAD_BATCH = 50_000  # rows per fetch while loading the index
 SYNC_POLL_SECONDS = 1.0  # catch-up interval when no notification arrives (one should always arrive)
 COUNTS_SECONDS = 10.0  # with Milvus, how long the subject and face counts an open-set decision reads are reused
@@ -73,6 +74,14 @@ def migrations() -> list[tuple[int, str, str]]:
     """(version, name, SQL) of every migration file, by version."""
     found = [(int(p.name.split("_", 1)[0]), p.stem, p.read_text()) for p in MIGRATIONS.glob("[0-9]*_*.sql")]
     return sorted(found)
+
+
+def _lower_name_keys(conn: psycopg.Connection) -> None:
+    """Migration 3's step that SQL cannot take: every name's key made again by names.py (lowered, no
+    longer case-folded), since PostgreSQL's lower() depends on the database's collation."""
+    rows = conn.execute("SELECT id, name, name_key FROM subjects WHERE name_key IS NOT NULL").fetchall()
+    changed = [(name_key(name), subject_id) for subject_id, name, key in rows if name_key(name) != key]
+    conn.cursor().executemany("UPDATE subjects SET name_key = %s WHERE id = %s", changed)
 
 
 def migrate(conn: psycopg.Connection) -> list[int]:
@@ -93,6 +102,8 @@ def migrate(conn: psycopg.Connection) -> list[int]:
         for version, name, sql in known:
             if version not in done:
                 conn.execute(sql)
+                if version == NAME_KEYS_LOWERED:
+                    _lower_name_keys(conn)
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(version)
     for version in applied:

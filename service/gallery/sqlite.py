@@ -91,6 +91,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 3: the change log worker processes sharing the file follow (op: add, remove or move: a merge's faces,
     # whose subject changed; face_ids: JSON list).
     ("CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL, face_ids TEXT NOT NULL)",),
+    # 4: a name's key is lowered, no longer case-folded (names.py: Strauß and STRAUSS are two names).
+    #    Old keys were unique, and lowering tells apart at least what folding did: no key collides.
+    ("UPDATE subjects SET name_key = facegate_name_key(name) WHERE name_key IS NOT NULL",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new ones are written
@@ -215,6 +218,7 @@ class SqliteGallery(GalleryStore):
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
             self._db.execute(f"PRAGMA {pragma}")
+        self._db.create_function("facegate_name_key", 1, name_key, deterministic=True)  # migration 4
         self._migrate()
         self.index: FaissIndex | MilvusIndex | None = None
         self.applied = 0  # the last change of the log the index reflects

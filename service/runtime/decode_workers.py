@@ -13,7 +13,10 @@ preloaded OpenCV and Pillow, probes or decodes one image at a time:
   does not fail a large photo that merely waited for a core;
 - cancellation: the caller's `cancel` event (set when its request is abandoned, its client gone)
   kills the worker at once and raises `DecodeCancelled`;
-- a crash in a decoder kills only its worker (400 `invalid_image`).
+- death: a worker that dies mid-job (a decoder crash, or killed from outside: the OOM killer, an
+  operator) takes only that job, answered as the server's fault (503 `decoder_failed`, Retry-After),
+  or 413 `image_too_large` where its heap had grown past half its memory limit (the image's size is
+  then the likely cause); never 400, which would blame a client for a server fault.
 
 An image's bytes go in and its pixels come out through one shared buffer per worker, copied once
 each way; the worker keeps KEEP_RESIDENT bytes of it mapped between images, the rest is given back.
@@ -38,7 +41,7 @@ import numpy as np
 from service.core import errors
 from service.core.cpus import available_cores
 from service.core.decode import Probe, decode_probed, probe
-from service.core.errors import FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
+from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
 from service.core.settings import Settings
 
 POLL = 0.05  # seconds between looks at the caller's cancel event and the worker's CPU time while it runs
@@ -74,11 +77,11 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def _data_bytes() -> int | None:
-    """This process's data segment (heap and private mappings) in bytes, as RLIMIT_DATA counts it;
+def _data_bytes(pid: int | str = "self") -> int | None:
+    """A process's data segment (heap and private mappings) in bytes, as RLIMIT_DATA counts it;
     None where /proc does not say."""
     try:
-        with open("/proc/self/status") as status:
+        with open(f"/proc/{pid}/status") as status:
             return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:")), None)
     except OSError:
         return None
@@ -156,10 +159,13 @@ class _Worker:
         self.buffer = mmap.mmap(fd, size)
         os.close(fd)
         self.used = 0  # bytes of the buffer the last job touched
+        self.memory = memory
+        self.peak = 0  # the largest heap seen during the current job (sampled at each poll)
+        self.idle = _data_bytes(self.process.pid)  # its heap before any job: RLIMIT_DATA is this plus `memory`
 
     def ask(self, op: str, data: bytes, limits: Limits, timeout: float, cancel: threading.Event | None) -> tuple[Any, ...]:
         """Send a job and wait for its reply; DecodeCancelled, ImageTooComplex (deadline) or
-        InvalidImage (the worker died) leave the worker unusable: the caller kills it."""
+        DecoderFailed / ImageTooLarge (the worker died) leave the worker unusable: the caller kills it."""
         assert self.buffer is not None
         self.buffer[: len(data)] = data
         self.used = len(data)
@@ -167,9 +173,11 @@ class _Worker:
         sent = time.monotonic()
         deadline = sent + WALL_FACTOR * timeout
         started: float | None = None  # the worker's CPU time at the first poll: most photos are done before it
+        self.peak = 0  # the largest heap seen while it runs
         while not self.conn.poll(POLL):
             if cancel is not None and cancel.is_set():
                 raise DecodeCancelled()
+            self.peak = max(self.peak, _data_bytes(self.process.pid) or 0)
             used = _cpu_seconds(self.process.pid)
             if used is None:  # no /proc: wall-clock time alone, at the CPU limit
                 deadline = min(deadline, sent + timeout)
@@ -182,7 +190,18 @@ class _Worker:
         try:
             return self.conn.recv()
         except (EOFError, OSError):
-            raise InvalidImage("the image could not be decoded: its decoder process failed") from None
+            raise self._died(op) from None
+
+    def _died(self, op: str) -> FacegateError:
+        """What a job whose worker died answers: the image's fault only where memory ran out."""
+        self.process.join(1.0)
+        if self.idle is not None and self.peak - self.idle > self.memory // 2:
+            return ImageTooLarge(
+                f"decoding the image needs more than FACEGATE_DECODE_MEMORY_MB ({self.memory // MB} MB); its decoder process ran out"
+            )
+        return DecoderFailed(
+            f"the decoder process died during the image's {op} (exit code {self.process.exitcode}); retry in {DecoderFailed.retry_after} s"
+        )
 
     def pixels(self, shape: tuple[int, ...]) -> np.ndarray:
         """The image the last job left in the buffer, copied out: the buffer is the next job's."""

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
@@ -205,11 +206,22 @@ class HostedModels:
             message = wire.pickled(("run", number, role, offset, rows.shape, rows.dtype.str, rows if offset is None else None))
         return self._send(number, message, offset, rows.nbytes)
 
-    def ask(self, kind: str) -> Future:
+    def ask(self, kind: str, *args) -> Future:
         """A question to the host whose answer is its value: `metrics` (its metric families), `ping`
-        (its state: warmed, warmup_error), `ready` (that state, once it has warmed up)."""
+        (its state: warmed, warmup_error), `ready` (that state, once it has warmed up), `take`
+        (whether a client's share fit)."""
         number = next(self._numbers)
-        return self._send(number, wire.pickled((kind, number)), None, 0)
+        return self._send(number, wire.pickled((kind, number, *args)), None, 0)
+
+    def take(self, client: str, amount: int, cap: int) -> Future:
+        """`amount` more of `client`'s share of the host, if it stays under `cap` (its future: whether it did)."""
+        return self.ask("take", client, amount, cap)
+
+    def give(self, client: str, amount: int) -> None:
+        """Give back what `take` took (nothing to wait for; a host gone has forgotten it anyway)."""
+        with self._lock, suppress(OSError):
+            if self._connection is not None:
+                self._connection.send_bytes(wire.pickled(("give", client, amount)))
 
     def _send(self, number: int, message: bytes, offset: int | None, nbytes: int) -> Future:
         """Send `message` on the connection; its future fails at once (503) when there is none."""

@@ -9,6 +9,10 @@ needs); the pixels go through memory each worker shares with it (`service.runtim
 carries only small messages (`service.runtime.hosted_models` is the other side). It answers a
 `ping` at once, from a connection's own thread whatever its models are doing: its supervisor
 (`service.runtime.supervisor`) and each worker ping it to tell a hung host from a busy one.
+
+It also keeps the per-client counts every worker must share (`service.budget.CostLanes`: a client's
+pixels in flight on this host): the one process they all reach, and one that learns at once when a
+worker goes away (its socket closes) and gives back what that worker held.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 from contextlib import suppress
 from dataclasses import asdict
 from multiprocessing.connection import Client, Connection, Listener
@@ -55,6 +60,36 @@ def session_info(loaded: LoadedModel | None) -> dict | None:
     }
 
 
+class Tally:
+    """Amounts held per client across every worker, checked against a cap; each worker's share kept
+    apart (`mine`) so that a worker that goes away gives back exactly its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # each worker is served on its own thread
+        self.held: Counter[str] = Counter()
+
+    def take(self, client: str, amount: int, cap: int, mine: Counter[str]) -> bool:
+        """Whether `amount` more fits under `cap` (one amount always fits), taken if so."""
+        with self._lock:
+            if self.held[client] and self.held[client] + amount > cap:
+                return False
+            self.held[client] += amount
+            mine[client] += amount
+            return True
+
+    def give(self, client: str, amount: int, mine: Counter[str]) -> None:
+        with self._lock:
+            amount = min(amount, mine[client])  # after a restart of this host, nothing of before is held here
+            for counts in (self.held, mine):
+                counts[client] -= amount
+                if counts[client] <= 0:
+                    del counts[client]
+
+    def give_all(self, mine: Counter[str]) -> None:
+        for client, amount in list(mine.items()):
+            self.give(client, amount, mine)
+
+
 class ModelHost:
     def __init__(self, settings: Settings, folder: Path):
         self.models = load_models(settings)
@@ -63,6 +98,7 @@ class ModelHost:
         self.metrics = Metrics()
         self.warmed = threading.Event()
         self.warmup_error: str | None = None
+        self.tally = Tally()
         self.local: LocalModels | None = None
         if self.models.detector is not None and self.models.embedder is not None:
             self.local = LocalModels(settings, FacePipeline(settings, self.models), self.metrics, executor=None)
@@ -130,6 +166,7 @@ class _Worker:
         self.connection = connection
         self.arena: Arena | None = None
         self.answers: queue.SimpleQueue = queue.SimpleQueue()
+        self.held: Counter[str] = Counter()  # its share of the host's tally
 
     def serve(self) -> None:
         writer = threading.Thread(target=self._write, name="facegate-model-host-answers", daemon=True)
@@ -141,6 +178,7 @@ class _Worker:
         except (EOFError, OSError):
             pass  # the worker went away: its arena is its own to remove
         finally:
+            self.host.tally.give_all(self.held)
             self.answers.put(None)
             writer.join()
             with self.host._lock:
@@ -159,6 +197,12 @@ class _Worker:
             self.answers.put(("ping", message[1], self.host.state()))
         elif kind == "ready":  # answered once warmed up: every worker of the host is ready at the same moment
             threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
+        elif kind == "take":
+            _, number, client, amount, cap = message
+            self.answers.put(("taken", number, self.host.tally.take(client, amount, cap, self.held)))
+        elif kind == "give":
+            _, client, amount = message
+            self.host.tally.give(client, amount, self.held)
         elif kind == "metrics":
             self.answers.put(("metrics", message[1], list(self.host.metrics.registry.collect())))
         elif kind == "run":

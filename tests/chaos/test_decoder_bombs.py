@@ -56,6 +56,7 @@ def test_jpegs_with_components_in_separate_scans_stay_within_the_pixel_budget(tm
         FACEGATE_MAX_DECODED_MEGAPIXELS="40",
         FACEGATE_WORKER_THREADS="12",
         FACEGATE_DECODE_WAIT="300",
+        FACEGATE_CLIENT_MEGAPIXELS="1000",  # one client sends them all: the memory bound is under test, not its cap
     )
     with facegate_serve(env, tmp_path / "server.log", ready="/readyz") as (url, _, process):
         with PeakMemory(ProcessTree(process.pid)) as memory, ThreadPoolExecutor(12) as pool:

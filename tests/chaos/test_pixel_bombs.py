@@ -42,6 +42,7 @@ def test_a_burst_of_pixel_bombs_stays_within_the_memory_bound(tmp_path, model_ca
         "FACEGATE_WORKER_THREADS": "8",  # as on a many-core host: decodes are not serialised by the thread count
         "FACEGATE_MAX_DECODED_MEGAPIXELS": str(BUDGET_MP),
         "FACEGATE_DECODE_WAIT": "120",
+        "FACEGATE_CLIENT_MEGAPIXELS": "1000",  # one client sends them all: the memory bound is under test, not its cap
     }
     with facegate_serve(env, tmp_path / "server.log", ready="/readyz") as (url, _, process):
 

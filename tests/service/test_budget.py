@@ -1,5 +1,6 @@
 """The decoded-pixel budget (issue 23, defect 2): holders beyond it wait, a wait past its limit is
-503 overloaded, and an image larger than the whole budget still runs (alone)."""
+503 overloaded, and an image larger than the whole budget still runs (alone). The cost lanes (issue
+45): costly images have a lane of their own and every client a cap on pixels in flight."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 import pytest
 
-from service.budget import PixelBudget
+from service.budget import CLIENT, CostLanes, PixelBudget
 from service.core.errors import Overloaded
 
 
@@ -65,5 +66,64 @@ def test_a_holder_cancelled_again_while_it_gives_back_its_pixels_still_gives_the
             await task
         await asyncio.sleep(0.01)
         assert budget.free == 1_000_000
+
+    asyncio.run(scenario())
+
+
+def _holding(lanes: CostLanes, client: str, pixels: int, entered: asyncio.Event, release: asyncio.Event):
+    """A request of `client` holding an image of `pixels` until `release`."""
+
+    async def request():
+        CLIENT.set(client)
+        async with lanes.enter(pixels):
+            entered.set()
+            await release.wait()
+
+    return asyncio.create_task(request())
+
+
+def test_costly_images_take_their_own_lane_and_cheap_ones_pass_them():
+    """Issue 45 (N1): eight ~40 MP images from small files queued first come, first served ahead of
+    a /verify of two LFW photos (14.6 s). Costly ones now run `width` at a time; a cheap one never waits."""
+
+    async def scenario():
+        lanes = CostLanes(threshold_megapixels=4.0, width=1, per_client_megapixels=1000.0, wait=0.2)
+        release = asyncio.Event()
+        first = asyncio.Event()
+        running = _holding(lanes, "address 10.0.0.1", 40_000_000, first, release)
+        await first.wait()
+        queued = asyncio.Event()
+        second = _holding(lanes, "address 10.0.0.2", 40_000_000, queued, release)
+        cheap = asyncio.Event()
+        verify = _holding(lanes, "key abc", 62_500, cheap, release)
+        await asyncio.wait_for(cheap.wait(), 1)  # beside the costly one, at once
+        assert not queued.is_set()
+        with pytest.raises(Overloaded, match="FACEGATE_COSTLY_MEGAPIXELS"):
+            await second  # waited its 0.2 s for the lane
+        release.set()
+        await asyncio.gather(running, verify)
+        assert not lanes.in_flight and lanes.costly.free == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_client_has_a_cap_on_pixels_in_flight_and_one_image_always_fits():
+    async def scenario():
+        lanes = CostLanes(threshold_megapixels=4.0, width=4, per_client_megapixels=64.0, wait=5.0)
+        release = asyncio.Event()
+        entered = [asyncio.Event() for _ in range(2)]
+        held = [_holding(lanes, "address 10.0.0.1", 30_000_000, e, release) for e in entered]
+        for e in entered:
+            await e.wait()
+        CLIENT.set("address 10.0.0.1")
+        with pytest.raises(Overloaded, match="FACEGATE_CLIENT_MEGAPIXELS"):
+            async with lanes.enter(30_000_000):
+                pass
+        other = asyncio.Event()
+        held.append(_holding(lanes, "address 10.0.0.2", 100_000_000, other, release))  # over the cap, alone: it fits
+        await asyncio.wait_for(other.wait(), 1)
+        release.set()
+        await asyncio.gather(*held)
+        assert not lanes.in_flight
 
     asyncio.run(scenario())

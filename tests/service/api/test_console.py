@@ -161,10 +161,11 @@ def test_every_console_file_ships_in_the_package():
     assert len(files) > 10 and sorted(files - shipped) == []
 
 
-def test_the_console_files_take_keyed_admission_slots():
-    """A browser fetches the console's modules several at once: they need no key, so admission must
-    not count them among the few FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT requests whose key is still
-    unknown (a DeepStack form field), which would refuse some of them."""
+def test_the_console_files_need_no_key():
+    """A browser fetches the console's modules several at once: they need no key, so they must never
+    count among the few FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT requests whose key is still unknown
+    (a DeepStack form field), which would refuse some of them (admission holds no slot for them at all:
+    test_admission)."""
     marked: dict[str, bool] = {}
 
     async def app(scope, receive, send):

@@ -39,9 +39,9 @@ def test_a_unique_name_is_one_subject_whatever_its_case(store):
         assert store.subject_by_name(spelled).id == made.id
     with pytest.raises(SubjectExists, match="named"):
         store.create_subject("TONY blair", {}, unique_name=True)
-    # Unicode: case-folded (ß is ss) after NFC (a composed é is a decomposed one)
+    # Unicode: lowered after NFC (a composed é is a decomposed one; ẞ is ß), nothing more folded
     straße = store.create_subject("Straße Zoé", {}, subject_id="strasse", unique_name=True)
-    assert store.subject_by_name("STRASSE ZOE\u0301").id == straße.id == "strasse"
+    assert store.subject_by_name("STRAẞE ZOE\u0301").id == straße.id == "strasse"
     with pytest.raises(SubjectNotFound):
         store.subject_by_name("Tony")
     # native subjects hold no name: any number share one, beside the unique one
@@ -58,6 +58,29 @@ def test_a_unique_name_is_one_subject_whatever_its_case(store):
     ]
     store.delete_subject(made.id)  # frees the name
     assert store.create_subject("tony BLAIR", {}, unique_name=True).name == "tony BLAIR"
+
+
+@pytest.mark.parametrize(
+    "first, second, one",
+    [
+        ("groß", "GROSS", False),  # full case folding made them one: registering GROSS added a face to groß
+        ("Strauß", "STRAUSS", False),
+        ("ﬁona", "Fiona", False),  # a ligature is not its letters (no compatibility folding)
+        ("\u212aelvin", "kelvin", True),  # the Kelvin sign is a K under NFC: one text, two encodings
+        ("Zoe\u0301", "ZOÉ", True),
+    ],
+)
+def test_names_are_lowered_after_nfc_and_nothing_more_is_folded(store, first, second, one):
+    """Issue 45 (N7): CompreFace/DeepStack names Strauß/STRAUSS, ﬁona/Fiona were each one subject."""
+    made = store.create_subject(first, {}, unique_name=True)
+    if one:
+        assert store.subject_by_name(second).id == made.id
+        with pytest.raises(SubjectExists):
+            store.create_subject(second, {}, unique_name=True)
+    else:
+        with pytest.raises(SubjectNotFound):
+            store.subject_by_name(second)
+        assert store.create_subject(second, {}, unique_name=True).id != made.id
 
 
 def test_a_rename_takes_the_name_along(store):
@@ -98,7 +121,7 @@ def test_sqlite_migration_keys_the_subjects_the_compatible_apis_made(tmp_path):
     db.close()
     gallery = SqliteGallery.open(tmp_path, KEY)
     try:
-        assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         _check_legacy(gallery)
     finally:
         gallery.close()
@@ -118,6 +141,26 @@ def test_postgres_migration_keys_the_subjects_the_compatible_apis_made(database_
         _check_legacy(gallery)
     finally:
         gallery.close()
+
+
+def test_keys_made_by_case_folding_are_lowered_again(store):
+    """Issue 45 (N7): a gallery keyed by the case folding of before (Strauß's key "strauss") is
+    migrated (SQLite 4, PostgreSQL 3): its name is found as spelled, and STRAUSS is another."""
+    made = store.create_subject("Strauß", {}, unique_name=True)
+    if isinstance(store, SqliteGallery):
+        store._db.executescript("UPDATE subjects SET name_key = 'strauss'; PRAGMA user_version = 3;")
+        store = SqliteGallery.open(store.path.parent, KEY)
+    else:
+        with psycopg.connect(store.url) as conn:
+            conn.execute("UPDATE subjects SET name_key = 'strauss'")
+            conn.execute("DELETE FROM schema_migrations WHERE version = 3")
+        store = PostgresGallery(store.url, KEY, pool_size=2)
+    try:
+        assert store.subject_by_name("STRAUß").id == made.id
+        with pytest.raises(SubjectNotFound):
+            store.subject_by_name("STRAUSS")
+    finally:
+        store.close()
 
 
 def test_gallery_migrate_copies_unique_names(tmp_path, database_url):

@@ -1,7 +1,7 @@
 """Decoding in worker processes (issue 34): the same pixels and the same typed errors as decoding in
 place, and what no header can tell bounded the same way for every format — a decode past its CPU
 deadline or memory limit is a 4xx and its worker is replaced, a cancelled caller stops its worker at
-once, and a worker that dies takes only its image with it."""
+once, and a worker that dies takes only its image with it (a 503, or 413 where its memory ran out)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import pytest
 from PIL import Image
 
 from service.core.decode import decode_image, probe
-from service.core.errors import ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
+from service.core.errors import DecoderFailed, ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
 from service.runtime.decode_workers import DecodeCancelled, DecodeWorkers
 from tests.jpeg_bombs import many_scans, separate_scans
+from tests.polling import wait_until
 from tests.requirements import need
 
 LIMITS = (10_000_000, 40_000_000, 16, 4000)
@@ -148,13 +149,33 @@ def test_a_cancelled_caller_stops_its_worker_at_once():
         assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)
 
 
-def test_a_worker_that_dies_takes_only_its_image():
+def _kill_once_grown(worker, grown: int) -> None:
+    """SIGKILL a worker once its pool has seen its heap grow `grown` bytes, as a decoder crash or the OOM killer would."""
+    wait_until(lambda: worker.peak - worker.idle > grown, "the decoder's heap grew", timeout=60, step=0.01)
+    os.kill(worker.process.pid, signal.SIGKILL)
+
+
+def test_a_worker_that_dies_takes_only_its_image_and_answers_a_server_fault():
+    """Issue 45 (N6): a decoder killed mid-decode was a 400 invalid_image, the client blamed; its heap
+    (405 MB for SLOW) well within its 1024 MB limit, it is a 503 decoder_failed with Retry-After."""
     with one_worker() as pool:
         (worker,) = pool._workers
-        threading.Timer(0.2, os.kill, (worker.process.pid, signal.SIGKILL)).start()  # as a decoder crash would
-        with pytest.raises(InvalidImage, match="decoder process failed"):
+        threading.Thread(target=_kill_once_grown, args=(worker, 100_000_000)).start()
+        with pytest.raises(DecoderFailed, match="decoder process died") as died:
             pool.decode(SLOW, *SLOW_LIMITS)
+        assert died.value.status == 503 and died.value.retry_after > 0
         assert pool.decode(_encoded()[".jpg"], *LIMITS).shape == (240, 320, 3)
+
+
+def test_a_worker_that_dies_with_its_heap_past_half_its_limit_answers_image_too_large():
+    """The same death with the heap past half of a 512 MB limit: the image's size is the likely cause, 413."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "the heap is read from /proc (Linux)")
+    with one_worker(memory_mb=512) as pool:
+        (worker,) = pool._workers
+        threading.Thread(target=_kill_once_grown, args=(worker, 300_000_000)).start()
+        with pytest.raises(ImageTooLarge, match="ran out"):
+            pool.decode(SLOW, *SLOW_LIMITS)
 
 
 def test_workers_start_on_demand_up_to_the_pool_size(workers):

@@ -6,6 +6,8 @@ there is none or a run does not fit, and every block it used is free again after
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 
 import numpy as np
@@ -171,3 +173,32 @@ def test_a_hung_host_is_seen_by_the_workers_pings_and_its_runs_refused_at_once(s
             refused.result()
     finally:
         hosted.close()
+
+
+def test_a_clients_share_is_counted_across_the_workers_and_a_worker_gone_gives_its_share_back(settings, host):
+    """Issue 45 (N1 with --workers 4: +2.4 GB): each worker counted a client's pixels in flight on
+    its own, so a client had the cap once per worker. The model host counts them for every worker;
+    one that goes away gives back what it held."""
+    first, second = linked(settings, host), linked(settings, host)
+    try:
+        cap = 64_000_000
+        assert first.take("key a", 40_000_000, cap).result(10) is True
+        assert second.take("key a", 40_000_000, cap).result(10) is False  # the same client through another worker
+        assert second.take("address 10.0.0.1", 40_000_000, cap).result(10) is True  # another client
+        # as a worker that dies: its end of the socket shut (close() alone waits for its own reader thread)
+        socket.socket(fileno=os.dup(first._connection.fileno())).shutdown(socket.SHUT_RDWR)
+        wait_until(lambda: second.take("key a", 40_000_000, cap).result(10), "the gone worker's share given back", timeout=10)
+        second.give("key a", 40_000_000)
+        second.give("key a", 40_000_000)  # more than it holds: nothing of another's is given back
+        assert second.take("key a", 60_000_000, cap).result(10) is True
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_hosted_engine_counts_its_clients_in_the_host(settings, host):
+    engine, hosted = hosted_engine(settings, host, 0)
+    try:
+        assert engine.lanes.shared is hosted
+    finally:
+        engine.close()
