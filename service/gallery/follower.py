@@ -70,6 +70,10 @@ class ChangeLog(Protocol):
         """Return when something may have been committed (a notification), or after `timeout` seconds."""
         ...
 
+    def wake(self) -> None:
+        """End a `wait` under way (the follower is closing)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -110,6 +114,7 @@ class Follower:
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
+            self.log.wake()
             self._thread.join(self.poll + 10)
         with self._lock:
             self.log.close()

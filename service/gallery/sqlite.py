@@ -261,7 +261,7 @@ class SqliteLog:
     def __init__(self, path: Path, embedder: EmbedderKey, config: IndexConfig, guard: bool):
         self.path, self.embedder, self.config, self.guard = path, embedder, config, guard
         self._db = connect(path)
-        self._closed = threading.Event()
+        self._woken = threading.Event()
 
     def changes(self, after: int, limit: int) -> list[tuple[int, str, list[int]]] | None:
         rows = self._db.execute("SELECT seq, op, face_ids FROM changes WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)).fetchall()
@@ -281,10 +281,12 @@ class SqliteLog:
             db.close()
 
     def wait(self, timeout: float) -> None:
-        self._closed.wait(timeout)  # SQLite announces nothing: the follower looks every `timeout` seconds
+        self._woken.wait(timeout)  # SQLite announces nothing: the follower looks every `timeout` seconds
+
+    def wake(self) -> None:
+        self._woken.set()
 
     def close(self) -> None:
-        self._closed.set()
         self._db.close()
 
 
