@@ -395,7 +395,9 @@ class LeaveOneOut:
         n = self._n
         vectors, subject = self._vectors[:n], self._subject[:n]
         take = min(n, 4 * self.width + min(int(self._counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
-        short: list[np.ndarray] = []
+        large = self._counts[subject[rows]] > OWN_FACES  # their own faces would crowd the search: listed exactly at once
+        short: list[np.ndarray] = [rows[large]] if take < n else []
+        rows = rows[~large] if take < n else rows
         for start in range(0, len(rows), BLOCK):
             block = rows[start : start + BLOCK]
             values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
@@ -423,9 +425,11 @@ class LeaveOneOut:
         members = np.flatnonzero(in_large)
         members = members[np.argsort(subject[members], kind="stable")]  # the large subjects' faces, a subject after another
         take = min(len(small), (self.width + 1) * OWN_FACES)
+        rows = rows[np.argsort(subject[rows], kind="stable")]  # a block holds one subject's rows, mostly: its own faces are skipped
         for start in range(0, len(rows), EXACT_BLOCK):
             block = rows[start : start + EXACT_BLOCK]
             own = subject[block][:, None]
+            alone = int(own[0, 0]) if (own == own[0, 0]).all() else -1  # the one subject of the block's rows
             values = np.empty((len(block), 0), np.float32)
             codes = np.empty((len(block), 0), np.int32)
             if take:
@@ -441,6 +445,8 @@ class LeaveOneOut:
                 best = np.full((len(block), len(large)), -np.inf, np.float32)
                 for first in range(0, len(members), SLICE):
                     part = members[first : first + SLICE]
+                    if subject[part[0]] == subject[part[-1]] == alone:
+                        continue  # the rows' own subject: −inf anyway
                     cosines = vectors[block] @ vectors[part].T
                     starts = np.flatnonzero(np.r_[True, np.diff(subject[part]) != 0])
                     slot = np.searchsorted(large, subject[part][starts])

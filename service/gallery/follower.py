@@ -35,7 +35,7 @@ from service.gallery.index import VectorIndex
 log = logging.getLogger("facegate.gallery.follower")
 
 BATCH = 1000  # changes read and applied per step (the lock is held for one step at a time)
-ON_REQUEST = 256  # changes a search may apply itself; more, and it answers from the state it has
+ON_REQUEST = 16  # changes a search may apply itself (each costs one product with every face); more: the state it has
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # back-off after the store could not be read
 
 
@@ -87,6 +87,7 @@ class Follower:
         self._early: set[int] = set()  # own changes applied ahead of others still pending
         self._lock = threading.Lock()  # one applier at a time, in order; held for one step
         self._stop = threading.Event()
+        self._closed = False  # the log closed: nothing is applied any more
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # what the store reads
@@ -117,6 +118,7 @@ class Follower:
             self.log.wake()
             self._thread.join(self.poll + 10)
         with self._lock:
+            self._closed = True
             self.log.close()
 
     @contextmanager
@@ -137,7 +139,7 @@ class Follower:
             if seq <= state.applied or seq in self._early:
                 return
             pending = seq - 1 - state.applied
-            if 0 < pending <= ON_REQUEST:  # the few before it first: every process applies them in one order
+            if 0 < pending <= ON_REQUEST and not self._closed:  # the few before it first: every process applies them in one order
                 rows = self.log.changes(state.applied, pending)
                 if rows is not None:
                     self._apply(state, rows)
@@ -160,7 +162,7 @@ class Follower:
             limit = BATCH if most is None else min(BATCH, most - done)
             with self._lock:
                 state = self._state
-                rows = self.log.changes(state.applied, limit)
+                rows = None if self._closed else self.log.changes(state.applied, limit)
                 if rows is None:
                     return False
                 self._apply(state, rows)

@@ -471,11 +471,19 @@ class PostgresGallery(GalleryStore):
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
     def counts(self, searchable: int | None = None) -> dict[str, int]:
+        """As SqliteGallery.counts: incompatible faces counted in the database, whatever the index has applied."""
+        sha = self.embedder.sha256 if self.embedder is not None else ""
         with self._conn() as conn:
-            subjects, faces = one_row(conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)"))
+            subjects, faces, other = one_row(
+                conn.execute(
+                    "SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces), "
+                    "(SELECT COUNT(*) FROM faces WHERE model_sha256 != %s)",
+                    (sha,),
+                )
+            )
         if searchable is None:
             searchable = self.index.size if self.index is not None else 0
-        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": other}
 
     def index_info(self) -> dict[str, Any] | None:
         return self.index.describe() if self.index is not None else None

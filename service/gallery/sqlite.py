@@ -282,6 +282,7 @@ class SqliteLog:
 
     def wait(self, timeout: float) -> None:
         self._woken.wait(timeout)  # SQLite announces nothing: the follower looks every `timeout` seconds
+        self._woken.clear()
 
     def wake(self) -> None:
         self._woken.set()
