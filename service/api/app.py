@@ -8,6 +8,7 @@ import asyncio
 import logging
 import signal
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -22,6 +23,7 @@ from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, CancelOn
 from service.api.routes import ROUTERS
 from service.budget import BodyBudget
 from service.core.decode_workers import DecodeWorkers
+from service.core.models.embedder import FaceEmbedder
 from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
@@ -33,6 +35,10 @@ from service.gallery.stats import GalleryStats
 from service.hosted_models import HostedModels
 from service.metrics import Metrics
 from service.readiness import Readiness
+
+if TYPE_CHECKING:  # psycopg is an extra: PostgreSQL's store is imported only where it is configured
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import SqliteGallery
 
 log = logging.getLogger("facegate.app")
 
@@ -73,6 +79,13 @@ def _on_signal(signum: int, handler) -> bool:
     return True
 
 
+def _recall_once_loaded(service: Service, gallery: SqliteGallery | PostgresGallery, embedder: FaceEmbedder | None) -> None:
+    """Start the recall check of the index the gallery built in the background, once it is built (or closed)."""
+    if gallery.wait_loaded() and gallery.index is not None:
+        service.recall = RecallCheck.from_settings(service.settings, gallery, gallery.index, embedder)
+        service.recall.start()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics(hosted_models=settings.model_host is not None)
@@ -101,11 +114,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await asyncio.to_thread(engine.warm_up, readiness.warmup_done)
             else:
                 engine.start_warm_up(readiness.warmup_done)
-        gallery = open_gallery(settings, models.embedder_key)
+        # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading")
+        gallery = open_gallery(settings, models.embedder_key, background=True)
         gallery_stats = GalleryStats(gallery)
-        recall = RecallCheck.from_settings(settings, gallery, gallery.index, engine.pipeline.embedder if engine else None)
+        embedder = engine.pipeline.embedder if engine else None
+        recall = RecallCheck.from_settings(settings, gallery, gallery.index, embedder)
         recall.start()  # on its own thread: at start-up, then every FACEGATE_INDEX_RECALL_EVERY changes
-        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
+        service = app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
+        loaded = None
+        if gallery.loading:  # the recall check measures the index once there is one
+            loaded = asyncio.create_task(asyncio.to_thread(_recall_once_loaded, service, gallery, embedder))
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
@@ -120,8 +138,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             elif hosted:
                 hosted.close()
             gallery_stats.close()
-            recall.close()
-            gallery.close()
+            gallery.close()  # first: a build still under way stops, and the wait for it below ends
+            if loaded is not None:
+                await loaded
+            service.recall.close()
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
     app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -15,15 +15,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from service.api.requests import validation_message
-from service.core.errors import FacegateError, InternalError, InvalidParameters, Overloaded, error_for_status
+from service.core.errors import FacegateError, InternalError, InvalidParameters, error_for_status
 
 log = logging.getLogger("facegate.api")
 
 
 def error_response(error: FacegateError, status: int | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The answer for an error; `status` overrides the class's for a bare HTTP status it stands for.
-    An `overloaded` answer says when to retry, wherever it was raised (admission, a budget, a route)."""
-    if isinstance(error, Overloaded):
+    An `overloaded` or `gallery_loading` answer says when to retry, wherever it was raised (admission, a budget, a route)."""
+    if error.retry_after is not None:
         headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
     body: dict[str, Any] = {"code": error.code, "message": error.message}
     if error.details is not None:

@@ -15,6 +15,7 @@ class FacegateError(Exception):
     code: str
     status: int
     details: list[dict] | None = None  # per-item errors (bulk enrollment)
+    retry_after: int | None = None  # seconds: a 503 the caller should retry, its answer carries Retry-After
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -198,6 +199,14 @@ class ModelUnavailable(FacegateError):
     """A request that needs a model while none usable is loaded."""
 
     code, status = "model_unavailable", 503
+
+
+class GalleryLoading(FacegateError):
+    """The gallery's index and open-set guard are still being built at start-up (the port listens
+    meanwhile): retry after Retry-After."""
+
+    code, status = "gallery_loading", 503
+    retry_after = 2  # seconds
 
 
 class GalleryUnavailable(FacegateError):

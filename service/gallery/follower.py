@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,8 +63,8 @@ class ChangeLog(Protocol):
         """Ids, subjects and embeddings of those of `face_ids` the store holds now, made by the active embedder."""
         ...
 
-    def rebuild(self, current: Derived) -> Derived:
-        """The state of the store as of one snapshot, built from its faces (`current`: what is served meanwhile)."""
+    def rebuild(self, current: Derived | None) -> Derived:
+        """The state of the store as of one snapshot, built from its faces (`current`: what is served meanwhile, if any)."""
         ...
 
     def wait(self, timeout: float) -> None:
@@ -78,9 +79,14 @@ class ChangeLog(Protocol):
 
 
 class Follower:
-    def __init__(self, changes: ChangeLog, state: Derived, poll: float, name: str = "facegate-gallery-follower"):
+    def __init__(self, changes: ChangeLog, state: Derived | None, poll: float, name: str = "facegate-gallery-follower"):
+        """`state`: the index and roster as of a change; None: built first by the thread (the port
+        listens meanwhile, and a search is a 503 gallery_loading until `loaded` is set)."""
         self.log = changes
         self._state = state
+        self.loaded = threading.Event()
+        if state is not None:
+            self.loaded.set()
         self.poll = poll
         self.rebuilds = 0  # rebuilds done since start (what a test or /readyz can see)
         self.rebuilding = False
@@ -93,24 +99,36 @@ class Follower:
     # what the store reads
 
     @property
-    def state(self) -> Derived:
-        """The current index and roster (one attribute: a reader never sees a rebuilt index beside an old roster)."""
+    def state(self) -> Derived | None:
+        """The current index and roster (one attribute: a reader never sees a rebuilt index beside an
+        old roster); None until the first is built."""
         return self._state
 
     @property
-    def index(self) -> VectorIndex:
-        return self._state.index
+    def index(self) -> VectorIndex | None:
+        state = self._state
+        return state.index if state is not None else None
 
     @property
     def roster(self) -> Roster | LeaveOneOut | None:
-        return self._state.roster
+        state = self._state
+        return state.roster if state is not None else None
 
     @property
     def applied(self) -> int:
-        return self._state.applied
+        state = self._state
+        return state.applied if state is not None else 0
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Until the first state is built (True), or the follower is closed first or `timeout` passes (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.loaded.wait(0.2):
+            if self._stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+                return False
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -136,8 +154,8 @@ class Follower:
         subjects in hand: nothing is read)."""
         with self._lock:
             state = self._state
-            if seq <= state.applied or seq in self._early:
-                return
+            if state is None or seq <= state.applied or seq in self._early:
+                return  # not built yet: the build reads it from the store
             pending = seq - 1 - state.applied
             if 0 < pending <= ON_REQUEST and not self._closed:  # the few before it first: every process applies them in one order
                 rows = self.log.changes(state.applied, pending)
@@ -162,8 +180,8 @@ class Follower:
             limit = BATCH if most is None else min(BATCH, most - done)
             with self._lock:
                 state = self._state
-                rows = None if self._closed else self.log.changes(state.applied, limit)
-                if rows is None:
+                rows = None if self._closed or state is None else self.log.changes(state.applied, limit)
+                if state is None or rows is None:
                     return False
                 self._apply(state, rows)
             done += len(rows)
@@ -191,15 +209,20 @@ class Follower:
         self.rebuilding = True
         try:
             while not self._stop.is_set():
-                log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
+                if self._state is not None:
+                    log.info(
+                        "gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1
+                    )
                 fresh = self.log.rebuild(self._state)
                 while True:  # what was committed while it was built: read under the lock, applied outside
                     with self._lock:
                         rows = self.log.changes(fresh.applied, BATCH)
                         if rows is not None and len(rows) < BATCH:  # the tail: applied here, then swapped in
                             self._apply(fresh, rows, early=False)
+                            if self._state is not None:
+                                self.rebuilds += 1
                             self._state, self._early = fresh, set()  # every own change is in the log by now
-                            self.rebuilds += 1
+                            self.loaded.set()
                             log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
                             return
                     if rows is None:

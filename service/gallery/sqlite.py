@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip
-from service.core.errors import FaceNotFound, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, GalleryLoading, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.follower import ON_REQUEST, Derived, Follower
@@ -272,10 +272,10 @@ class SqliteLog:
     def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
         return faces_of(self._db, self.embedder, face_ids)
 
-    def rebuild(self, current: Derived) -> Derived:
+    def rebuild(self, current: Derived | None) -> Derived:
         db = connect(self.path)  # its own: the log's connection stays free for the requests meanwhile
         try:
-            shared = current.index if isinstance(current.index, MilvusIndex) else None
+            shared = current.index if current is not None and isinstance(current.index, MilvusIndex) else None
             return derived_state(db, self.path, self.embedder, self.config, self.guard, shared)
         finally:
             db.close()
@@ -300,12 +300,15 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 class SqliteGallery(GalleryStore):
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True):
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True, background: bool = False):
         """`index` says which index mirrors the embedder's faces for search; None where nothing is
         searched (no embedder loaded, or a CLI maintenance command). `guard`: keep the open-set
-        guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster."""
+        guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster. `background`:
+        return once the database is open, the index and guard built by the follower's thread (the
+        server listens meanwhile; `loading`)."""
         self.path = Path(path)
         self.guard = guard
+        self.background = background
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder
         self.index_config = index
@@ -317,8 +320,26 @@ class SqliteGallery(GalleryStore):
 
     @property
     def index(self) -> FaissIndex | MilvusIndex | None:
-        """The index searched now (the follower swaps in a rebuilt one whole: read it again, never keep it)."""
+        """The index searched now (the follower swaps in a rebuilt one whole: read it again, never
+        keep it); None while it is first built, or where nothing is searched."""
         return self.follower.index if self.follower is not None else None  # type: ignore[return-value]  # one of the two
+
+    @property
+    def loading(self) -> bool:
+        """The index and guard are still being built (`background`): searches answer 503 gallery_loading."""
+        return self.follower is not None and not self.follower.loaded.is_set()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self.follower is None or self.follower.wait_loaded(timeout)
+
+    def _loaded(self) -> None:
+        """The few changes other processes committed since the follower last looked, applied here
+        (never more than follower.ON_REQUEST, never a rebuild); GalleryLoading while the first state is built."""
+        if self.follower is None:
+            return
+        if not self.follower.loaded.is_set():
+            raise GalleryLoading("the gallery's index and open-set guard are being built at start-up; retry shortly (GET /readyz)")
+        self.follower.catch_up(ON_REQUEST)
 
     @property
     def roster(self) -> Roster | LeaveOneOut | None:
@@ -398,7 +419,7 @@ class SqliteGallery(GalleryStore):
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
-            state = derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
+            state = None if self.background else derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
         self.follower = Follower(SqliteLog(self.path, self.embedder, self.index_config, self.guard), state, FOLLOW_SECONDS)
         self.follower.start()
 
@@ -423,20 +444,20 @@ class SqliteGallery(GalleryStore):
         if self.follower is not None:
             self.follower.wrote(seq, op, face_ids, vectors, [subject_id] * len(face_ids))
 
-    def _caught_up(self) -> None:
-        """The few changes other processes committed since the follower last looked, applied here
-        (never more than follower.ON_REQUEST, never a rebuild)."""
-        if self.follower is not None:
-            self.follower.catch_up(ON_REQUEST)
-
     @classmethod
     def open(
-        cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None, guard: bool = True
+        cls,
+        data_dir: Path,
+        embedder: EmbedderKey | None,
+        searchable: bool = True,
+        index: IndexConfig | None = None,
+        guard: bool = True,
+        background: bool = False,
     ) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
         another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
         config = index or IndexConfig()
-        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard)
+        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard, background)
 
     # subjects
 
@@ -585,7 +606,7 @@ class SqliteGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted while the search ran are dropped)."""
-        self._caught_up()  # what other worker processes enrolled or deleted since this one's follower looked
+        self._loaded()  # what other worker processes enrolled or deleted since this one's follower looked
         index = self.index
         if index is None:
             return []
@@ -656,12 +677,12 @@ class SqliteGallery(GalleryStore):
     def shape(self) -> GalleryShape:
         """The subjects, faces and guard an open-set decision holds a search to, as of the change the
         follower applied last."""
-        self._caught_up()
+        self._loaded()
         roster = self.roster
         return roster.shape() if roster is not None else GalleryShape(0, 0)
 
     def leave_one_out(self) -> LeaveOneOut | None:
-        self._caught_up()
+        self._loaded()
         roster = self.roster
         return roster if isinstance(roster, LeaveOneOut) else None
 

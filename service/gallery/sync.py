@@ -69,7 +69,7 @@ class PostgresLog:
         vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
         return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
 
-    def rebuild(self, current: Derived) -> Derived:
+    def rebuild(self, current: Derived | None) -> Derived:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
 
     def wait(self, timeout: float) -> None:
