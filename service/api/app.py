@@ -114,8 +114,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await asyncio.to_thread(engine.warm_up, readiness.warmup_done)
             else:
                 engine.start_warm_up(readiness.warmup_done)
-        # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading")
-        gallery = open_gallery(settings, models.embedder_key, background=True)
+        # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading"),
+        # unless a process that accepts a connection must be ready (FACEGATE_WARM_UP_BEFORE_LISTENING)
+        gallery = open_gallery(settings, models.embedder_key, background=not settings.warm_up_before_listening)
         gallery_stats = GalleryStats(gallery)
         embedder = engine.pipeline.embedder if engine else None
         recall = RecallCheck.from_settings(settings, gallery, gallery.index, embedder)
