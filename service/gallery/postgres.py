@@ -170,11 +170,11 @@ class PostgresGallery(GalleryStore):
         if isinstance(self.index, MilvusIndex):
             self.index.close()
         if self.sync:
-            self.sync.close()
-            try:
+            try:  # before the follower stops: what was committed until now applied, then saved
                 self._save_index(self.sync)
-            except (psycopg.Error, OSError) as exc:  # the next start replays from the older file, or rebuilds
+            except (psycopg.Error, PoolTimeout, OSError) as exc:  # the next start replays from the older file, or rebuilds
                 log.warning("gallery index not saved: %s", exc)
+            self.sync.close()
         self.pool.close()
 
     def _save_index(self, sync: Follower) -> None:

@@ -419,7 +419,9 @@ class SqliteGallery(GalleryStore):
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
-            state = None if self.background else derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
+            # Milvus gets each enrollment before its commit, from the index open: never built in the background
+            background = self.background and not self.index_config.shared
+            state = None if background else derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
         self.follower = Follower(SqliteLog(self.path, self.embedder, self.index_config, self.guard), state, FOLLOW_SECONDS)
         self.follower.start()
 
