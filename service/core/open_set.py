@@ -221,6 +221,11 @@ class Roster:
         with self._lock:
             return GalleryShape(len(self._faces_of), len(self._subject_of))
 
+    def ids(self) -> np.ndarray:
+        """The faces it holds (what a follower past the log compares with the store's)."""
+        with self._lock:
+            return np.fromiter(self._subject_of, np.int64, len(self._subject_of))
+
 
 class LeaveOneOut:
     """Each enrolled face's margin score against the other subjects, kept exact as faces are added
@@ -261,6 +266,10 @@ class LeaveOneOut:
             state._relist(np.arange(state._n))
             state._rescore(np.arange(state._n))
         return state
+
+    def ids(self) -> np.ndarray:
+        with self._lock:
+            return self._ids[: self._n].copy()
 
     def shape(self) -> GalleryShape:
         with self._lock:
@@ -305,8 +314,8 @@ class LeaveOneOut:
                 cosines = self._vectors[: self._n] @ vector
                 changed = self._enter(cosines, code)
                 own = self._subject[: self._n] == code
-                self._top[row], self._top_subject[row], _ = _nearest_subjects(
-                    np.where(own, -np.inf, cosines)[None], self._subject[: self._n][None], self.width, exact=True
+                self._top[row], self._top_subject[row] = _nearest_subjects(
+                    np.where(own, -np.inf, cosines), self._subject[: self._n], self.width
                 )
                 self._rescore(np.append(changed, row))
             self._after(before)
@@ -395,16 +404,12 @@ class LeaveOneOut:
         n = self._n
         vectors, subject = self._vectors[:n], self._subject[:n]
         take = min(n, 4 * self.width + min(int(self._counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
-        large = self._counts[subject[rows]] > OWN_FACES  # their own faces would crowd the search: listed exactly at once
-        short: list[np.ndarray] = [rows[large]] if take < n else []
-        rows = rows[~large] if take < n else rows
+        short: list[np.ndarray] = []
         for start in range(0, len(rows), BLOCK):
             block = rows[start : start + BLOCK]
             values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
             values[subject[faces] == subject[block][:, None]] = -np.inf  # the face's own subject
-            order = np.argsort(-values, axis=1, kind="stable")
-            values, faces = np.take_along_axis(values, order, axis=1), np.take_along_axis(faces, order, axis=1)
-            self._top[block], self._top_subject[block], _ = _nearest_subjects(values, subject[faces], self.width)
+            self._top[block], self._top_subject[block] = _best_subjects(values, subject[faces], self.width)
             if take < n:  # fewer than `width` subjects among the faces asked for: more faces may hold more
                 short.append(block[(self._top_subject[block] < 0).any(axis=1)])
         self._relist_exactly(np.concatenate([np.empty(0, np.int64), *short]))
@@ -454,13 +459,7 @@ class LeaveOneOut:
                 best[large[None, :] == own] = -np.inf
                 values = np.concatenate([values, best], axis=1)
                 codes = np.concatenate([codes, np.broadcast_to(large.astype(np.int32), best.shape)], axis=1)
-            by_subject = np.lexsort((-values, codes), axis=1)  # each subject's candidates together, its best first
-            values, codes = np.take_along_axis(values, by_subject, axis=1), np.take_along_axis(codes, by_subject, axis=1)
-            values[:, 1:][codes[:, 1:] == codes[:, :-1]] = -np.inf  # a subject once, by its best face
-            order = np.argsort(-values, axis=1, kind="stable")[:, : self.width]
-            top, top_codes = np.take_along_axis(values, order, axis=1), np.take_along_axis(codes, order, axis=1)
-            self._top[block], self._top_subject[block] = -np.inf, -1  # fewer than `width` other subjects: the rest empty
-            self._top[block, : top.shape[1]], self._top_subject[block, : top.shape[1]] = top, np.where(np.isfinite(top), top_codes, -1)
+            self._top[block], self._top_subject[block] = _best_subjects(values, codes, self.width)
 
     def _rescore(self, rows: np.ndarray) -> None:
         if len(rows):
@@ -491,36 +490,33 @@ def _grown(array: np.ndarray, capacity: int, fill: float = 0) -> np.ndarray:
     return grown
 
 
-def _nearest_subjects(values: np.ndarray, codes: np.ndarray, width: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Per row of faces (their cosines, highest first unless `exact`, −inf where a face does not
-    count, and their subjects' codes): the `width` best subjects by their best face, highest first,
-    and their codes (−inf and −1 where there are fewer); and the rows whose faces held fewer than
-    `width` subjects without running out (more faces may hold more). `exact`: every face of the
-    row is given, in any order."""
-    rows = len(values)
-    top = np.full((rows, width), -np.inf, np.float32)
-    subjects = np.full((rows, width), -1, np.int32)
-    if exact:
-        best = np.full(int(codes.max(initial=-1)) + 1, -np.inf)
-        np.maximum.at(best, codes[0], values[0])
-        ranked = np.argpartition(-best, width - 1)[:width] if len(best) > width else np.arange(len(best))
-        ranked = ranked[np.argsort(-best[ranked], kind="stable")]
-        ranked = ranked[best[ranked] > -np.inf]
-        top[0, : len(ranked)], subjects[0, : len(ranked)] = best[ranked], ranked
-        return top, subjects, []
-    distinct = np.zeros(rows, bool)
-    if values.shape[1] >= width:  # the common case, one face each: the first `width` faces are `width` subjects
-        head = codes[:, :width]
-        distinct = (np.diff(np.sort(head, axis=1), axis=1) != 0).all(axis=1) & np.isfinite(values[:, width - 1])
-        top[distinct], subjects[distinct] = values[distinct, :width], head[distinct]
-    short = []
-    for r in np.flatnonzero(~distinct):
-        seen: dict[int, float] = {}
-        for value, code in zip(values[r].tolist(), codes[r].tolist(), strict=True):
-            if value == -np.inf or len(seen) == width:
-                break
-            seen.setdefault(code, value)
-        if len(seen) < width and values[r, -1] > -np.inf:
-            short.append(int(r))
-        top[r, : len(seen)], subjects[r, : len(seen)] = list(seen.values()), list(seen)
-    return top, subjects, short
+def _nearest_subjects(cosines: np.ndarray, codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """One face's cosines with every face (−inf where a face does not count) and their subjects'
+    codes: the `width` best subjects by their best face, highest first, and their codes (−inf and −1
+    where there are fewer)."""
+    top = np.full(width, -np.inf, np.float32)
+    subjects = np.full(width, -1, np.int32)
+    best = np.full(int(codes.max(initial=-1)) + 1, -np.inf)
+    np.maximum.at(best, codes, cosines)
+    ranked = np.argpartition(-best, width - 1)[:width] if len(best) > width else np.arange(len(best))
+    ranked = ranked[np.argsort(-best[ranked], kind="stable")]
+    ranked = ranked[best[ranked] > -np.inf]
+    top[: len(ranked)], subjects[: len(ranked)] = best[ranked], ranked
+    return top, subjects
+
+
+def _best_subjects(values: np.ndarray, codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of candidate faces (cosines in any order, −inf where a face does not count, and their
+    subjects' codes): the `width` best subjects among them by their best face, highest first, and
+    their codes (−inf and −1 where there are fewer). Vectorized: a subject's candidates sorted
+    together, all but its best dropped, the rest ranked."""
+    by_subject = np.lexsort((-values, codes), axis=1)
+    values, codes = np.take_along_axis(values, by_subject, axis=1), np.take_along_axis(codes, by_subject, axis=1)
+    values[:, 1:][codes[:, 1:] == codes[:, :-1]] = -np.inf  # a subject once, by its best face
+    order = np.argsort(-values, axis=1, kind="stable")[:, :width]
+    top = np.full((len(values), width), -np.inf, np.float32)
+    subjects = np.full((len(values), width), -1, np.int32)
+    found = np.take_along_axis(values, order, axis=1)
+    top[:, : found.shape[1]] = found
+    subjects[:, : found.shape[1]] = np.where(np.isfinite(found), np.take_along_axis(codes, order, axis=1), -1)
+    return top, subjects

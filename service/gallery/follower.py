@@ -67,6 +67,11 @@ class ChangeLog(Protocol):
         """The state of the store as of one snapshot, built from its faces (`current`: what is served meanwhile, if any)."""
         ...
 
+    def resync(self, state: Derived) -> None:
+        """Bring a state no one reads yet to the store as of one snapshot by the faces that differ
+        (the log pruned past it while it was built: only the faces added or removed since count)."""
+        ...
+
     def wait(self, timeout: float) -> None:
         """Return when something may have been committed (a notification), or after `timeout` seconds."""
         ...
@@ -164,9 +169,9 @@ class Follower:
             if op == "add":
                 if vectors is None or subjects is None:
                     raise ValueError("an add is applied with its vectors and subjects")
-                _add(state, np.array(face_ids, np.int64), subjects, vectors)
+                add(state, np.array(face_ids, np.int64), subjects, vectors)
             else:
-                _remove(state, face_ids)
+                remove(state, face_ids)
             if seq == state.applied + 1:
                 state.applied = seq
             else:
@@ -199,34 +204,32 @@ class Follower:
             elif op == "add":
                 found, subjects, vectors = self.log.faces(face_ids)
                 if len(found):
-                    _add(state, found, subjects, vectors)
+                    add(state, found, subjects, vectors)
             else:
-                _remove(state, face_ids)
+                remove(state, face_ids)
             state.applied = seq
 
     def rebuild(self) -> None:
         """Build the state from the store off every lock, bring it up to the log, and swap it in."""
         self.rebuilding = True
         try:
-            while not self._stop.is_set():
-                if self._state is not None:
-                    log.info(
-                        "gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1
-                    )
-                fresh = self.log.rebuild(self._state)
-                while True:  # what was committed while it was built: read under the lock, applied outside
-                    with self._lock:
-                        rows = self.log.changes(fresh.applied, BATCH)
-                        if rows is not None and len(rows) < BATCH:  # the tail: applied here, then swapped in
-                            self._apply(fresh, rows, early=False)
-                            if self._state is not None:
-                                self.rebuilds += 1
-                            self._state, self._early = fresh, set()  # every own change is in the log by now
-                            self.loaded.set()
-                            log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
-                            return
-                    if rows is None:
-                        break  # pruned past again while it was built: once more
+            if self._state is not None:
+                log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
+            fresh = self.log.rebuild(self._state)
+            while not self._stop.is_set():  # what was committed while it was built: read under the lock, applied outside
+                with self._lock:
+                    rows = self.log.changes(fresh.applied, BATCH)
+                    if rows is not None and len(rows) < BATCH:  # the tail: applied here, then swapped in
+                        self._apply(fresh, rows, early=False)
+                        if self._state is not None:
+                            self.rebuilds += 1
+                        self._state, self._early = fresh, set()  # every own change is in the log by now
+                        self.loaded.set()
+                        log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
+                        return
+                if rows is None:  # pruned past it again while it was built (writes faster than a build): by difference
+                    self.log.resync(fresh)
+                else:
                     self._apply(fresh, rows, early=False)
         finally:
             self.rebuilding = False
@@ -246,7 +249,7 @@ class Follower:
                 self._stop.wait(delay)
 
 
-def _add(state: Derived, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
+def add(state: Derived, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
     """Committed faces into the index (a shared one, Milvus, got them with the write) and the roster."""
     if not state.index.shared:
         state.index.add(ids, vectors)
@@ -254,7 +257,7 @@ def _add(state: Derived, ids: np.ndarray, subjects: list[str], vectors: np.ndarr
         state.roster.add(ids, subjects, vectors)
 
 
-def _remove(state: Derived, face_ids: list[int]) -> None:
+def remove(state: Derived, face_ids: list[int]) -> None:
     """Committed deletes out of the roster and the index. A shared index that cannot be reached keeps
     the vectors, which are never answered: a search looks every candidate up in the store first."""
     ids = np.array(face_ids, np.int64)

@@ -34,7 +34,7 @@ from service.core.alignment import TEMPLATES, FaceChip
 from service.core.errors import FaceNotFound, GalleryLoading, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
-from service.gallery.follower import ON_REQUEST, Derived, Follower
+from service.gallery.follower import ON_REQUEST, Derived, Follower, add, remove
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -279,6 +279,29 @@ class SqliteLog:
             return derived_state(db, self.path, self.embedder, self.config, self.guard, shared)
         finally:
             db.close()
+
+    def resync(self, state: Derived) -> None:
+        db = connect(self.path)
+        try:
+            db.execute("BEGIN")  # the ids, the faces read and the change they reflect: one snapshot
+            applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            now = np.array([r[0] for r in db.execute("SELECT id FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))], np.int64)
+            held = state.roster.ids() if state.roster is not None else np.empty(0, np.int64)
+            added = faces_of(db, self.embedder, np.setdiff1d(now, held).tolist())
+            db.execute("COMMIT")
+        finally:
+            db.close()
+        gone = np.setdiff1d(held, now)
+        log.info(
+            "gallery %s: %d faces added and %d removed since the rebuild read them (change %d)",
+            self.path,
+            len(added[0]),
+            len(gone),
+            applied,
+        )
+        remove(state, gone.tolist())
+        add(state, *added)
+        state.applied = applied
 
     def wait(self, timeout: float) -> None:
         self._woken.wait(timeout)  # SQLite announces nothing: the follower looks every `timeout` seconds

@@ -72,6 +72,9 @@ class PostgresLog:
     def rebuild(self, current: Derived | None) -> Derived:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
 
+    def resync(self, state: Derived) -> None:
+        raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
+
     def wait(self, timeout: float) -> None:
         """Until a notification or `timeout`; on a new LISTEN, at once (what was committed before it
         took effect is caught up next)."""

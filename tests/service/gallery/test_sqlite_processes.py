@@ -161,3 +161,40 @@ def test_the_open_set_roster_and_its_guard_follow_the_log_too(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_a_rebuild_the_log_outran_catches_up_by_difference(tmp_path, monkeypatch):
+    """Writes faster than a rebuild (the log pruned past the rebuilt state before it is swapped in)
+    must not rebuild again and again: the faces added and removed since are applied, once."""
+    monkeypatch.setattr(sqlite, "CHANGES_KEPT", 3)
+    a, b = SqliteGallery.open(tmp_path, KEY), SqliteGallery.open(tmp_path, KEY)
+    release, builds = threading.Event(), []
+    build = sqlite.follow
+
+    def held(*args, **kwargs):
+        builds.append(threading.current_thread())
+        release.wait(30)
+        return build(*args, **kwargs)
+
+    try:
+        a.create_subject("A", {}, "a")
+        (first,) = a.add_faces("a", [NewFace(unit(1))])
+        wait_until(lambda: b.applied == a.applied, "b follows")
+        monkeypatch.setattr(sqlite, "follow", held)
+        for i in range(5):  # past the log: b rebuilds
+            a.add_faces("a", [NewFace(unit(40 + i))])
+        wait_until(lambda: builds, "b's rebuild started")
+        a.delete_face(first.id)  # while it is held, past the log again
+        for i in range(5):
+            a.create_subject(f"s{i}", {}, f"s{i}")
+            a.add_faces(f"s{i}", [NewFace(unit(50 + i))])
+        release.set()
+        wait_until(lambda: b.follower.rebuilds == 1 and b.applied == a.applied, "b swapped its state in")
+        assert len(builds) == 1  # built once, then brought up to the store by difference
+        assert sorted(b.roster.ids().tolist()) == sorted(r[0] for r in b._db.execute("SELECT id FROM faces"))
+        assert b.index.size == 10 and (b.shape().subjects, b.shape().faces) == (6, 10)
+        assert first.id not in {c.face_id for c in b.search(unit(1), top_k=10)}
+    finally:
+        release.set()
+        a.close()
+        b.close()
