@@ -35,8 +35,9 @@ from service.gallery.index import VectorIndex
 
 log = logging.getLogger("facegate.gallery.follower")
 
-BATCH = 1000  # changes read and applied per step (the lock is held for one step at a time)
+BATCH = 64  # changes applied per step, the lock held (an own write waits at most one step: 64 guard updates)
 ON_REQUEST = 16  # changes a search may apply itself (each costs one product with every face); more: the state it has
+ON_REQUEST_WAIT = 0.25  # seconds a search waits for the follower's step (a few ms, unless the guard is large and writes many)
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # back-off after the store could not be read
 
 
@@ -179,16 +180,21 @@ class Follower:
 
     def catch_up(self, most: int | None = None) -> bool:
         """Apply the committed changes after `applied`, in order (`most`: at most that many, what a
-        request may do itself). False when the log no longer reaches them: a rebuild is due."""
+        request may do itself; it waits at most ON_REQUEST_WAIT for the follower's own step, which
+        is applying them anyway). False when the log no longer reaches them: a rebuild is due."""
         done = 0
         while most is None or done < most:
             limit = BATCH if most is None else min(BATCH, most - done)
-            with self._lock:
+            if not self._lock.acquire(timeout=-1 if most is None else ON_REQUEST_WAIT):
+                return True  # a request: the follower is applying them: the state it has meanwhile
+            try:
                 state = self._state
                 rows = None if self._closed or state is None else self.log.changes(state.applied, limit)
                 if state is None or rows is None:
                     return False
                 self._apply(state, rows)
+            finally:
+                self._lock.release()
             done += len(rows)
             if len(rows) < limit:
                 break
