@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.onnx_models import write_test_embedder
+from tests.polling import wait_until
 from tests.requirements import NEEDS, flag, need, required
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,8 +171,8 @@ def store_settings(request, api_settings):
 
 @contextmanager
 def started_client(settings):
-    """A TestClient of an app for `settings`, its lifespan run and its models warmed up (they warm up
-    in the background, 503 meanwhile: tests of a loaded app start once it is ready)."""
+    """A TestClient of an app for `settings`, its lifespan run, its models warmed up and its gallery's
+    index built (both in the background, 503 meanwhile: tests of a loaded app start once it is ready)."""
     import warnings
 
     with warnings.catch_warnings():
@@ -180,8 +181,10 @@ def started_client(settings):
     from service.api.app import create_app
 
     with TestClient(create_app(settings)) as client:
-        readiness = client.app.state.service.readiness
-        assert not readiness.loaded or readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
+        service = client.app.state.service
+        assert not service.readiness.loaded or service.readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
+        assert service.gallery.wait_loaded(120), "the gallery's index was not built in 120 s"
+        wait_until(lambda: client.app.state.service.recall.index is service.gallery.index, "the recall check follows the built index")
         yield client
 
 

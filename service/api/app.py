@@ -8,6 +8,7 @@ import asyncio
 import logging
 import signal
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -33,6 +34,10 @@ from service.metrics import Metrics
 from service.readiness import Readiness
 from service.runtime.decode_workers import DecodeWorkers
 from service.runtime.hosted_models import HostedModels
+
+if TYPE_CHECKING:  # psycopg is an extra: PostgreSQL's store is imported only where it is configured
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import SqliteGallery
 
 log = logging.getLogger("facegate.app")
 
@@ -73,6 +78,13 @@ def _on_signal(signum: int, handler) -> bool:
     return True
 
 
+def _recall_once_loaded(gallery: SqliteGallery | PostgresGallery, recall: RecallCheck) -> None:
+    """Start the recall check once the index the gallery builds in the background is built (not when
+    the gallery was closed first); it follows the gallery's index from then on."""
+    if gallery.wait_loaded():
+        recall.start()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics(hosted_models=settings.model_host is not None)
@@ -103,11 +115,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await asyncio.to_thread(engine.warm_up, readiness.warmup_done)
             else:
                 engine.start_warm_up(readiness.warmup_done)
-        gallery = open_gallery(settings, models.embedder_key)
+        # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading"),
+        # unless a process that accepts a connection must be ready (FACEGATE_WARM_UP_BEFORE_LISTENING)
+        gallery = open_gallery(settings, models.embedder_key, background=not settings.warm_up_before_listening)
         gallery_stats = GalleryStats(gallery)
-        recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, engine.pipeline.embedder if engine else None)
-        recall.start()  # on its own thread: at start-up, then every FACEGATE_INDEX_RECALL_EVERY changes
-        app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
+        embedder = engine.pipeline.embedder if engine else None
+        recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, embedder)
+        service = app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
+        loaded = None
+        if gallery.loading:  # the recall check measures the index once there is one
+            loaded = asyncio.create_task(asyncio.to_thread(_recall_once_loaded, gallery, recall))
+        else:
+            recall.start()  # on its own thread: at start-up, then every FACEGATE_INDEX_RECALL_EVERY changes
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
@@ -122,8 +141,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             elif hosted:
                 hosted.close()
             gallery_stats.close()
-            recall.close()
-            gallery.close()
+            gallery.close()  # first: a build still under way stops, and the wait for it below ends
+            if loaded is not None:
+                await loaded
+            service.recall.close()
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
     app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -23,7 +23,7 @@ log = logging.getLogger("facegate.api")
 
 def error_response(error: FacegateError, status: int | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The answer for an error; `status` overrides the class's for a bare HTTP status it stands for.
-    An error that will pass (`overloaded`, a model host restarting) says when to retry, wherever it was raised."""
+    An error that will pass (`overloaded`, `gallery_loading`, a model host restarting) says when to retry, wherever it was raised."""
     if error.retry_after is not None:
         headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
     body: dict[str, Any] = {"code": error.code, "message": error.message}

@@ -100,7 +100,10 @@ ERROR_STATUSES = {
     413: "Body or image too large",
     415: "Unsupported content type or image format",
     422: "Bad parameters, no face, multiple faces, low quality, unknown FAR",
-    503: "Not ready (a model missing, warming up or failing), overloaded (retry after Retry-After), or the gallery unreachable",
+    503: (
+        "Not ready (a model missing, warming up or failing; the gallery index loading, with Retry-After), "
+        "overloaded (retry after Retry-After), or the gallery unreachable"
+    ),
 }
 
 

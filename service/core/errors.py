@@ -221,6 +221,14 @@ class ModelUnavailable(FacegateError):
         self.retry_after = retry_after
 
 
+class GalleryLoading(FacegateError):
+    """The gallery's index and open-set guard are still being built at start-up (the port listens
+    meanwhile): retry after Retry-After."""
+
+    code, status = "gallery_loading", 503
+    retry_after = 2  # seconds
+
+
 class GalleryUnavailable(FacegateError):
     """The gallery's database (PostgreSQL, FACEGATE_DATABASE_URL) cannot be reached just now."""
 

@@ -47,6 +47,9 @@ TAIL_MIN = 10  # the guard's tail is fitted to the max(TAIL_MIN, ⌈TAIL_SHARE �
 TAIL_SHARE = 0.1
 LOWEST_RATE = 1e-12  # a score's rate is searched down to here (a calibrated similarity of 1)
 BLOCK = 4096  # faces whose leave-one-out lists are searched at once
+OWN_FACES = 64  # a subject's faces a leave-one-out search asks for beyond 4 × (K + 1); more: listed by `_relist_exactly`
+EXACT_BLOCK = 1024  # rows `_relist_exactly` lists at once
+SLICE = 4096  # faces a block of rows is multiplied with at once there (EXACT_BLOCK × SLICE float32: 16 MiB)
 
 
 def margin_scores(top: np.ndarray, subjects: int) -> np.ndarray:
@@ -235,6 +238,11 @@ class Roster:
         with self._lock:
             return GalleryShape(len(self._faces_of), len(self._subject_of))
 
+    def ids(self) -> np.ndarray:
+        """The faces it holds (what a follower past the log compares with the store's)."""
+        with self._lock:
+            return np.fromiter(self._subject_of, np.int64, len(self._subject_of))
+
 
 class LeaveOneOut:
     """Each enrolled face's margin score against the other subjects, kept exact as faces are added
@@ -275,6 +283,10 @@ class LeaveOneOut:
             state._relist(np.arange(state._n))
             state._rescore(np.arange(state._n))
         return state
+
+    def ids(self) -> np.ndarray:
+        with self._lock:
+            return self._ids[: self._n].copy()
 
     def shape(self) -> GalleryShape:
         with self._lock:
@@ -319,8 +331,8 @@ class LeaveOneOut:
                 cosines = self._vectors[: self._n] @ vector
                 changed = self._enter(cosines, code)
                 own = self._subject[: self._n] == code
-                self._top[row], self._top_subject[row], _ = _nearest_subjects(
-                    np.where(own, -np.inf, cosines)[None], self._subject[: self._n][None], self.width, exact=True
+                self._top[row], self._top_subject[row] = _nearest_subjects(
+                    np.where(own, -np.inf, cosines), self._subject[: self._n], self.width
                 )
                 self._rescore(np.append(changed, row))
             self._after(before)
@@ -403,22 +415,68 @@ class LeaveOneOut:
 
     def _relist(self, rows: np.ndarray) -> None:
         """The lists of `rows` computed from every face: FAISS's exact search for each row's nearest
-        faces, a block at a time, then their subjects."""
+        faces, a block at a time, then their subjects. The faces asked for per row are bounded
+        (4 × width + at most OWN_FACES of its own subject's), whatever the subjects' sizes: the rows
+        whose nearest faces held too few subjects are listed again by `_relist_exactly`."""
         n = self._n
         vectors, subject = self._vectors[:n], self._subject[:n]
-        take = min(n, 4 * self.width + int(self._counts.max(initial=0)))  # enough faces for `width` other subjects, usually
+        take = min(n, 4 * self.width + min(int(self._counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
+        short: list[np.ndarray] = []
         for start in range(0, len(rows), BLOCK):
             block = rows[start : start + BLOCK]
             values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
             values[subject[faces] == subject[block][:, None]] = -np.inf  # the face's own subject
-            order = np.argsort(-values, axis=1, kind="stable")
-            values, faces = np.take_along_axis(values, order, axis=1), np.take_along_axis(faces, order, axis=1)
-            top, codes, short = _nearest_subjects(values, subject[faces], self.width)
-            for r in short if take < n else ():  # their subjects have many faces each: every subject's best face
-                cosines = vectors @ vectors[block[r]]
-                cosines[subject == subject[block[r]]] = -np.inf
-                top[r], codes[r], _ = _nearest_subjects(cosines[None], subject[None], self.width, exact=True)
-            self._top[block], self._top_subject[block] = top, codes
+            self._top[block], self._top_subject[block] = _best_subjects(values, subject[faces], self.width)
+            if take < n:  # fewer than `width` subjects among the faces asked for: more faces may hold more
+                short.append(block[(self._top_subject[block] < 0).any(axis=1)])
+        self._relist_exactly(np.concatenate([np.empty(0, np.int64), *short]))
+
+    def _relist_exactly(self, rows: np.ndarray) -> None:
+        """The lists of rows whose nearest faces were crowded by a few subjects' many faces, exact in
+        bounded memory: the subjects with more than OWN_FACES faces ("large") by their best face
+        each, from products a block of rows by a slice of their faces at a time; the others from
+        FAISS's search of their faces only, for (width + 1) × OWN_FACES faces, which holds the best
+        face of the `width` nearest of them (each has at most OWN_FACES, its own subject too)."""
+        if not len(rows):
+            return
+        n = self._n
+        vectors, subject = self._vectors[:n], self._subject[:n]
+        large = np.flatnonzero(self._counts > OWN_FACES)
+        in_large = np.isin(subject, large)
+        small = np.flatnonzero(~in_large)
+        members = np.flatnonzero(in_large)
+        members = members[np.argsort(subject[members], kind="stable")]  # the large subjects' faces, a subject after another
+        take = min(len(small), (self.width + 1) * OWN_FACES)
+        rows = rows[np.argsort(subject[rows], kind="stable")]  # a block holds one subject's rows, mostly: its own faces are skipped
+        for start in range(0, len(rows), EXACT_BLOCK):
+            block = rows[start : start + EXACT_BLOCK]
+            own = subject[block][:, None]
+            alone = int(own[0, 0]) if (own == own[0, 0]).all() else -1  # the one subject of the block's rows
+            values = np.empty((len(block), 0), np.float32)
+            codes = np.empty((len(block), 0), np.int32)
+            if take:
+                heap = faiss.ResultHeap(len(block), take, keep_max=True)
+                for first in range(0, len(small), SLICE):
+                    part = small[first : first + SLICE]
+                    found, at = faiss.knn(vectors[block], vectors[part], min(take, len(part)), metric=faiss.METRIC_INNER_PRODUCT)
+                    heap.add_result(found, np.where(at >= 0, part[np.maximum(at, 0)], -1))
+                heap.finalize()
+                codes = np.where(heap.I >= 0, subject[np.maximum(heap.I, 0)], -1)
+                values = np.where((heap.I >= 0) & (codes != own), heap.D, -np.inf).astype(np.float32)
+            if len(large):
+                best = np.full((len(block), len(large)), -np.inf, np.float32)
+                for first in range(0, len(members), SLICE):
+                    part = members[first : first + SLICE]
+                    if subject[part[0]] == subject[part[-1]] == alone:
+                        continue  # the rows' own subject: −inf anyway
+                    cosines = vectors[block] @ vectors[part].T
+                    starts = np.flatnonzero(np.r_[True, np.diff(subject[part]) != 0])
+                    slot = np.searchsorted(large, subject[part][starts])
+                    best[:, slot] = np.maximum(best[:, slot], np.maximum.reduceat(cosines, starts, axis=1))
+                best[large[None, :] == own] = -np.inf
+                values = np.concatenate([values, best], axis=1)
+                codes = np.concatenate([codes, np.broadcast_to(large.astype(np.int32), best.shape)], axis=1)
+            self._top[block], self._top_subject[block] = _best_subjects(values, codes, self.width)
 
     def _rescore(self, rows: np.ndarray) -> None:
         if len(rows):
@@ -449,36 +507,33 @@ def _grown(array: np.ndarray, capacity: int, fill: float = 0) -> np.ndarray:
     return grown
 
 
-def _nearest_subjects(values: np.ndarray, codes: np.ndarray, width: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Per row of faces (their cosines, highest first unless `exact`, −inf where a face does not
-    count, and their subjects' codes): the `width` best subjects by their best face, highest first,
-    and their codes (−inf and −1 where there are fewer); and the rows whose faces held fewer than
-    `width` subjects without running out (more faces may hold more). `exact`: every face of the
-    row is given, in any order."""
-    rows = len(values)
-    top = np.full((rows, width), -np.inf, np.float32)
-    subjects = np.full((rows, width), -1, np.int32)
-    if exact:
-        best = np.full(int(codes.max(initial=-1)) + 1, -np.inf)
-        np.maximum.at(best, codes[0], values[0])
-        ranked = np.argpartition(-best, width - 1)[:width] if len(best) > width else np.arange(len(best))
-        ranked = ranked[np.argsort(-best[ranked], kind="stable")]
-        ranked = ranked[best[ranked] > -np.inf]
-        top[0, : len(ranked)], subjects[0, : len(ranked)] = best[ranked], ranked
-        return top, subjects, []
-    distinct = np.zeros(rows, bool)
-    if values.shape[1] >= width:  # the common case, one face each: the first `width` faces are `width` subjects
-        head = codes[:, :width]
-        distinct = (np.diff(np.sort(head, axis=1), axis=1) != 0).all(axis=1) & np.isfinite(values[:, width - 1])
-        top[distinct], subjects[distinct] = values[distinct, :width], head[distinct]
-    short = []
-    for r in np.flatnonzero(~distinct):
-        seen: dict[int, float] = {}
-        for value, code in zip(values[r].tolist(), codes[r].tolist(), strict=True):
-            if value == -np.inf or len(seen) == width:
-                break
-            seen.setdefault(code, value)
-        if len(seen) < width and values[r, -1] > -np.inf:
-            short.append(int(r))
-        top[r, : len(seen)], subjects[r, : len(seen)] = list(seen.values()), list(seen)
-    return top, subjects, short
+def _nearest_subjects(cosines: np.ndarray, codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """One face's cosines with every face (−inf where a face does not count) and their subjects'
+    codes: the `width` best subjects by their best face, highest first, and their codes (−inf and −1
+    where there are fewer)."""
+    top = np.full(width, -np.inf, np.float32)
+    subjects = np.full(width, -1, np.int32)
+    best = np.full(int(codes.max(initial=-1)) + 1, -np.inf)
+    np.maximum.at(best, codes, cosines)
+    ranked = np.argpartition(-best, width - 1)[:width] if len(best) > width else np.arange(len(best))
+    ranked = ranked[np.argsort(-best[ranked], kind="stable")]
+    ranked = ranked[best[ranked] > -np.inf]
+    top[: len(ranked)], subjects[: len(ranked)] = best[ranked], ranked
+    return top, subjects
+
+
+def _best_subjects(values: np.ndarray, codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of candidate faces (cosines in any order, −inf where a face does not count, and their
+    subjects' codes): the `width` best subjects among them by their best face, highest first, and
+    their codes (−inf and −1 where there are fewer). Vectorized: a subject's candidates sorted
+    together, all but its best dropped, the rest ranked."""
+    by_subject = np.lexsort((-values, codes), axis=1)
+    values, codes = np.take_along_axis(values, by_subject, axis=1), np.take_along_axis(codes, by_subject, axis=1)
+    values[:, 1:][codes[:, 1:] == codes[:, :-1]] = -np.inf  # a subject once, by its best face
+    order = np.argsort(-values, axis=1, kind="stable")[:, :width]
+    top = np.full((len(values), width), -np.inf, np.float32)
+    subjects = np.full((len(values), width), -1, np.int32)
+    found = np.take_along_axis(values, order, axis=1)
+    top[:, : found.shape[1]] = found
+    subjects[:, : found.shape[1]] = np.where(np.isfinite(found), np.take_along_axis(codes, order, axis=1), -1)
+    return top, subjects

@@ -23,15 +23,18 @@ MILVUS_EXTRA_MISSING = (
 )
 
 
-def open_gallery(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> SqliteGallery | PostgresGallery:
-    """`searchable=False` for maintenance commands: no index is loaded and no changes followed."""
+def open_gallery(
+    settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False
+) -> SqliteGallery | PostgresGallery:
+    """`searchable=False` for maintenance commands: no index is loaded and no changes followed.
+    `background` (the server): a SQLite gallery's index and guard are built after it returns."""
     if settings.milvus_uri and find_spec("pymilvus") is None:
         raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
     if settings.database_url.get_secret_value():
         return open_postgres(settings, embedder, searchable)
     from service.gallery.sqlite import SqliteGallery
 
-    return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings), settings.open_set_guard)
+    return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings), settings.open_set_guard, background)
 
 
 def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> PostgresGallery:

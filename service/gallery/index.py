@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 import uuid
@@ -24,8 +23,9 @@ from typing import Any, Protocol
 
 import faiss
 import numpy as np
+from filelock import FileLock
 
-from service.core.fileio import write_atomically
+from service.core.fileio import replacing, write_atomically
 from service.gallery.interface import Candidate
 
 log = logging.getLogger("facegate.gallery.index")
@@ -462,19 +462,29 @@ class FaissIndex:
 
     def save(self, path: Path, meta: dict[str, Any]) -> None:
         """Write the index next to `path` and then `path` itself (JSON: `meta` + the index file's
-        name), each atomically: a crash leaves the previous pair or the new one, never a mix."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        name), each with the one atomic write: a crash leaves the previous pair or the new one,
+        never a mix. The caller holds the index's file lock (`save_index`): the data files no
+        metadata names (another writer's, or a crashed one's) are removed after the switch."""
         data = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:12]}.faiss")
-        with self._lock.write():  # dirty is reset: no change may slip in between
-            faiss.write_index(self._index, str(data))
-            record = {**meta, "file": data.name, "spec": self.spec, "dim": self.dim, "removed": sorted(self._removed), "dead": self._dead}
-            self.dirty = False
-        with open(data, "rb+") as f:
-            os.fsync(f.fileno())
-        previous = read_meta(path)
+        with replacing(data, suffix=".faiss") as tmp:
+            with self._lock.write():  # dirty is reset: no change may slip in between
+                faiss.write_index(self._index, str(tmp))
+                record = {
+                    **meta,
+                    "file": data.name,
+                    "spec": self.spec,
+                    "dim": self.dim,
+                    "removed": sorted(self._removed),
+                    "dead": self._dead,
+                }
+                self.dirty = False
         write_atomically(path, json.dumps(record).encode())
-        if previous and previous.get("file") not in (None, data.name):
-            path.with_name(previous["file"]).unlink(missing_ok=True)
+        for orphan in (
+            *path.parent.glob(f"{path.stem}.*.faiss"),
+            *path.parent.glob(f".{path.stem}.*"),
+        ):  # and a killed writer's temporaries
+            if orphan.name != data.name:
+                orphan.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: Path, meta: dict[str, Any], search_params: str) -> FaissIndex:
@@ -593,12 +603,21 @@ def tuned(index: FaissIndex) -> FaissIndex:
 
 def save_index(config: IndexConfig, index: FaissIndex, model_sha256: str, state: dict[str, Any]) -> None:
     """Persist `index` with what it reflects (`state`: the store's face count or change sequence),
-    when it is a kind that is persisted and changed since it was built or loaded."""
+    when it is a kind that is persisted and changed since it was built or loaded. The processes
+    sharing a folder (`--workers N`) save under one file lock, one at a time: the one holding it
+    owns the files, and a process that finds the state it holds already saved writes nothing."""
     path = config.path(model_sha256)
     if path is None or not index.dirty:
         return
-    started = time.monotonic()
-    index.save(path, {**state, "model_sha256": model_sha256, "requested": config.spec})
+    meta = {**state, "model_sha256": model_sha256, "requested": config.spec}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path.with_suffix(".lock")):
+        saved = read_meta(path)
+        if saved is not None and saved.get("spec") == index.spec and all(saved.get(k) == v for k, v in meta.items()):
+            log.info("gallery index %s: the state it reflects is saved already (%s)", index.spec, path.name)
+            return
+        started = time.monotonic()
+        index.save(path, meta)
     log.info("gallery index %s: %d faces saved to %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
 
 

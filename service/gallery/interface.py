@@ -55,6 +55,15 @@ class GalleryStore(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def loading(self) -> bool:
+        """The index and open-set guard are still being built at start-up (/readyz 503, searches 503 gallery_loading)."""
+        return False
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Until they are built (True), or the store is closed first or `timeout` passes (False)."""
+        return True
+
     def create_subject(self, name: str, metadata: dict[str, Any], subject_id: str | None = None, unique_name: bool = False) -> Subject:
         """SubjectExists where the id is taken, or with `unique_name` where another subject holds the name's key."""
         ...

@@ -1,6 +1,6 @@
 """The PostgreSQL gallery store (FACEGATE_DATABASE_URL): several replicas share one database, the
 source of truth; each keeps its own in-memory vector index of the active embedder's faces, loaded
-at start-up from one consistent snapshot and kept in step by `sync.IndexSync`.
+at start-up from one consistent snapshot and kept in step by its follower (follower.py, sync.py).
 
 A write commits before it returns, with its change row and NOTIFY in the same transaction; the
 replica that wrote applies the change to its index before answering. Another replica applies it
@@ -37,6 +37,7 @@ from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
+from service.gallery.follower import Derived, Follower
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -57,7 +58,7 @@ from service.gallery.sqlite import (
     subject_update,
     taken,
 )
-from service.gallery.sync import IndexSync, database_sequence, one_row, record_change
+from service.gallery.sync import PostgresLog, database_sequence, one_row, record_change, replication_status
 
 log = logging.getLogger("facegate.gallery")
 
@@ -163,15 +164,14 @@ class PostgresGallery(GalleryStore):
             with self.pool.connection() as conn:
                 migrate(conn)
             applied = self._load_index()
-            self.sync: IndexSync | None = None  # Milvus is shared: nothing to keep in step
+            self.sync: Follower | None = None  # Milvus is shared: nothing to keep in step
+            self._changes: PostgresLog | None = None  # the log it follows
             if isinstance(self.index, FaissIndex):
-                self.sync = IndexSync(
-                    self.url, self.pool, self.index, required_embedder(embedder).sha256, applied, SYNC_POLL_SECONDS, self.roster
-                )
-                with self.pool.connection() as conn:
-                    replayed = self.sync.catch_up(conn)  # a persisted index: the changes since it was saved
-                if replayed:
-                    log.info("gallery index: %d changes since it was saved applied", replayed)
+                self._changes = changes = PostgresLog(self.url, self.pool, required_embedder(embedder))
+                self.sync = Follower(changes, Derived(self.index, self.roster, applied), SYNC_POLL_SECONDS, "facegate-gallery-sync")
+                self.sync.catch_up()  # a persisted index: the changes since it was saved
+                if self.sync.applied > applied:
+                    log.info("gallery index: %d changes since it was saved applied", self.sync.applied - applied)
                 self._save_index(self.sync)
                 self.sync.start()
         except BaseException:
@@ -182,19 +182,32 @@ class PostgresGallery(GalleryStore):
         if isinstance(self.index, MilvusIndex):
             self.index.close()
         if self.sync:
-            self.sync.close()
-            try:
+            try:  # before the follower stops: what was committed until now applied, then saved
                 self._save_index(self.sync)
-            except (psycopg.Error, OSError) as exc:  # the next start replays from the older file, or rebuilds
+            except (psycopg.Error, PoolTimeout, OSError) as exc:  # the next start replays from the older file, or rebuilds
                 log.warning("gallery index not saved: %s", exc)
+            self.sync.close()
         self.pool.close()
 
-    def _save_index(self, sync: IndexSync) -> None:
+    def _save_index(self, sync: Follower) -> None:
         """Persist the index `sync` keeps in step with the change it reflects (a no-op for flat, or when unchanged)."""
         if self.index_config is None:  # a FAISS index is opened only with its config
             return
-        with sync.paused() as seq, self.pool.connection() as conn:
-            save_index(self.index_config, sync.index, sync.model_sha256, {"sequence": seq, "change": change_digest(conn, seq)})
+        with sync.paused() as state, self.pool.connection() as conn:
+            if state is not None and isinstance(state.index, FaissIndex):
+                digest = change_digest(conn, state.applied)
+                save_index(
+                    self.index_config, state.index, required_embedder(self.embedder).sha256, {"sequence": state.applied, "change": digest}
+                )
+
+    def _wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None, subjects: list[str] | None = None) -> None:
+        """A change this replica committed, applied (after the few before it) before the caller answers."""
+        if self.sync is None:
+            return
+        try:
+            self.sync.wrote(seq, op, face_ids, vectors, subjects)
+        except (psycopg.Error, PoolTimeout) as exc:  # the write is committed: the follower applies it once it can read again
+            log.warning("gallery sync: change %d committed but not applied yet: %s", seq, exc)
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection]:
@@ -350,15 +363,14 @@ class PostgresGallery(GalleryStore):
             conn.execute("DELETE FROM subjects WHERE id = %s", (subject_id,))
             seq = record_change(conn, "remove", ids) if ids else None
         if seq and self.sync:
-            self.sync.wrote(seq, "remove", ids)
+            self._wrote(seq, "remove", ids)
         self._unshare(ids)
         return len(ids)
 
     def merge_subjects(self, source_id: str, target_id: str) -> int:
         """Move every face of `source_id` to `target_id` and delete `source_id`, in one transaction;
-        the number of faces moved. Logged as a remove and an add of the same ids (as `reembed`
-        does), so every replica's index and roster re-read their subject; a shared index (Milvus)
-        keeps the vectors, whose ids do not change."""
+        the number of faces moved. Logged as a `move`: every replica's roster re-reads their subject,
+        its index (and a shared one, Milvus) keeps the vectors, whose ids do not change."""
         with self._conn() as conn:
             locked = conn.execute("SELECT id FROM subjects WHERE id = ANY(%s) ORDER BY id FOR UPDATE", ([source_id, target_id],))
             held = {r[0] for r in locked}
@@ -370,12 +382,9 @@ class PostgresGallery(GalleryStore):
             ]
             conn.execute("UPDATE subjects SET updated = %s WHERE id = %s", (time.time(), target_id))
             conn.execute("DELETE FROM subjects WHERE id = %s", (source_id,))
-            seq = None
-            if ids:
-                record_change(conn, "remove", ids)
-                seq = record_change(conn, "add", ids)
+            seq = record_change(conn, "move", ids) if ids else None
         if seq and self.sync:
-            self.sync.caught_up(seq)
+            self._wrote(seq, "move", ids)
         return len(ids)
 
     # faces
@@ -393,7 +402,7 @@ class PostgresGallery(GalleryStore):
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             seq = record_change(conn, "add", ids)
         if self.sync:
-            self.sync.wrote(seq, "add", ids, np.stack([f.embedding for f in faces]), [subject_id] * len(ids))
+            self._wrote(seq, "add", ids, np.stack([f.embedding for f in faces]), [subject_id] * len(ids))
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
@@ -410,7 +419,7 @@ class PostgresGallery(GalleryStore):
                 raise FaceNotFound(f"no face with id {face_id}")
             seq = record_change(conn, "remove", [face_id])
         if self.sync:
-            self.sync.wrote(seq, "remove", [face_id])
+            self._wrote(seq, "remove", [face_id])
         self._unshare([face_id])
         return row[0]
 
@@ -424,7 +433,7 @@ class PostgresGallery(GalleryStore):
             deleted = [r[0] for r in rows]
             seq = record_change(conn, "remove", deleted) if deleted else None
         if seq and self.sync:
-            self.sync.wrote(seq, "remove", deleted)
+            self._wrote(seq, "remove", deleted)
         self._unshare(deleted)
         return dict(rows)
 
@@ -501,11 +510,19 @@ class PostgresGallery(GalleryStore):
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
     def counts(self, searchable: int | None = None) -> dict[str, int]:
+        """As SqliteGallery.counts: incompatible faces counted in the database, whatever the index has applied."""
+        sha = self.embedder.sha256 if self.embedder is not None else ""
         with self._conn() as conn:
-            subjects, faces = one_row(conn.execute("SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces)"))
+            subjects, faces, other = one_row(
+                conn.execute(
+                    "SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces), "
+                    "(SELECT COUNT(*) FROM faces WHERE model_sha256 != %s)",
+                    (sha,),
+                )
+            )
         if searchable is None:
             searchable = self.index.size if self.index is not None else 0
-        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": other}
 
     def index_info(self) -> dict[str, Any] | None:
         return self.index.describe() if self.index is not None else None
@@ -531,10 +548,10 @@ class PostgresGallery(GalleryStore):
         return self.roster if isinstance(self.roster, LeaveOneOut) else None
 
     def replication(self) -> dict[str, int | bool] | None:
-        if self.sync is None:
+        if self.sync is None or self._changes is None:
             return None
         try:
-            return self.sync.status()
+            return replication_status(self.pool, self.sync.applied, self._changes.listening)
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 

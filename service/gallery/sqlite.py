@@ -7,10 +7,11 @@ One lock serializes the connection and keeps the index in step with the database
 the index only after its row is committed, and leaves it as soon as its delete is.
 
 Several processes may serve one file (`facegate serve --workers N`): every write that changes the
-searchable faces also commits a numbered row in `changes`, and before each search a process applies
-the changes it has not applied yet, in order, so an enrollment or deletion made through any worker
-is seen by every worker's next search. A process that fell further behind than the log keeps
-(CHANGES_KEPT) rebuilds its index from the faces instead.
+searchable faces also commits a numbered row in `changes`, which each process's follower
+(follower.py) applies in the background, in order; a search first applies the few still pending
+(follower.ON_REQUEST), so an enrollment or deletion made through any worker is seen by every
+worker's next search. A process that fell further behind than the log keeps (CHANGES_KEPT)
+rebuilds its index from the faces in the background, and searches its last state meanwhile.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import cv2
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip
-from service.core.errors import FaceNotFound, GalleryUnavailable, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, GalleryLoading, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
+from service.gallery.follower import ON_REQUEST, Derived, Follower, add, remove
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -97,6 +99,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new ones are written
+FOLLOW_SECONDS = 0.1  # how often a process's follower looks for changes other processes committed
 
 DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
@@ -202,36 +205,202 @@ def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKe
     return incompatible
 
 
+def fingerprint(db: sqlite3.Connection, model_sha256: str) -> list[int]:
+    """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
+    add or delete since a persisted index was saved changes it."""
+    row = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (model_sha256,))
+    return list(row.fetchone())
+
+
+def faces_of(db: sqlite3.Connection, embedder: EmbedderKey, face_ids: list[int] | None) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Ids, subjects and embeddings of those of `face_ids` (None: all) the database holds, made by `embedder`."""
+    if face_ids is None:
+        rows = db.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = ?", (embedder.sha256,)).fetchall()
+    else:
+        rows = []
+        for start in range(0, len(face_ids), LOOKUP_CHUNK):
+            chunk = face_ids[start : start + LOOKUP_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows += db.execute(
+                f"SELECT id, subject_id, embedding FROM faces WHERE id IN ({marks}) AND model_sha256 = ?", (*chunk, embedder.sha256)
+            ).fetchall()
+    vectors = np.frombuffer(b"".join(r[2] for r in rows), "<f4").reshape(len(rows), embedder.dim)
+    return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
+
+
+def derived_state(
+    db: sqlite3.Connection, path: Path, embedder: EmbedderKey, config: IndexConfig, guard: bool, shared: MilvusIndex | None
+) -> Derived:
+    """The index (the persisted one if it reflects the database as it is, else built from it and
+    persisted) and the open-set roster, with the change they reflect, all read in one snapshot:
+    exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it)."""
+    db.execute("BEGIN")
+    try:
+        applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+        ids, subjects, vectors = faces_of(db, embedder, None)
+        roster = follow(ids, subjects, vectors, guard)
+        if config.shared:  # Milvus: nothing to load
+            return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256), roster, applied)
+        faces = fingerprint(db, embedder.sha256)
+
+        def sample(n: int) -> np.ndarray:
+            stride = max(faces[0] // max(n, 1), 1)
+            rows = db.execute(
+                "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (embedder.sha256, stride, n)
+            ).fetchall()
+            return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+        def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for start in range(0, len(ids), 10_000):
+                yield ids[start : start + 10_000], vectors[start : start + 10_000]
+
+        index, loaded = open_index(config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sample, batches)
+        if loaded is None:
+            save_index(config, index, embedder.sha256, {"faces": faces})
+    finally:
+        db.execute("COMMIT")
+    log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, applied)
+    return Derived(index, roster, applied)
+
+
+class SqliteLog:
+    """The change log as a process's follower reads it (follower.ChangeLog), through a connection of
+    its own: the follower never waits for the store's lock, nor the store for a rebuild."""
+
+    def __init__(self, path: Path, embedder: EmbedderKey, config: IndexConfig, guard: bool):
+        self.path, self.embedder, self.config, self.guard = path, embedder, config, guard
+        self._db = connect(path)
+        self._woken = threading.Event()
+
+    def changes(self, after: int, limit: int) -> list[tuple[int, str, list[int]]] | None:
+        rows = self._db.execute("SELECT seq, op, face_ids FROM changes WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)).fetchall()
+        if rows and rows[0][0] != after + 1:  # pruned past it: the faces are the truth
+            return None
+        return [(seq, op, json.loads(face_ids)) for seq, op, face_ids in rows]
+
+    def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
+        return faces_of(self._db, self.embedder, face_ids)
+
+    def rebuild(self, current: Derived | None) -> Derived:
+        db = connect(self.path)  # its own: the log's connection stays free for the requests meanwhile
+        try:
+            shared = current.index if current is not None and isinstance(current.index, MilvusIndex) else None
+            return derived_state(db, self.path, self.embedder, self.config, self.guard, shared)
+        finally:
+            db.close()
+
+    def resync(self, state: Derived) -> None:
+        db = connect(self.path)
+        try:
+            db.execute("BEGIN")  # the ids, the faces read and the change they reflect: one snapshot
+            applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            now = np.array([r[0] for r in db.execute("SELECT id FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))], np.int64)
+            held = state.roster.ids() if state.roster is not None else np.empty(0, np.int64)
+            added = faces_of(db, self.embedder, np.setdiff1d(now, held).tolist())
+            db.execute("COMMIT")
+        finally:
+            db.close()
+        gone = np.setdiff1d(held, now)
+        log.info(
+            "gallery %s: %d faces added and %d removed since the rebuild read them (change %d)",
+            self.path,
+            len(added[0]),
+            len(gone),
+            applied,
+        )
+        remove(state, gone.tolist())
+        add(state, *added)
+        state.applied = applied
+
+    def wait(self, timeout: float) -> None:
+        self._woken.wait(timeout)  # SQLite announces nothing: the follower looks every `timeout` seconds
+        self._woken.clear()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection to the gallery file (transactions opened explicitly: isolation_level=None)."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+        db.execute(f"PRAGMA {pragma}")
+    db.create_function("facegate_name_key", 1, name_key, deterministic=True)  # migration 4
+    return db
+
+
 class SqliteGallery(GalleryStore):
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True):
+    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True, background: bool = False):
         """`index` says which index mirrors the embedder's faces for search; None where nothing is
         searched (no embedder loaded, or a CLI maintenance command). `guard`: keep the open-set
-        guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster."""
+        guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster. `background`:
+        return once the database is open, the index and guard built by the follower's thread (the
+        server listens meanwhile; `loading`)."""
         self.path = Path(path)
         self.guard = guard
-        self.roster: Roster | LeaveOneOut | None = None
+        self.background = background
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder
         self.index_config = index
         self._lock = threading.RLock()
-        # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
-            self._db.execute(f"PRAGMA {pragma}")
-        self._db.create_function("facegate_name_key", 1, name_key, deterministic=True)  # migration 4
+        self._db = connect(self.path)  # writes open their transactions with BEGIN IMMEDIATE
         self._migrate()
-        self.index: FaissIndex | MilvusIndex | None = None
-        self.applied = 0  # the last change of the log the index reflects
+        self.follower: Follower | None = None  # the index and roster, with an index config and an embedder
         self._load_index()
+
+    @property
+    def index(self) -> FaissIndex | MilvusIndex | None:
+        """The index searched now (the follower swaps in a rebuilt one whole: read it again, never
+        keep it); None while it is first built, or where nothing is searched."""
+        return self.follower.index if self.follower is not None else None  # type: ignore[return-value]  # one of the two
+
+    @property
+    def loading(self) -> bool:
+        """The index and guard are still being built (`background`): searches answer 503 gallery_loading."""
+        return self.follower is not None and not self.follower.loaded.is_set()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self.follower is None or self.follower.wait_loaded(timeout)
+
+    def _loaded(self) -> None:
+        """The few changes other processes committed since the follower last looked, applied here
+        (never more than follower.ON_REQUEST, never a rebuild); GalleryLoading while the first state is built."""
+        if self.follower is None:
+            return
+        if not self.follower.loaded.is_set():
+            raise GalleryLoading("the gallery's index and open-set guard are being built at start-up; retry shortly (GET /readyz)")
+        self.follower.catch_up(ON_REQUEST)
+
+    @property
+    def roster(self) -> Roster | LeaveOneOut | None:
+        return self.follower.roster if self.follower is not None else None
+
+    @property
+    def applied(self) -> int:
+        """The last change of the log the index reflects."""
+        return self.follower.applied if self.follower is not None else 0
 
     def close(self) -> None:
         with self._lock:
-            if isinstance(self.index, MilvusIndex):
-                self.index.close()
-            elif self.index is not None and self.index_config is not None:  # a FAISS index is opened only with its config
-                self._follow()  # what other processes wrote, so the saved index matches the fingerprint saved with it
-                save_index(self.index_config, self.index, required_embedder(self.embedder).sha256, {"faces": self._fingerprint()})
+            if self.follower is not None:
+                index = self.follower.index
+                if isinstance(index, FaissIndex) and self.index_config is not None:
+                    self._save(index)
+                self.follower.close()
+                if isinstance(index, MilvusIndex):
+                    index.close()
             self._db.close()
+
+    def _save(self, index: FaissIndex) -> None:
+        """Persist the index as of the log's last change, with the fingerprint of the faces then (read
+        in one snapshot with the changes applied, so the two agree); not when the log no longer reaches it."""
+        assert self.follower is not None and self.index_config is not None
+        with self._snapshot(), self.follower.paused() as state:
+            if state is not None and state.applied == self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]:
+                save_index(self.index_config, index, required_embedder(self.embedder).sha256, {"faces": self._fingerprint()})
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -273,53 +442,21 @@ class SqliteGallery(GalleryStore):
         return version
 
     def _fingerprint(self) -> list[int]:
-        """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
-        add or delete since a persisted index was saved changes it."""
-        row = self._db.execute(
-            "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?",
-            (required_embedder(self.embedder).sha256,),
-        )
-        return list(row.fetchone())
+        return fingerprint(self._db, required_embedder(self.embedder).sha256)
 
     def _load_index(self) -> None:
-        """Load the persisted index if it reflects the database as it is, else build it from
-        SQLite (and persist it); report faces another model made (they are never compared). All
-        read in one snapshot, so the index reflects exactly the changes up to `applied`."""
-        with self._lock, self._snapshot():
+        """Build the index and roster (or load a persisted index that reflects the database as it is)
+        and start following the log; report faces another model made (they are never compared)."""
+        with self._lock:
             rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
-            self.applied = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-            self.roster = self._roster(self.embedder)
-            if self.index_config.shared:  # Milvus: nothing to load
-                self.index = open_milvus(self.index_config, self.embedder.dim, self.embedder.sha256)
-                return
-            fingerprint = self._fingerprint()
-            sha = self.embedder.sha256
-
-            def sample(n: int) -> np.ndarray:
-                stride = max(fingerprint[0] // max(n, 1), 1)
-                rows = self._db.execute(
-                    "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (sha, stride, n)
-                ).fetchall()
-                return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
-
-            def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-                cursor = self._db.execute("SELECT id, embedding FROM faces WHERE model_sha256 = ?", (sha,))
-                while rows := cursor.fetchmany(10_000):
-                    yield (
-                        np.array([r[0] for r in rows], np.int64),
-                        np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1),
-                    )
-
-            index, loaded = open_index(
-                self.index_config, self.embedder.dim, sha, fingerprint[0], lambda m: m.get("faces") == fingerprint, sample, batches
-            )
-            self.index = index
-            if loaded is None:
-                save_index(self.index_config, index, sha, {"faces": fingerprint})
-        log.info("gallery %s: %d faces searchable (%s)", self.path, index.size, index.spec)
+            # Milvus gets each enrollment before its commit, from the index open: never built in the background
+            background = self.background and not self.index_config.shared
+            state = None if background else derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
+        self.follower = Follower(SqliteLog(self.path, self.embedder, self.index_config, self.guard), state, FOLLOW_SECONDS)
+        self.follower.start()
 
     @contextmanager
     def _snapshot(self) -> Iterator[None]:
@@ -338,90 +475,24 @@ class SqliteGallery(GalleryStore):
         return seq
 
     def _wrote(self, seq: int, op: str, face_ids: list[int], subject_id: str = "", vectors: np.ndarray | None = None) -> None:
-        """A change this process committed (under the lock): applied at once when it is the next
-        one, else with the others' before it."""
-        if self.index is None:
-            return
-        if self.applied != seq - 1:
-            self._follow()
-        elif op == "add" and vectors is not None:
-            self._added(np.array(face_ids, np.int64), [subject_id] * len(face_ids), vectors)
-            self.applied = seq
-        elif op == "move":
-            self._moved(face_ids)
-            self.applied = seq
-        else:
-            self._unindex(face_ids)
-            self.applied = seq
-
-    def _added(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
-        """Committed faces into the index (a shared one, Milvus, got them before the commit) and the open-set roster."""
-        if self.index is not None and not self.index.shared:
-            self.index.add(ids, vectors)
-        if self.roster is not None:
-            self.roster.add(ids, subjects, vectors)
-
-    def _moved(self, face_ids: list[int]) -> None:
-        """Faces that changed subject (a merge): the index is unchanged, the roster re-reads their subjects."""
-        if self.roster is None:
-            return
-        self.roster.remove(np.array(face_ids, np.int64))
-        found, subjects, vectors = self._embeddings_of(face_ids)
-        if len(found):
-            self.roster.add(found, subjects, vectors)
-
-    def _follow(self) -> None:
-        """Apply, in order, the changes other processes logged since the last one applied (under the
-        lock): to this process's index and open-set roster (with Milvus, the index every process
-        shares, only to the roster); rebuild both when the log no longer holds them all."""
-        if self.index is None:
-            return
-        rows = self._db.execute("SELECT seq, op, face_ids FROM changes WHERE seq > ? ORDER BY seq", (self.applied,)).fetchall()
-        if not rows:
-            return
-        if rows[0][0] != self.applied + 1:  # pruned past us: the faces are the truth
-            log.info("gallery %s: the change log no longer reaches change %d; rebuilding the index", self.path, self.applied + 1)
-            self._load_index()
-            return
-        for seq, op, face_ids in rows:
-            ids = json.loads(face_ids)
-            if op == "add":
-                found, subjects, vectors = self._embeddings_of(ids)
-                if len(found):
-                    self._added(found, subjects, vectors)
-            elif op == "move":
-                self._moved(ids)
-            else:
-                self._unindex(ids)
-            self.applied = seq
-
-    def _embeddings_of(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """Ids, subjects and embeddings of those of `face_ids` still in the database, made by the active embedder."""
-        key = required_embedder(self.embedder)
-        rows = []
-        for start in range(0, len(face_ids), LOOKUP_CHUNK):
-            chunk = face_ids[start : start + LOOKUP_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            rows += self._db.execute(
-                f"SELECT id, subject_id, embedding FROM faces WHERE id IN ({marks}) AND model_sha256 = ?", (*chunk, key.sha256)
-            ).fetchall()
-        vectors = np.frombuffer(b"".join(r[2] for r in rows), "<f4").reshape(len(rows), key.dim)
-        return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
-
-    def _roster(self, embedder: EmbedderKey) -> Roster | LeaveOneOut:
-        """The open-set roster of the embedder's faces as the database holds them."""
-        rows = self._db.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = ?", (embedder.sha256,)).fetchall()
-        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), embedder.dim)
-        return follow(np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors, self.guard)
+        """A change this process committed, into its index and roster before it answers."""
+        if self.follower is not None:
+            self.follower.wrote(seq, op, face_ids, vectors, [subject_id] * len(face_ids))
 
     @classmethod
     def open(
-        cls, data_dir: Path, embedder: EmbedderKey | None, searchable: bool = True, index: IndexConfig | None = None, guard: bool = True
+        cls,
+        data_dir: Path,
+        embedder: EmbedderKey | None,
+        searchable: bool = True,
+        index: IndexConfig | None = None,
+        guard: bool = True,
+        background: bool = False,
     ) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
         another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
         config = index or IndexConfig()
-        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard)
+        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard, background)
 
     # subjects
 
@@ -573,18 +644,6 @@ class SqliteGallery(GalleryStore):
             raise FaceNotFound(f"no face with id {face_id}")
         return row[0]
 
-    def _unindex(self, face_ids: list[int]) -> None:
-        """Take committed deletes out of the index. A shared index that cannot be reached keeps the
-        vectors, which are never answered: search looks every candidate up here first."""
-        if self.roster is not None:
-            self.roster.remove(np.array(face_ids, np.int64))
-        if self.index is None:
-            return
-        try:
-            self.index.remove(np.array(face_ids, np.int64))
-        except GalleryUnavailable as exc:
-            log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
-
     def subject_embeddings(self, subject_id: str) -> np.ndarray:
         """The subject's embeddings made by the active embedder (N×D; N may be 0)."""
         key = required_embedder(self.embedder)
@@ -600,11 +659,11 @@ class SqliteGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted while the search ran are dropped)."""
-        if self.index is None:
+        self._loaded()  # what other worker processes enrolled or deleted since this one's follower looked
+        index = self.index
+        if index is None:
             return []
-        with self._lock:
-            self._follow()  # what other worker processes enrolled or deleted since this one's last search
-        return best_subjects(self.index, query, top_k, self.lookup_faces)
+        return best_subjects(index, query, top_k, self.lookup_faces)
 
     def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
         """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
@@ -656,31 +715,39 @@ class SqliteGallery(GalleryStore):
             return self._db.execute(sql, params).fetchall()
 
     def counts(self, searchable: int | None = None) -> dict[str, int]:
+        """The database's counts; searchable: the index's size (as the caller read it, or now).
+        Incompatible faces are counted in the database, not as faces − searchable: the index may be
+        a few changes behind the database, and faces it has not applied yet are not incompatible."""
+        sha = self.embedder.sha256 if self.embedder is not None else ""
         with self._lock:
-            self._follow()
-            subjects = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
-            faces = self._db.execute("SELECT COUNT(*) FROM faces").fetchone()[0]
+            subjects, faces, other = self._db.execute(
+                "SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces), "
+                "(SELECT COUNT(*) FROM faces WHERE model_sha256 != ?)",
+                (sha,),
+            ).fetchone()
         if searchable is None:
-            searchable = self.index.size if self.index is not None else 0
-        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": faces - searchable}
+            index = self.index
+            searchable = index.size if index is not None else 0
+        return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": other}
 
     def index_info(self) -> dict[str, Any] | None:
-        return self.index.describe() if self.index is not None else None
+        index = self.index
+        return index.describe() if index is not None else None
 
     def shape(self) -> GalleryShape:
-        """The subjects, faces and guard an open-set decision holds a search to, as of the last change
-        any process logged."""
-        with self._lock:
-            self._follow()
-            return self.roster.shape() if self.roster is not None else GalleryShape(0, 0)
+        """The subjects, faces and guard an open-set decision holds a search to, as of the change the
+        follower applied last."""
+        self._loaded()
+        roster = self.roster
+        return roster.shape() if roster is not None else GalleryShape(0, 0)
 
     def leave_one_out(self) -> LeaveOneOut | None:
-        with self._lock:
-            self._follow()
-            return self.roster if isinstance(self.roster, LeaveOneOut) else None
+        self._loaded()
+        roster = self.roster
+        return roster if isinstance(roster, LeaveOneOut) else None
 
     def replication(self) -> None:
-        return None  # one process owns the file: nothing to keep in step
+        return None  # the processes sharing the file follow its log (follower.py); /readyz reports PostgreSQL's
 
     # maintenance
 

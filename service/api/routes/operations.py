@@ -27,7 +27,7 @@ async def healthz() -> dict:
 @router.head("/readyz", include_in_schema=False)
 @router.get(
     "/readyz",
-    responses={503: {"description": "Not ready: `problems` names each missing model and the fix."}},
+    responses={503: {"description": "Not ready: `problems` names each missing model (or the gallery index still loading) and the fix."}},
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     """Models loaded (names, sha256, active onnxruntime providers), gallery size, the vector index (`gallery.index`:
@@ -35,13 +35,26 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     problem listed while that is under FACEGATE_MIN_INDEX_RECALL) and, on PostgreSQL, the change this
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
-    status = 200 if service.readiness.ready else 503
+    loading = service.gallery.loading  # the index and guard still being built at start-up (the port listens meanwhile)
+    ready = service.readiness.ready and not loading
+    status = 200 if ready else 503
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
-        return JSONResponse({"ready": service.readiness.ready}, status_code=status)
+        return JSONResponse({"ready": ready}, status_code=status)
     report = service.readiness.report()
+    report["ready"] = ready
+    if loading:
+        report["problems"].append(
+            {
+                "model": "gallery index",
+                "name": "loading",
+                "error": "loading: the gallery's index and open-set guard are being built; searches answer 503 gallery_loading meanwhile",
+                "fix": "wait: /readyz answers 200 once they are built (docs/sizing.md)",
+            }
+        )
     stats = await service.gallery_stats.snapshot()  # never waits long on the database
     report["gallery"] = dict(stats.counts or dict.fromkeys(("subjects", "faces", "searchable_faces", "incompatible_faces")))
     report["gallery"]["incompatible_models"] = service.gallery.incompatible
+    report["gallery"]["loading"] = loading
     report["gallery"]["index"] = stats.index and {**stats.index, "recall": service.recall.report()}  # backend, parameters, size, recall@1
     report["problems"] += service.recall.problems()  # a low recall is reported, not made unready: answers stay exact
     if stats.replication is not None:  # PostgreSQL: this replica's applied change vs the database's

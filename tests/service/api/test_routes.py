@@ -338,6 +338,7 @@ def test_readyz_metrics_and_docs(api, lfw_faces):
         "searchable_faces": 0,
         "incompatible_faces": 0,
         "incompatible_models": {},
+        "loading": False,
         "index": index,
     }
     api.post("/verify", files={"image1": lfw_faces[BUSH][0], "image2": lfw_faces[BUSH][1]})

@@ -212,3 +212,45 @@ def test_a_small_gallery_is_decided_on_the_best_cosine_held_to_the_cosine_rows()
     assert decide_search(manifest, 0.01, None, None, GalleryShape(100, 100), 0.01).score == "margin"
     with pytest.raises(ValueError, match="cosine_below needs cosine_tables"):
         OpenSetTable.model_validate({**hand_table().model_dump(), "cosine_below": 100})
+
+
+def exact_lists(subjects: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Each face's cosines to the best face of its 11 nearest other subjects, highest first (−inf
+    where there are fewer), from the whole cosine matrix: the brute force, vectorized."""
+    order = np.argsort(subjects, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(subjects[order]) != 0])
+    best = np.maximum.reduceat((vectors @ vectors[order].T), starts, axis=1)  # per face, per subject
+    best[subjects[:, None] == subjects[order][starts][None, :]] = -np.inf
+    top = -np.sort(-best, axis=1)[:, :11]
+    return np.pad(top, ((0, 0), (0, 11 - top.shape[1])), constant_values=-np.inf)
+
+
+def test_a_subject_with_many_faces_builds_in_bounded_memory(monkeypatch):
+    """The guard's search asks FAISS for a bounded number of faces per face, whatever its subject's
+    size (it asked for 44 + the largest subject's faces: 10k faces in one subject took 2.26 GB), and
+    the lists stay exact: two large subjects (3,000 and 300 faces) among small ones."""
+    import tracemalloc
+
+    import faiss
+
+    rng = np.random.default_rng(7)
+    subjects = np.array(["big"] * 3000 + ["mid"] * 300 + [f"s{i % 150}" for i in range(400)])
+    centre = {name: rng.normal(size=16) for name in set(subjects.tolist())}
+    vectors = unit(np.stack([centre[s] for s in subjects]) + 1.5 * rng.normal(size=(len(subjects), 16)))
+    asked: list[int] = []
+    knn = faiss.knn
+
+    def counted(queries, base, k, **kwargs):
+        asked.append(k)
+        return knn(queries, base, k, **kwargs)
+
+    monkeypatch.setattr(faiss, "knn", counted)
+    tracemalloc.start()
+    try:
+        state = LeaveOneOut.build(np.arange(len(subjects)), subjects.tolist(), vectors)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert max(asked) <= 1000 < 3000  # faces asked for per face, beyond which the subject's size no longer counts
+    assert peak < 100e6  # bytes; the lists alone, asked for 44 + 3,000 faces per face, are 3,700 × 3,044 × 12 B = 135 MB
+    assert np.allclose(state._top[: len(subjects)], exact_lists(np.unique(subjects, return_inverse=True)[1], vectors), atol=1e-5)

@@ -219,3 +219,43 @@ def test_a_search_in_any_thread_uses_the_configured_openmp_threads(monkeypatch):
             assert seen[0][0] == before
     finally:
         index_module.set_search_threads(before)
+
+
+def test_processes_saving_one_index_at_once_leave_one_file(tmp_path):
+    """Workers that save the same persisted index at once (each at its own shutdown) take turns under
+    its file lock: the folder ends with the metadata and the one data file it names, no orphan."""
+    config = IndexConfig("HNSW16", "", tmp_path)
+    indexes = []
+    for seed in range(6):
+        index = FaissIndex(16, "HNSW16")
+        index.add(np.arange(200), unit(200, seed=seed))
+        indexes.append(index)
+    start = threading.Barrier(len(indexes))
+
+    def save(i: int) -> None:
+        start.wait()
+        for turn in range(4):
+            indexes[i].dirty = True
+            save_index(config, indexes[i], "a" * 64, {"faces": [i, turn]})
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(len(indexes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    meta = read_meta(config.path("a" * 64))
+    assert sorted(p.name for p in tmp_path.glob("*.faiss")) == [meta["file"]]
+    assert not list(tmp_path.glob(".*"))  # no temporary left
+    assert FaissIndex.load(config.path("a" * 64), meta, "").size == 200
+
+
+def test_a_state_saved_already_is_not_written_again(tmp_path):
+    """The second worker to shut down holds what the first saved: it writes nothing."""
+    config = IndexConfig("HNSW16", "", tmp_path)
+    first, second = FaissIndex(16, "HNSW16"), FaissIndex(16, "HNSW16")
+    for index in (first, second):
+        index.add(np.arange(20), unit(20))
+    save_index(config, first, "a" * 64, {"faces": [20, 19, 190]})
+    written = read_meta(config.path("a" * 64))["file"]
+    save_index(config, second, "a" * 64, {"faces": [20, 19, 190]})
+    assert read_meta(config.path("a" * 64))["file"] == written and second.dirty

@@ -240,7 +240,7 @@ def test_missed_notifications_and_a_lost_connection_are_caught_up(open_store, da
     """Changes committed while b's listener was cut off (its backend terminated) arrive once it reconnects."""
     a, b = open_store(), open_store()
     a.create_subject("A", {}, "a")
-    wait_for(lambda: b.sync.listening, "b listens")
+    wait_for(lambda: b._changes.listening, "b listens")
     with psycopg.connect(database_url, autocommit=True) as conn:
         killed = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
@@ -249,7 +249,7 @@ def test_missed_notifications_and_a_lost_connection_are_caught_up(open_store, da
     assert len(killed) == 2, "both listeners' connections were found"
     faces = [f.id for f in a.add_faces("a", [NewFace(unit(i)) for i in range(5)])]
     wait_for(lambda: index_ids(b) == set(faces), "b catches up after reconnecting")
-    assert b.sync.listening
+    wait_for(lambda: b._changes.listening, "b listens again")
 
 
 def test_a_restarted_replica_loads_the_snapshot_and_follows_from_it(open_store, database_url):

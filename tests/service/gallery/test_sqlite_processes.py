@@ -1,7 +1,9 @@
 """Several processes on one SQLite gallery (`facegate serve --workers N`): each keeps its own index
 and follows the change log, so what one commits is in every other's next search, in commit order;
-one that fell behind the log rebuilds its index from the faces. Two stores on one file stand for
+one that fell behind the log rebuilds its index from the faces in the background, never in a request. Two stores on one file stand for
 two processes (each its own connection and index). Synthetic embeddings, no models."""
+
+import threading
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from service.gallery import sqlite
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
+from tests.polling import wait_until
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 
@@ -82,8 +85,45 @@ def test_a_process_behind_the_whole_log_rebuilds_its_index(two, monkeypatch):
         a.add_faces(f"s{i}", [NewFace(unit(20 + i))])
     a.delete_subject("s0")
     assert a._db.execute("SELECT COUNT(*) FROM changes").fetchone()[0] == 3
+    wait_until(lambda: b.applied == a.applied, "b rebuilt its index in the background")
     assert {c.subject_id for c in b.search(unit(21), top_k=100)} == {f"s{i}" for i in range(1, 8)}
-    assert b.index.size == 7 and b.applied == a.applied
+    assert b.index.size == 7
+
+
+def test_a_request_never_pays_for_the_rebuild(tmp_path, monkeypatch):
+    """A worker past the log rebuilds its index and guard off the request path: while the rebuild is
+    held, its searches answer at once from the last state it had (and its own writes are in it),
+    and the rebuilt state, when let go, holds every process's changes."""
+    monkeypatch.setattr(sqlite, "CHANGES_KEPT", 3)
+    a, b = SqliteGallery.open(tmp_path, KEY), SqliteGallery.open(tmp_path, KEY)
+    release, builders = threading.Event(), []
+    build = sqlite.follow
+
+    def held(*args, **kwargs):  # the roster's build, which every rebuild runs
+        builders.append(threading.current_thread())
+        release.wait(30)
+        return build(*args, **kwargs)
+
+    try:
+        b.create_subject("B", {}, "b")
+        b.add_faces("b", [NewFace(unit(1))])
+        monkeypatch.setattr(sqlite, "follow", held)
+        for i in range(6):
+            a.create_subject(f"s{i}", {}, f"s{i}")
+            a.add_faces(f"s{i}", [NewFace(unit(20 + i))])
+        wait_until(lambda: builders, "b's follower started a rebuild")
+        assert found(b, 1)[0] == "b"  # answered from b's last state while the rebuild is held
+        b.add_faces("b", [NewFace(unit(2))])  # its own write, acknowledged during the rebuild ...
+        assert found(b, 2)[0] == "b"  # ... is in its next search
+        assert builders == [b.follower._thread] and b.follower.rebuilds == 0
+        release.set()
+        wait_until(lambda: b.follower.rebuilds == 1 and b.applied == a.applied, "b swapped its rebuilt index in")
+        assert set(found(b, 20)) == {"b", *(f"s{i}" for i in range(6))} and b.index.size == 8
+        assert (b.shape().subjects, b.shape().faces) == (7, 8)
+    finally:
+        release.set()
+        a.close()
+        b.close()
 
 
 def test_a_reopened_store_applies_only_what_came_after_its_snapshot(tmp_path):
@@ -129,6 +169,44 @@ def test_a_merge_through_one_reaches_the_others_roster(two):
     a.create_subject("A again", {}, "a2")
     a.add_faces("a", [NewFace(unit(1))])
     a.add_faces("a2", [NewFace(unit(2))])
-    assert b.shape().subjects == 2
+    wait_until(lambda: b.shape().subjects == 2, "b follows the two subjects")
     a.merge_subjects("a2", "a")
-    assert b.shape().subjects == 1 and found(b, 2)[0] == "a" and b.index.size == 2
+    wait_until(lambda: b.shape().subjects == 1, "b follows the merge")
+    assert found(b, 2)[0] == "a" and b.index.size == 2
+
+
+def test_a_rebuild_the_log_outran_catches_up_by_difference(tmp_path, monkeypatch):
+    """Writes faster than a rebuild (the log pruned past the rebuilt state before it is swapped in)
+    must not rebuild again and again: the faces added and removed since are applied, once."""
+    monkeypatch.setattr(sqlite, "CHANGES_KEPT", 3)
+    a, b = SqliteGallery.open(tmp_path, KEY), SqliteGallery.open(tmp_path, KEY)
+    release, builds = threading.Event(), []
+    build = sqlite.follow
+
+    def held(*args, **kwargs):
+        builds.append(threading.current_thread())
+        release.wait(30)
+        return build(*args, **kwargs)
+
+    try:
+        a.create_subject("A", {}, "a")
+        (first,) = a.add_faces("a", [NewFace(unit(1))])
+        wait_until(lambda: b.applied == a.applied, "b follows")
+        monkeypatch.setattr(sqlite, "follow", held)
+        for i in range(5):  # past the log: b rebuilds
+            a.add_faces("a", [NewFace(unit(40 + i))])
+        wait_until(lambda: builds, "b's rebuild started")
+        a.delete_face(first.id)  # while it is held, past the log again
+        for i in range(5):
+            a.create_subject(f"s{i}", {}, f"s{i}")
+            a.add_faces(f"s{i}", [NewFace(unit(50 + i))])
+        release.set()
+        wait_until(lambda: b.follower.rebuilds == 1 and b.applied == a.applied, "b swapped its state in")
+        assert len(builds) == 1  # built once, then brought up to the store by difference
+        assert sorted(b.roster.ids().tolist()) == sorted(r[0] for r in b._db.execute("SELECT id FROM faces"))
+        assert b.index.size == 10 and (b.shape().subjects, b.shape().faces) == (6, 10)
+        assert first.id not in {c.face_id for c in b.search(unit(1), top_k=10)}
+    finally:
+        release.set()
+        a.close()
+        b.close()

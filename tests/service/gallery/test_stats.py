@@ -127,3 +127,26 @@ def test_readyz_and_metrics_show_the_counts_of_a_gallery_whose_count_takes_secon
     body = api.get("/readyz").json()["gallery"]
     assert body["subjects"] == 1 and "stale" not in body, body
     assert "facegate_gallery_up 1.0" in api.get("/metrics").text
+
+
+def test_a_worker_behind_the_log_reports_no_incompatible_faces(tmp_path):
+    """A worker whose index has not applied another worker's enrollment yet counts that face as not
+    searchable yet, never as made by another embedder (its count was faces − index size)."""
+    import numpy as np
+
+    from service.core.models.manifest import EmbedderKey
+    from service.gallery.interface import NewFace
+    from service.gallery.sqlite import SqliteGallery
+
+    key = EmbedderKey("model-a", "a" * 64, 8)
+    a, b = SqliteGallery.open(tmp_path, key), SqliteGallery.open(tmp_path, key)
+    try:
+        b.follower.close()  # b stops following: its index stays behind the database
+        a.create_subject("A", {}, "a")
+        a.add_faces("a", [NewFace(np.eye(8, dtype=np.float32)[0])])
+        snapshot = run(GalleryStats(b).snapshot())
+        assert snapshot.counts == {"subjects": 1, "faces": 1, "searchable_faces": 0, "incompatible_faces": 0}
+        assert snapshot.index["size"] == 0
+    finally:
+        a.close()
+        b.close()

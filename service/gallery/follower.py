@@ -1,0 +1,288 @@
+"""The gallery's derived state — the vector index and the open-set roster beside it (its guard) —
+kept in step with the store's numbered change log by one follower, for SQLite (the `changes` table
+the processes sharing a file write) and PostgreSQL (the same table, announced by NOTIFY) alike.
+
+The store is the truth; the index and the roster are what a process derived from it, as of the
+last change it applied (`applied`). A thread applies what other processes commit, in order, in the
+background; a process that fell behind what the log keeps rebuilds both from the store there, off
+the request path, and answers from its last consistent state meanwhile, then swaps the rebuilt
+state in whole. No request pays for it: a search applies at most a few pending changes (what keeps
+a write made through another worker visible to the next search, as before), never a rebuild.
+
+A process's own write is applied by `wrote` before it answers (read-your-writes), after the few
+changes of other processes still pending before it (so that every process applies them in one
+order, and holds the same guard to the last bit). When more are pending, or the log no longer
+reaches them, it is applied ahead of them and skipped when the follower reaches it. That is safe:
+the store's ids are never reused (no earlier change names a face a later write made), and an add
+is read from the store as it is when it is applied (a face deleted since is not added).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from service.core.errors import GalleryUnavailable
+from service.core.open_set import LeaveOneOut, Roster
+from service.gallery.index import VectorIndex
+
+log = logging.getLogger("facegate.gallery.follower")
+
+BATCH = 64  # changes applied per step, the lock held (an own write waits at most one step: 64 guard updates)
+ON_REQUEST = 16  # changes a search may apply itself (each costs one product with every face); more: the state it has
+ON_REQUEST_WAIT = 0.25  # seconds a search waits for the follower's step (a few ms, unless the guard is large and writes many)
+RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # back-off after the store could not be read
+
+
+@dataclass
+class Derived:
+    """An index and its roster as of change `applied`: swapped in whole, never mixed."""
+
+    index: VectorIndex
+    roster: Roster | LeaveOneOut | None
+    applied: int
+
+
+Change = tuple[int, str, list[int]]  # (seq, "add", "remove" or "move", face ids)
+
+
+class ChangeLog(Protocol):
+    """What the follower reads from a store (a connection of its own: the store's lock is never taken)."""
+
+    def changes(self, after: int, limit: int) -> list[Change] | None:
+        """Up to `limit` committed changes after `after`, in order; None when the log no longer holds `after + 1`."""
+        ...
+
+    def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """Ids, subjects and embeddings of those of `face_ids` the store holds now, made by the active embedder."""
+        ...
+
+    def rebuild(self, current: Derived | None) -> Derived:
+        """The state of the store as of one snapshot, built from its faces (`current`: what is served meanwhile, if any)."""
+        ...
+
+    def resync(self, state: Derived) -> None:
+        """Bring a state no one reads yet to the store as of one snapshot by the faces that differ
+        (the log pruned past it while it was built: only the faces added or removed since count)."""
+        ...
+
+    def wait(self, timeout: float) -> None:
+        """Return when something may have been committed (a notification), or after `timeout` seconds."""
+        ...
+
+    def wake(self) -> None:
+        """End a `wait` under way (the follower is closing)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Follower:
+    def __init__(self, changes: ChangeLog, state: Derived | None, poll: float, name: str = "facegate-gallery-follower"):
+        """`state`: the index and roster as of a change; None: built first by the thread (the port
+        listens meanwhile, and a search is a 503 gallery_loading until `loaded` is set)."""
+        self.log = changes
+        self._state = state
+        self.loaded = threading.Event()
+        if state is not None:
+            self.loaded.set()
+        self.poll = poll
+        self.rebuilds = 0  # rebuilds done since start (what a test or /readyz can see)
+        self.rebuilding = False
+        self._early: set[int] = set()  # own changes applied ahead of others still pending
+        self._lock = threading.Lock()  # one applier at a time, in order; held for one step
+        self._stop = threading.Event()
+        self._closed = False  # the log closed: nothing is applied any more
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # what the store reads
+
+    @property
+    def state(self) -> Derived | None:
+        """The current index and roster (one attribute: a reader never sees a rebuilt index beside an
+        old roster); None until the first is built."""
+        return self._state
+
+    @property
+    def index(self) -> VectorIndex | None:
+        state = self._state
+        return state.index if state is not None else None
+
+    @property
+    def roster(self) -> Roster | LeaveOneOut | None:
+        state = self._state
+        return state.roster if state is not None else None
+
+    @property
+    def applied(self) -> int:
+        state = self._state
+        return state.applied if state is not None else 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Until the first state is built (True), or the follower is closed first or `timeout` passes (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.loaded.wait(0.2):
+            if self._stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+                return False
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self.log.wake()
+            self._thread.join(self.poll + 10)
+        with self._lock:
+            self._closed = True
+            self.log.close()
+
+    @contextmanager
+    def paused(self) -> Iterator[Derived | None]:
+        """Every committed change applied, and none applied inside the block: the state to persist
+        (None: behind what the log holds, a state not worth persisting)."""
+        current = self.catch_up()
+        with self._lock:
+            yield self._state if current else None
+
+    # applying
+
+    def wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None, subjects: list[str] | None = None) -> None:
+        """A change this process committed, applied before the caller answers (with the vectors and
+        subjects in hand: nothing is read)."""
+        with self._lock:
+            state = self._state
+            if state is None or seq <= state.applied or seq in self._early:
+                return  # not built yet: the build reads it from the store
+            pending = seq - 1 - state.applied
+            if 0 < pending <= ON_REQUEST and not self._closed:  # the few before it first: every process applies them in one order
+                rows = self.log.changes(state.applied, pending)
+                if rows is not None:
+                    self._apply(state, rows)
+            if op == "add":
+                if vectors is None or subjects is None:
+                    raise ValueError("an add is applied with its vectors and subjects")
+                add(state, np.array(face_ids, np.int64), subjects, vectors)
+            elif op == "move":
+                move(state, face_ids, *self.log.faces(face_ids))
+            else:
+                remove(state, face_ids)
+            if seq == state.applied + 1:
+                state.applied = seq
+            else:
+                self._early.add(seq)
+
+    def catch_up(self, most: int | None = None) -> bool:
+        """Apply the committed changes after `applied`, in order (`most`: at most that many, what a
+        request may do itself; it waits at most ON_REQUEST_WAIT for the follower's own step, which
+        is applying them anyway). False when the log no longer reaches them: a rebuild is due."""
+        done = 0
+        while most is None or done < most:
+            limit = BATCH if most is None else min(BATCH, most - done)
+            if not self._lock.acquire(timeout=-1 if most is None else ON_REQUEST_WAIT):
+                return True  # a request: the follower is applying them: the state it has meanwhile
+            try:
+                state = self._state
+                rows = None if self._closed or state is None else self.log.changes(state.applied, limit)
+                if state is None or rows is None:
+                    return False
+                self._apply(state, rows)
+            finally:
+                self._lock.release()
+            done += len(rows)
+            if len(rows) < limit:
+                break
+        return True
+
+    def _apply(self, state: Derived, rows: list[Change], early: bool = True) -> None:
+        """Committed changes, in order, each add read from the store as it is now. To the shared
+        state (`early`: skipping the own changes applied ahead) the lock is held, so an add is read
+        and applied with no own write in between; a rebuilt state no one reads yet takes them all."""
+        for seq, op, face_ids in rows:
+            if early and seq in self._early:
+                self._early.discard(seq)
+            elif op == "add":
+                found, subjects, vectors = self.log.faces(face_ids)
+                if len(found):
+                    add(state, found, subjects, vectors)
+            elif op == "move":
+                move(state, face_ids, *self.log.faces(face_ids))
+            else:
+                remove(state, face_ids)
+            state.applied = seq
+
+    def rebuild(self) -> None:
+        """Build the state from the store off every lock, bring it up to the log, and swap it in."""
+        self.rebuilding = True
+        try:
+            if self._state is not None:
+                log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
+            fresh = self.log.rebuild(self._state)
+            while not self._stop.is_set():  # what was committed while it was built: read under the lock, applied outside
+                with self._lock:
+                    rows = self.log.changes(fresh.applied, BATCH)
+                    if rows is not None and len(rows) < BATCH:  # the tail: applied here, then swapped in
+                        self._apply(fresh, rows, early=False)
+                        if self._state is not None:
+                            self.rebuilds += 1
+                        self._state, self._early = fresh, set()  # every own change is in the log by now
+                        self.loaded.set()
+                        log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
+                        return
+                if rows is None:  # pruned past it again while it was built (writes faster than a build): by difference
+                    self.log.resync(fresh)
+                else:
+                    self._apply(fresh, rows, early=False)
+        finally:
+            self.rebuilding = False
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if not self.catch_up():
+                    self.rebuild()
+                failures = 0
+                self.log.wait(self.poll)
+            except Exception as exc:  # the store unreachable for a moment: the state served stays as it is
+                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                failures += 1
+                log.warning("gallery follower: %s; retrying in %.1f s (applied change %d)", exc, delay, self.applied)
+                self._stop.wait(delay)
+
+
+def add(state: Derived, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
+    """Committed faces into the index (a shared one, Milvus, got them with the write) and the roster."""
+    if not state.index.shared:
+        state.index.add(ids, vectors)
+    if state.roster is not None:
+        state.roster.add(ids, subjects, vectors)
+
+
+def move(state: Derived, face_ids: list[int], found: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
+    """Faces that changed subject (a merge): the index keeps their vectors (same ids); the roster
+    re-reads their subjects from the store (`found`, those of them it still holds)."""
+    if state.roster is not None:
+        state.roster.remove(np.array(face_ids, np.int64))
+        if len(found):
+            state.roster.add(found, subjects, vectors)
+
+
+def remove(state: Derived, face_ids: list[int]) -> None:
+    """Committed deletes out of the roster and the index. A shared index that cannot be reached keeps
+    the vectors, which are never answered: a search looks every candidate up in the store first."""
+    ids = np.array(face_ids, np.int64)
+    if state.roster is not None:
+        state.roster.remove(ids)
+    try:
+        state.index.remove(ids)
+    except GalleryUnavailable as exc:
+        log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
