@@ -3,7 +3,12 @@ what it saves. Every photo's largest face is detected, aligned and measured thro
 pipeline (the measures cached in --cache). Per check at the settings' limits it prints the photos
 refused and, with LFW's View-2 pairs (--pairs, and --embeddings: open_set_variants' cache of the
 same folder), how often a genuine pair with a refused photo misses at the model's FAR 1e-3
-threshold against the pairs without one, and the impostor pairs it would have accepted.
+threshold against the pairs without one, and the impostor pairs it would have accepted. With
+--embeddings it also prints open-set DIR with and without the gate: every person with three or more
+photos enrolled by one and probing with their last, the one-photo people as strangers, decided by
+/identify's decision code at the gallery's size (the table; no guard). Without the gate the first
+photo is enrolled; with it the first that passes (the photo a person would send next), or the first
+when none does (enrolled with allow_low_quality).
 
     FACEGATE_MODEL_CACHE=../shared/models PYTHONPATH=. .venv/bin/python benchmarks/enroll_quality.py \\
         --images ../shared/data/lfw --cache /tmp/lfw-quality.npz \\
@@ -19,7 +24,9 @@ import numpy as np
 
 from benchmarks.bench import machine_lines
 from benchmarks.open_set_variants import embeddings
+from service.core.decision import decide_search
 from service.core.models.manifest import Manifest
+from service.core.open_set import GalleryShape, K, margin_scores
 from service.core.quality import FaceQuality, measure, problems
 from service.core.settings import get_settings
 
@@ -66,6 +73,38 @@ def pairs(path: Path, paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(genuine), np.array(impostor)
 
 
+def open_set(manifest: Manifest, emb: np.ndarray, labels: np.ndarray, refused: np.ndarray) -> None:
+    """DIR and strangers matched at FPIR 1e-2 and 1e-3, enrolling ungated and gated photos."""
+    ids, counts = np.unique(labels, return_counts=True)
+    photos = {i: np.flatnonzero(labels == i) for i in ids}
+    known = [photos[i] for i in ids[counts >= 3]]
+    strangers = emb[np.concatenate([photos[i] for i in ids[counts == 1]])]
+    probes = emb[[p[-1] for p in known]]
+    size = len(known)
+    shape = GalleryShape(size, size)
+    gated_photos = [next((j for j in p[:-1] if not refused[j]), p[0]) for p in known]
+    print(f"open set: {size} people enrolled (three or more photos), {len(strangers)} strangers; found / strangers matched")
+    for name, gated in (("ungated", False), ("gated", True)):
+        enrolled = gated_photos if gated else [p[0] for p in known]
+        gallery = emb[enrolled]
+        cells, moved = [], np.array([g != p[0] for g, p in zip(gated_photos, known, strict=True)])
+        for rate in (1e-2, 1e-3):
+            decision = decide_search(manifest, rate, None, None, shape, 0.01)
+            found, matched = 0.0, 0.0
+            for rows, genuine in ((probes, True), (strangers, False)):
+                cos = rows @ gallery.T
+                top = -np.sort(-cos, axis=1)[:, : K + 1]
+                score = margin_scores(top, size) if decision.score == "margin" else top[:, 0]
+                passed = score >= decision.threshold
+                if genuine:
+                    hits = passed & (np.argmax(cos, axis=1) == np.arange(size))
+                    found, found_moved = float(hits.mean()), int(hits[moved].sum())
+                else:
+                    matched = float(passed.mean())
+            cells.append(f"fpir {rate:g}: {found:.1%} / {matched:.2%}, {found_moved} of the {moved.sum()} the gate moves")
+        print(f"{name}: " + "; ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=Path, required=True, help="Identity folders of photos.")
@@ -91,7 +130,7 @@ def main() -> None:
     print(f"{args.images}: {len(paths)} photos, a face found in {found.sum()}")
     scored = args.pairs and args.embeddings
     if scored:
-        emb, _, _ = embeddings(args.images, args.embeddings)
+        emb, _, labels = embeddings(args.images, args.embeddings)
         genuine, impostor = pairs(args.pairs, paths)
         cos = lambda p: np.einsum("pd,pd->p", emb[p[:, 0]], emb[p[:, 1]])  # noqa: E731
         g, s, t = cos(genuine), cos(impostor), manifest.thresholds["1e-3"]
@@ -109,6 +148,8 @@ def main() -> None:
             missed = (g[bg] < t).mean() if bg.any() else float("nan")
             line += f" | {bg.mean():.2%} | {missed:.1%} | {(g[~bg] < t).mean():.1%} | {(s[bi] >= t).sum()} of {bi.sum()}"
         print(line + " |")
+    if args.embeddings:
+        open_set(manifest, emb, labels, failed["any"])
 
 
 if __name__ == "__main__":
