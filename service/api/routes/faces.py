@@ -84,7 +84,7 @@ async def prepare_face(service: Service, data: bytes, options: EnrollOptions) ->
     face = FaceOut.of(found.face) if found.face is not None else None
     warning = None
     if found.face is not None and settings.enroll_quality_gate:  # an aligned crop has no detection to gate on
-        failed = problems(measure(found.face, found.crop), settings)
+        failed = problems(await run_in_threadpool(measure, found.face, found.crop), settings)  # OpenCV off the event loop
         if failed and not options.allow_low_quality:
             raise LowQualityFace("; ".join(p.message for p in failed), [p.detail() for p in failed])
         warning = "; ".join(p.message for p in failed) or None
