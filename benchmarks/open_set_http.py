@@ -4,7 +4,8 @@ and probes (POST /identify) with the second; the first --strangers people with o
 strangers. Prints the realized FPIR (strangers matched) and DIR (known people matched to
 themselves) at the default decision and at each --fpir, and for a CompreFace client that takes the
 best subject at similarity ≥ 0.5 (Viseron's default), with the machine. `facegate eval-open-set`
-computes the same offline; this checks that the service answers it.
+computes the same offline; this checks that the service answers it (so the quality gate's
+refusals are enrolled with allow_low_quality, as offline).
 
     python benchmarks/open_set_http.py --images ../shared/data/lfw [--url http://127.0.0.1:8000] [--key K]
 
@@ -34,7 +35,8 @@ def run(url: str, key: str | None, images: Path, strangers: int, fpirs: list[flo
             """False when the service finds no face to enroll (422): that person is left out."""
             subject = path.parent.name
             client.post("/subjects", json={"id": subject, "name": subject.replace("_", " ")}).raise_for_status()
-            answer = client.post(f"/subjects/{subject}/faces", files={"image": path.read_bytes()})
+            # the offline protocol enrolls every first photo: the quality gate's refusals are enrolled too
+            answer = client.post(f"/subjects/{subject}/faces", files={"image": path.read_bytes()}, data={"allow_low_quality": "true"})
             if answer.status_code == 422:
                 return False
             answer.raise_for_status()

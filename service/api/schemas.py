@@ -80,6 +80,11 @@ class EmbedOptions(StrictModel):
 class EnrollOptions(StrictModel):
     face_policy: FacePolicy = "largest"
     aligned: bool = AlignedField
+    allow_low_quality: bool = Field(
+        False,
+        description="Enroll a face the quality gate would refuse (too small, blurred, turned aside, tilted, dark, or a low "
+        "detection score); the answer's `quality_warning` then says what failed.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -397,6 +402,9 @@ class DuplicatesOut(BaseModel):
 
 
 class EnrolledFaceOut(StoredFaceOut):
+    quality_warning: str | None = Field(
+        None, description="What the quality gate would have refused this face for, when `allow_low_quality` enrolled it anyway."
+    )
     possible_duplicate_of: DuplicateOut | None = Field(
         None,
         description="Another subject that /identify, at the default fpir, would answer for this photo if its own subject were not "

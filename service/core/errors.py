@@ -158,7 +158,14 @@ class TooManyFaces(FacegateError):
 
 
 class LowQualityFace(FacegateError):
+    """Enrollment's quality gate (service/core/quality.py) refused the face; `details` names each
+    check it failed (`check`, the measured `value`, its `limit`)."""
+
     code, status = "low_quality_face", 422
+
+    def __init__(self, message: str, details: list[dict] | None = None):
+        super().__init__(message)
+        self.details = details
 
 
 class NoEnrolledFaces(FacegateError):

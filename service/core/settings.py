@@ -246,6 +246,22 @@ class Settings(BaseSettings):
     )
     enroll_min_score: float = Field(0.75, ge=0.0, le=1.0, description="Enrollment refuses faces with a lower detection score.")
     enroll_min_face_size: int = Field(48, ge=0, description="Enrollment refuses faces whose box is smaller on its short side (px).")
+    enroll_quality_gate: bool = Field(
+        True, description="Enrollment refuses faces that fail a quality check (the FACEGATE_ENROLL_* limits); false: none is checked."
+    )
+    enroll_max_yaw: float = Field(
+        0.4, ge=0.0, description="Enrollment refuses a face turned aside: the nose tip this many eye distances off the eyes' midpoint."
+    )
+    enroll_max_roll: float = Field(20.0, ge=0.0, le=180.0, description="Enrollment refuses a head tilted more than this (degrees).")
+    enroll_min_sharpness: float = Field(
+        30.0, ge=0.0, description="Enrollment refuses a blurred face: variance of the Laplacian of its aligned chip at 112×112 below this."
+    )
+    enroll_min_brightness: float = Field(
+        50.0,
+        ge=0.0,
+        le=255.0,
+        description="Enrollment refuses a dark face: mean grey level (0–255) of its aligned chip's centre below this.",
+    )
     max_bulk_images: int = Field(20, ge=1, description="Most images one bulk enrollment request may carry.")
     max_metadata_depth: int = Field(16, ge=1, description="Deepest nesting of a subject's metadata (the object itself is level 1).")
     max_metadata_bytes: int = Field(16_384, ge=2, description="Largest subject metadata, serialized as JSON.")

@@ -184,7 +184,7 @@ async def register(request: Request, service: ServiceDep) -> dict:
     for outcome in outcomes:
         if isinstance(outcome, BaseException) and not isinstance(outcome, FacegateError):
             raise outcome
-    ready = [o for o in outcomes if isinstance(o, NewFace)]
+    ready: list[NewFace] = [o for o in outcomes if isinstance(o, NewFace)]
     if not ready:  # every outcome is then a FacegateError: the first image's is the answer
         raise next(o for o in outcomes if isinstance(o, FacegateError))
 

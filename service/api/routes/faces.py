@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Annotated
 
 import numpy as np
@@ -29,6 +30,7 @@ from service.api.schemas import (
 from service.core.decision import decide_search
 from service.core.errors import EnrollmentFailed, FaceChipNotStored, FacegateError, InvalidParameters, LowQualityFace
 from service.core.open_set import GalleryShape
+from service.core.quality import measure, problems
 from service.gallery.interface import FaceRecord, NewFace
 
 router = APIRouter(tags=["gallery"])
@@ -67,25 +69,32 @@ def face_chip(face_id: FaceIdPath, service: ServiceDep) -> Response:
     return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 
 
-async def prepare_face(service: Service, data: bytes, options: EnrollOptions) -> NewFace:
+@dataclass(frozen=True)
+class PreparedFace(NewFace):
+    """A face ready to store, with what the quality gate found wrong when the request enrolled it anyway."""
+
+    quality_warning: str | None = None
+
+
+async def prepare_face(service: Service, data: bytes, options: EnrollOptions) -> PreparedFace:
     """Detect, gate on quality, embed: a face ready to store (nothing is written here). Every route
-    that enrolls (DeepStack's register too) goes through it, so one quality gate holds for all."""
+    that enrolls (CompreFace's and DeepStack's too) goes through it, so one quality gate holds for all."""
     settings = service.settings
     (found,) = await service.ready().engine.faces(data, options.aligned, options.face_policy, chips=settings.store_crops)
-    face: FaceOut | None = None
-    if found.face is not None:  # an aligned crop has no detection to gate on
-        face = FaceOut.of(found.face)
-        side = min(found.face.width, found.face.height)
-        if face.score < settings.enroll_min_score:
-            raise LowQualityFace(f"the face's detection score {face.score:.2f} is below the enrollment minimum {settings.enroll_min_score}")
-        if side < settings.enroll_min_face_size:
-            raise LowQualityFace(f"the face is {side:.0f} px on its short side; enrollment needs at least {settings.enroll_min_face_size}")
-    return NewFace(
+    face = FaceOut.of(found.face) if found.face is not None else None
+    warning = None
+    if found.face is not None and settings.enroll_quality_gate:  # an aligned crop has no detection to gate on
+        failed = problems(await run_in_threadpool(measure, found.face, found.crop), settings)  # OpenCV off the event loop
+        if failed and not options.allow_low_quality:
+            raise LowQualityFace("; ".join(p.message for p in failed), [p.detail() for p in failed])
+        warning = "; ".join(p.message for p in failed) or None
+    return PreparedFace(
         embedding=found.embedding,
         box=face.box if face else None,
         landmarks=face.landmarks if face else None,
         score=face.score if face else None,
         chip=found.chip,
+        quality_warning=warning,
     )
 
 
@@ -119,10 +128,12 @@ def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray)
     )
 
 
-def enrolled(service: Service, record: FaceRecord, face: NewFace, sha: str) -> EnrolledFaceOut:
-    """The stored face, with the other subject it may be a duplicate of."""
+def enrolled(service: Service, record: FaceRecord, face: PreparedFace, sha: str) -> EnrolledFaceOut:
+    """The stored face, with the other subject it may be a duplicate of and the gate's warning."""
     duplicate = possible_duplicate(service, record.subject_id, face.embedding)
-    return EnrolledFaceOut(**StoredFaceOut.of(record, sha).model_dump(), possible_duplicate_of=duplicate)
+    return EnrolledFaceOut(
+        **StoredFaceOut.of(record, sha).model_dump(), possible_duplicate_of=duplicate, quality_warning=face.quality_warning
+    )
 
 
 @router.post(
@@ -133,8 +144,9 @@ def enrolled(service: Service, record: FaceRecord, face: NewFace, sha: str) -> E
     description=(
         "`image` enrolls its largest face (or 422 multiple_faces with face_policy=reject_multiple). "
         "Several `images` enroll one face each and answer a per-image result; those that fail are skipped, "
-        "and 422 enrollment_failed says why when none succeeds. A quality gate refuses faces below "
-        "FACEGATE_ENROLL_MIN_SCORE or FACEGATE_ENROLL_MIN_FACE_SIZE (low_quality_face). Each enrolled face says which other "
+        "and 422 enrollment_failed says why when none succeeds. A quality gate refuses a face too small, blurred, turned aside, "
+        "tilted or dark, or with a low detection score (422 low_quality_face, `details` naming each check; the FACEGATE_ENROLL_* "
+        "settings); `allow_low_quality` enrolls it anyway with `quality_warning`. Each enrolled face says which other "
         "subject, if any, /identify would answer for it at the default fpir (`possible_duplicate_of`)."
     ),
     responses=error_responses(400, 401, 404, 413, 415, 422, 503),
@@ -164,7 +176,7 @@ async def enroll(subject_id: SubjectIdPath, request: Request, service: ServiceDe
     for outcome in outcomes:
         if isinstance(outcome, BaseException) and not isinstance(outcome, FacegateError):
             raise outcome
-    ready = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, NewFace)]
+    ready = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, PreparedFace)]
     errors = {i: ErrorBody(code=o.code, message=o.message) for i, o in enumerate(outcomes) if isinstance(o, FacegateError)}
     if not ready:
         details = [{"index": i, "code": e.code, "message": e.message} for i, e in errors.items()]

@@ -270,6 +270,34 @@ def test_quality_gate(api_settings, make_client, lfw_faces):
     assert api.get("/subjects/bush").json()["face_count"] == 0
 
 
+def _altered(jpeg: bytes, change) -> bytes:
+    return cv2.imencode(".png", change(cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)))[1].tobytes()
+
+
+def test_quality_gate_names_the_check_and_enrolls_on_request(api, lfw_faces):
+    new_subject(api, "bush")
+    photo = lfw_faces[BUSH][0]
+    blurred = _altered(photo, lambda image: cv2.GaussianBlur(image, (0, 0), 3))
+    refused = api.post("/subjects/bush/faces", files={"image": blurred})
+    assert "blurred" in error(refused, 422, "low_quality_face")
+    assert [d["check"] for d in refused.json()["error"]["details"]] == ["too_blurred"]
+    dark = api.post("/subjects/bush/faces", files={"image": _altered(photo, lambda image: cv2.convertScaleAbs(image, alpha=0.25))})
+    assert "too dark" in error(dark, 422, "low_quality_face")
+    assert "too_dark" in [d["check"] for d in dark.json()["error"]["details"]]
+    bulk = api.post("/subjects/bush/faces", files=[("images", blurred), ("images", blurred)])
+    assert bulk.json()["error"]["details"][0]["code"] == "low_quality_face"
+    assert api.get("/subjects/bush").json()["face_count"] == 0
+    assert "blurred" in enroll(api, "bush", blurred, allow_low_quality="true")["quality_warning"]
+    assert enroll(api, "bush", photo)["quality_warning"] is None
+    assert api.get("/subjects/bush").json()["face_count"] == 2
+
+
+def test_quality_gate_off(api_settings, make_client, lfw_faces):
+    api = make_client(api_settings.model_copy(update={"enroll_quality_gate": False, "enroll_min_face_size": 400}))
+    new_subject(api, "bush")
+    assert enroll(api, "bush", _altered(lfw_faces[BUSH][0], lambda image: cv2.GaussianBlur(image, (0, 0), 3)))["quality_warning"] is None
+
+
 # bad input: one error schema, never a 5xx, nothing changed
 
 

@@ -178,6 +178,8 @@ async function resultCard({ file, face, error }) {
           h("code", {}, duplicate.subject_id),
           `, similarity ${Number(duplicate.similarity).toFixed(3)}): identify would answer with that subject for this photo. Check that one person is not enrolled twice.`,
         ),
+      face.quality_warning &&
+        h("p", { class: "problem" }, `Enrolled although the quality gate would refuse it: ${face.quality_warning}. A better photo makes a better template.`),
     );
   }
   let picture = null;
