@@ -5,7 +5,7 @@
 import { call, formData } from "./api.js";
 import { busy, field, h, replace, say, statusLine } from "./dom.js";
 import { dropZone, photoWithBoxes } from "./images.js";
-import { candidateScore, faceVerdict, identifyDecision, number, oneIn, sentence } from "./words.js";
+import { candidateScore, faceVerdict, identifyDecision, oneIn, sentence } from "./words.js";
 
 const FPIRS = ["0.1", "0.01", "0.001", "0.0001"];
 

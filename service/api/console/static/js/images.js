@@ -96,7 +96,19 @@ export async function photoWithBoxes(blob, faces = [], caption = null) {
     frame.append(box);
   }
   if (caption) figure.append(h("figcaption", {}, caption));
+  if (faces.some((f) => f.box && f.label)) new ResizeObserver(() => shortenCrowdedLabels(frame)).observe(frame);
   return figure;
+}
+
+/** Labels that would cover a neighbour's keep their number only (the names are listed below the
+ * photo): two faces side by side have labels running towards each other. Measured at each size. */
+function shortenCrowdedLabels(frame) {
+  const boxes = [...frame.querySelectorAll(".box")];
+  boxes.forEach((box) => box.classList.remove("short"));
+  const rects = boxes.map((box) => box.querySelector(".label")?.getBoundingClientRect());
+  const cover = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const crowded = boxes.filter((_, i) => rects[i] && rects.some((r, j) => j !== i && r && cover(rects[i], r)));
+  crowded.forEach((box) => box.classList.add("short"));
 }
 
 /** The face `box` cut out of the photo with a margin, as an <img> (the operator's own pixels). */

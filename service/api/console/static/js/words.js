@@ -41,11 +41,11 @@ export function scaleOf(result) {
   return { cosine: "cosine similarity", "as-norm": "cohort-normalized (AS-norm) score", margin: "margin score" }[result.score] || result.score;
 }
 
-/** A candidate's number on the decision's own scale, and its raw cosine where that is another number. */
+/** A candidate's number on the decision's own scale, the one its threshold applies to: a raw cosine
+ * beside a margin score would read as below the threshold of a match (docs/console.md). */
 export function candidateScore(candidate, result) {
-  const cosine = `cosine similarity ${number(candidate.similarity, 4)}`;
-  if (candidate.score === undefined || candidate.score === null || result.score === "cosine") return cosine;
-  return `${scaleOf(result)} ${number(candidate.score, 4)} (${cosine})`;
+  if (candidate.score === undefined || candidate.score === null || result.score === "cosine") return `cosine similarity ${number(candidate.similarity, 4)}`;
+  return `${scaleOf(result)} ${number(candidate.score, 4)}`;
 }
 
 /** One face's decision: its best candidate's number against the threshold, on one scale. */
@@ -60,7 +60,7 @@ export function faceVerdict(face, result) {
 export function subjectThreshold(result) {
   const k = result.subject_faces;
   if (!k || k <= 1 || result.far === null || result.far === undefined) return "";
-  return ` The subject has ${k} enrolled faces and the best of them counts, so each face is held to a stricter threshold than one photo pair at FAR ${result.far}: the subject as a whole is wrongly accepted ${oneIn(result.far)} times.`;
+  return ` The subject has ${k} enrolled faces and the best of them counts, so each face is held to a stricter threshold than a single pair at FAR ${result.far}: a stranger's photo still matches the subject in only about ${oneIn(result.far)} comparisons.`;
 }
 
 /** The plain-words promise of an /identify answer, and the details behind it. */
@@ -69,7 +69,8 @@ export function identifyDecision(result) {
   const threshold = `the best candidate's ${scale} must reach ${number(result.threshold, 4)}`;
   const faces = result.gallery_faces;
   const size = faces !== null && faces !== undefined ? `${faces.toLocaleString("en-US")} searchable ${faces === 1 ? "face" : "faces"}` : null;
-  const extra = result.extrapolated ? " This threshold lies beyond the model's calibrated points (read from its fitted tail)." : "";
+  const margin = result.score === "margin" ? " A margin score is the cosine similarity plus half of its lead over the next subjects' mean cosine." : "";
+  const extra = margin + (result.extrapolated ? " This threshold lies beyond the model's calibrated points (read from its fitted tail)." : "");
   if (result.fpir !== null && result.fpir !== undefined) {
     return {
       promise: `${oneIn(result.fpir)} strangers would be matched at this setting.`,
