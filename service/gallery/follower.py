@@ -97,7 +97,7 @@ class Follower:
         if state is not None:
             self.loaded.set()
         self.poll = poll
-        self.rebuilds = 0  # rebuilds done since start (what a test or /readyz can see)
+        self.rebuilds = 0  # rebuilds done since start (what a test can see)
         self.rebuilding = False
         self._early: set[int] = set()  # own changes applied ahead of others still pending
         self._lock = threading.Lock()  # one applier at a time, in order; held for one step
