@@ -8,7 +8,8 @@ charged by `service.api.admission` as a body arrives and held until its answer).
 `CostLanes` keeps cheap images from waiting behind costly ones: an image's cost (its pixels after
 the header check) is known before its decode, so images above a threshold go through a lane of
 their own, narrower than the engine's threads, and every client (`CLIENT`: its key, else its
-address) may have only so many pixels in flight; a normal photo never queues behind them."""
+address) may have only so many pixels in flight (counted for every worker process of a host by its
+model host, `SharedTally`); a normal photo never queues behind them."""
 
 from __future__ import annotations
 

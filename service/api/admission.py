@@ -5,7 +5,8 @@ place. A request whose key is known to be good (`ApiKeyAuth` checked its X-API-K
 are configured) takes one of FACEGATE_MAX_INFLIGHT_REQUESTS slots. A request whose key is not known
 yet — DeepStack's routes, whose clients send the key as a form field that is read with the body —
 takes one of FACEGATE_MAX_UNAUTHENTICATED_REQUESTS slots, at most FACEGATE_MAX_UNAUTHENTICATED_PER_CLIENT
-from one client address, and moves to a keyed slot once its key checks out (`Ticket.authenticated`).
+from one client address (both counted for the whole host by its model host under `facegate serve
+--workers N`), and moves to a keyed slot once its key checks out (`Ticket.authenticated`).
 However many anonymous uploads trickle, keyed clients keep their slots. Beyond either limit: a JSON
 503 `overloaded` with Retry-After, at once.
 

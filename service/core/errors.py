@@ -14,7 +14,7 @@ class FacegateError(Exception):
 
     code: str
     status: int
-    details: list[dict] | None = None  # per-item errors (bulk enrollment)
+    details: list[dict] | None = None  # per-item errors (bulk enrollment) or failed checks (low_quality_face)
     retry_after: int | None = None  # seconds: sent as Retry-After (a 503 that will pass)
 
     def __init__(self, message: str):
@@ -237,7 +237,8 @@ class GalleryLoading(FacegateError):
 
 
 class GalleryUnavailable(FacegateError):
-    """The gallery's database (PostgreSQL, FACEGATE_DATABASE_URL) cannot be reached just now."""
+    """The gallery's database (PostgreSQL, FACEGATE_DATABASE_URL) or its vector database (Milvus,
+    FACEGATE_MILVUS_URI) cannot be reached just now."""
 
     code, status = "gallery_unavailable", 503
 

@@ -4,10 +4,13 @@ the processes sharing a file write) and PostgreSQL (the same table, announced by
 
 The store is the truth; the index and the roster are what a process derived from it, as of the
 last change it applied (`applied`). A thread applies what other processes commit, in order, in the
-background; a process that fell behind what the log keeps rebuilds both from the store there, off
-the request path, and answers from its last consistent state meanwhile, then swaps the rebuilt
-state in whole. No request pays for it: a search applies at most a few pending changes (what keeps
-a write made through another worker visible to the next search, as before), never a rebuild.
+background (BATCH changes a step under its lock), and builds the first state where the store
+started without one (SQLite's: the port listens meanwhile); a process that fell behind what the log
+keeps (SQLite's log is pruned, PostgreSQL's never) rebuilds both from the store there, off the
+request path, and answers from its last consistent state meanwhile, then swaps the rebuilt state in
+whole. No request pays for it: a SQLite search applies at most ON_REQUEST pending changes, waiting at
+most ON_REQUEST_WAIT for the thread's step (what keeps a write made through another worker visible
+to the next search), never a rebuild; a PostgreSQL search applies none (its propagation delay).
 
 A process's own write is applied by `wrote` before it answers (read-your-writes), after the few
 changes of other processes still pending before it (so that every process applies them in one
@@ -94,7 +97,7 @@ class Follower:
         if state is not None:
             self.loaded.set()
         self.poll = poll
-        self.rebuilds = 0  # rebuilds done since start (what a test or /readyz can see)
+        self.rebuilds = 0  # rebuilds done since start (what a test can see)
         self.rebuilding = False
         self._early: set[int] = set()  # own changes applied ahead of others still pending
         self._lock = threading.Lock()  # one applier at a time, in order; held for one step

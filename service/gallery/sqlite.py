@@ -1,17 +1,22 @@
 """The SQLite gallery store: SQLite is the source of truth (WAL, synchronous=FULL, committed before any 2xx);
-an in-memory vector index mirrors the faces made by the active embedder and is rebuilt at start-up,
+an in-memory vector index mirrors the faces made by the active embedder and is built at start-up
+(an approximate one loaded instead where its persisted file still matches the faces),
 and beside it the open-set roster (service/core/open_set.py: subjects, faces, the guard's
 leave-one-out scores), built and changed with it.
 
-One lock serializes the connection and keeps the index in step with the database: a face enters
-the index only after its row is committed, and leaves it as soon as its delete is.
+One lock serializes the connection; the follower (its own lock and connection) keeps the index in
+step with the database: a face enters the index only after its row is committed, and leaves it as
+soon as its delete is, before the write answers.
 
 Several processes may serve one file (`facegate serve --workers N`): every write that changes the
 searchable faces also commits a numbered row in `changes`, which each process's follower
 (follower.py) applies in the background, in order; a search first applies the few still pending
-(follower.ON_REQUEST), so an enrollment or deletion made through any worker is seen by every
-worker's next search. A process that fell further behind than the log keeps (CHANGES_KEPT)
-rebuilds its index from the faces in the background, and searches its last state meanwhile.
+(follower.ON_REQUEST, waiting at most follower.ON_REQUEST_WAIT for the follower's own step), so an
+enrollment or deletion made through any worker is seen by every worker's next search. A process
+that fell further behind than the log keeps (CHANGES_KEPT) rebuilds its index from the faces in the
+background, and searches its last state meanwhile. Opened by the server (`background`), the first
+index and roster are built by the follower's thread too: searches answer 503 gallery_loading until
+then.
 """
 
 from __future__ import annotations

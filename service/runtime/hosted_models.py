@@ -1,6 +1,8 @@
 """A worker process's side of the model host (`service.runtime.model_host`): the engine's model runs
 sent there, the pixels through an arena of shared memory (`service.runtime.shm_arena`), the answers
-matched to their futures by a reader thread. The worker loads no session: its pipeline's detector
+matched to their futures by a reader thread (the messages: `service.runtime.wire`); and the
+per-client counts every worker shares (`take` / `give`: `service.budget.SharedTally`), which the
+host's `Tally` keeps. The worker loads no session: its pipeline's detector
 and embedder hold a `HostedSession`, the host's session described (the shapes FaceDetector and
 FaceEmbedder read, the providers /readyz reports); it has no `run`.
 

@@ -10,8 +10,9 @@ carries only small messages (`service.runtime.hosted_models` is the other side).
 `ping` at once, from a connection's own thread whatever its models are doing: its supervisor
 (`service.runtime.supervisor`) and each worker ping it to tell a hung host from a busy one.
 
-It also keeps the per-client counts every worker must share (`service.budget.CostLanes`: a client's
-pixels in flight on this host): the one process they all reach, and one that learns at once when a
+It also keeps the per-client counts every worker must share (`Tally`: a client's pixels in flight,
+`service.budget.CostLanes`, and the requests whose key is not yet known, host-wide and per address,
+`service.api.admission`): the one process they all reach, and one that learns at once when a
 worker goes away (its socket closes) and gives back what that worker held.
 """
 
