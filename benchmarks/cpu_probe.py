@@ -379,7 +379,7 @@ PATCHES: dict[str, Callable[[Any], None]] = {
     "service.core.decode": _patch_decode,
     "service.core.alignment": lambda m: _wrap(m, "similarity_transform", "similarity transform (numpy)"),
     "service.gallery.index": lambda m: _wrap(m, "best_subjects", "index searched, faces looked up"),
-    "service.gallery.sqlite": lambda m: _wrap(m.SqliteGallery, "_follow", "change log followed (SQLite)"),
+    "service.gallery.sqlite": lambda m: _wrap(m.SqliteGallery, "_loaded", "change log followed (SQLite)"),
     "service.runtime.decode_workers": _patch_decode_workers,
     "service.core.models.detector": _patch_detector,
     "service.core.models.embedder": _patch_embedder,

@@ -98,7 +98,6 @@ class Follower:
             self.loaded.set()
         self.poll = poll
         self.rebuilds = 0  # rebuilds done since start (what a test can see)
-        self.rebuilding = False
         self._early: set[int] = set()  # own changes applied ahead of others still pending
         self._lock = threading.Lock()  # one applier at a time, in order; held for one step
         self._stop = threading.Event()
@@ -224,28 +223,24 @@ class Follower:
 
     def rebuild(self) -> None:
         """Build the state from the store off every lock, bring it up to the log, and swap it in."""
-        self.rebuilding = True
-        try:
-            if self._state is not None:
-                log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
-            fresh = self.log.rebuild(self._state)
-            while not self._stop.is_set():  # what was committed while it was built: read under the lock, applied outside
-                with self._lock:
-                    rows = self.log.changes(fresh.applied, BATCH)
-                    if rows is not None and len(rows) < BATCH:  # the tail: applied here, then swapped in
-                        self._apply(fresh, rows, early=False)
-                        if self._state is not None:
-                            self.rebuilds += 1
-                        self._state, self._early = fresh, set()  # every own change is in the log by now
-                        self.loaded.set()
-                        log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
-                        return
-                if rows is None:  # pruned past it again while it was built (writes faster than a build): by difference
-                    self.log.resync(fresh)
-                else:
+        if self._state is not None:
+            log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
+        fresh = self.log.rebuild(self._state)
+        while not self._stop.is_set():  # what was committed while it was built: read under the lock, applied outside
+            with self._lock:
+                rows = self.log.changes(fresh.applied, BATCH)
+                if rows is not None and len(rows) < BATCH:  # the tail: applied here, then swapped in
                     self._apply(fresh, rows, early=False)
-        finally:
-            self.rebuilding = False
+                    if self._state is not None:
+                        self.rebuilds += 1
+                    self._state, self._early = fresh, set()  # every own change is in the log by now
+                    self.loaded.set()
+                    log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
+                    return
+            if rows is None:  # pruned past it again while it was built (writes faster than a build): by difference
+                self.log.resync(fresh)
+            else:
+                self._apply(fresh, rows, early=False)
 
     def _run(self) -> None:
         failures = 0

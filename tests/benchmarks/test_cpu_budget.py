@@ -5,6 +5,8 @@ real `facegate serve --workers 2` with its model host (figures printed, never as
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -151,3 +153,18 @@ def test_bench_cpu_budget_prints_every_stage_and_crossing(cli_env, test_data, mo
     for copy in ("letterbox", "align", "shared-memory copy", "pixels copied out", "decode job", "detector batch", "embedder batch"):
         assert copy in copies, copy
     assert "onnxruntime run" not in out[out.index("outside the models, largest first") :]
+
+
+def test_every_patch_of_the_probe_finds_what_it_wraps():
+    """A patch naming a function the service no longer has (a method renamed or removed) fails the
+    import of its module in every process of the benchmark's server: applied here to each module, in
+    a process of its own (the patches replace the service's functions)."""
+    apply_all = (
+        "import importlib\n"
+        "from benchmarks import cpu_probe\n"
+        "for patches in (cpu_probe.ROLE_PATCHES, cpu_probe.PATCHES):\n"
+        "    for name, patch in patches.items():\n"
+        "        patch(importlib.import_module(name))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", apply_all], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
