@@ -111,6 +111,8 @@ def test_every_worker_sees_every_enrollment_and_deletion(workers_server):
 @pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
 def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
     url = workers_server.url
+    for ready in one_client_per_worker(url).values():  # every worker past its start-up (its decoders too), not only one
+        ready.close()
     with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT) as client:
         enroll(client, "kept", seed=7)
         host = client.get("/readyz").json()["serving"]["model_host"]["pid"]
