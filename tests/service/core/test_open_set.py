@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.core.decision import decide_search
-from service.core.models.manifest import OpenSetRows, OpenSetTable
+from service.core.models.manifest import Manifest, OpenSetRows, OpenSetTable
 from service.core.open_set import (
     GalleryShape,
     LeaveOneOut,
@@ -142,10 +142,9 @@ def test_the_table_interpolates_in_log_size_log_rate_and_faces_per_subject():
     assert table_threshold(table, 100, 0.01, faces_per_subject=5) == (pytest.approx(0.94), True)  # held at the last table
 
 
-def test_the_decision_takes_the_guard_only_where_it_is_stricter_and_never_beyond_a_decade():
-    from service.core.models.manifest import Manifest
-
-    manifest = Manifest.model_validate(
+def manifest_with(table: OpenSetTable) -> Manifest:
+    """A minimal embedder manifest carrying `table` as its open-set table."""
+    return Manifest.model_validate(
         {
             "name": "m",
             "version": "1",
@@ -156,9 +155,13 @@ def test_the_decision_takes_the_guard_only_where_it_is_stricter_and_never_beyond
             "embedding_dim": 8,
             "alignment": "arcface_112",
             "license": {"name": "test"},
-            "open_set": hand_table().model_dump(),
+            "open_set": table.model_dump(),
         }
     )
+
+
+def test_the_decision_takes_the_guard_only_where_it_is_stricter_and_never_beyond_a_decade():
+    manifest = manifest_with(hand_table())
     small = decide_search(manifest, 0.01, None, None, GalleryShape(100, 100), 0.01)
     assert (small.score, small.threshold, small.far, small.candidates_needed) == ("margin", 0.93, None, 11)
     loose_tail = Tail(samples=1000, subjects=1000, m=100, u=0.90, beta=0.005)  # its own faces: strangers rarely pass
@@ -180,24 +183,8 @@ def test_a_small_gallery_is_decided_on_the_best_cosine_held_to_the_cosine_rows()
     """Below the table's cosine_below subjects the best cosine alone decides (score "cosine", no FAR),
     at the cosine rows' threshold for the gallery's size and faces per subject, and its rate is read
     off those rows; from cosine_below up the margin rows decide as before."""
-    from service.core.models.manifest import Manifest
-
     cosine_rows = OpenSetRows(faces_per_subject=1, subjects=[1, 100], thresholds=[[0.80, 0.85, 0.90], [0.82, 0.87, 0.92]], samples=[1, 1])
-    table = hand_table().model_copy(update={"cosine_below": 100, "cosine_tables": [cosine_rows]})
-    manifest = Manifest.model_validate(
-        {
-            "name": "m",
-            "version": "1",
-            "task": "embedder",
-            "file": {"name": "m.onnx", "sha256": "0" * 64, "bytes": 1},
-            "input": {"name": "x", "shape": ["b", 3, 112, 112], "color": "RGB"},
-            "outputs": [{"name": "y", "shape": ["b", 8]}],
-            "embedding_dim": 8,
-            "alignment": "arcface_112",
-            "license": {"name": "test"},
-            "open_set": table.model_dump(),
-        }
-    )
+    manifest = manifest_with(hand_table().model_copy(update={"cosine_below": 100, "cosine_tables": [cosine_rows]}))
     small = decide_search(manifest, 0.01, None, None, GalleryShape(10, 10), 0.01)
     assert (small.score, small.far, small.candidates_needed) == ("cosine", None, 1)
     assert small.threshold == pytest.approx(0.85 + 0.02 * math.log(10) / math.log(100))  # in ln N between 1 and 100 subjects
