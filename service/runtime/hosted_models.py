@@ -196,11 +196,17 @@ class HostedModels:
     def embed(self, crops: np.ndarray) -> Future:
         return self._submit("embed", np.ascontiguousarray(crops))
 
+    def _refused(self) -> Future | None:
+        """A future already failed with the 503 of a host known down or hung; None when it may answer."""
+        if (refused := self._refusal()) is None:
+            return None
+        future: Future = Future()
+        future.set_exception(refused)
+        return future
+
     def _submit(self, role: str, rows: np.ndarray) -> Future:
-        if (refused := self._refusal()) is not None:
-            future: Future = Future()
-            future.set_exception(refused)
-            return future
+        if (refused := self._refused()) is not None:
+            return refused
         offset = self.arena.put(rows) if self.arena else None
         number = next(self._numbers)
         message = None if offset is None else wire.record(role, number, offset, rows.shape, rows.dtype.str)
@@ -216,8 +222,9 @@ class HostedModels:
         return self._send(number, wire.pickled((kind, number, *args)), None, 0)
 
     def take(self, client: str, amount: int, cap: int) -> Future:
-        """`amount` more of `client`'s share of the host, if it stays under `cap` (its future: whether it did)."""
-        return self.ask("take", client, amount, cap)
+        """`amount` more of `client`'s share of the host, if it stays under `cap` (its future: whether it
+        did); refused at once, like a run, while the host is known down or hung."""
+        return self._refused() or self.ask("take", client, amount, cap)
 
     def give(self, client: str, amount: int) -> None:
         """Give back what `take` took (nothing to wait for; a host gone has forgotten it anyway)."""

@@ -171,6 +171,10 @@ def test_a_hung_host_is_seen_by_the_workers_pings_and_its_runs_refused_at_once(s
         assert refused.done()
         with pytest.raises(ModelUnavailable, match="has not answered a ping"):
             refused.result()
+        share = hosted.take("key a", 1, 10)  # a client's share is refused at once too, never left waiting on it
+        assert share.done()
+        with pytest.raises(ModelUnavailable, match="has not answered a ping"):
+            share.result()
     finally:
         hosted.close()
 
