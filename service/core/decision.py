@@ -108,8 +108,7 @@ class Decision:
         curve = self.cohort or self.curve
         if curve is None:
             raise ValueError("an explicit far or threshold decision has no FPIR curve")
-        far = min(curve.far_at(score), 1 - 1e-12)
-        return -math.expm1(max(self.gallery_faces or 1, 1) * math.log1p(-far))
+        return search_rate(curve.far_at(score), self.gallery_faces or 1)
 
 
 def default_far_fallback(manifest: Manifest, default_far: str) -> str | None:
@@ -155,6 +154,12 @@ def per_comparison_far(rate: float, comparisons: int) -> float:
     """The per-comparison FAR at which the best of `comparisons` impostor scores passes with
     probability `rate` (independent comparisons): 1 − (1 − rate)^(1/N)."""
     return -math.expm1(math.log1p(-rate) / max(comparisons, 1))
+
+
+def search_rate(far: float, comparisons: int) -> float:
+    """The chance that the best of `comparisons` independent impostor scores passes a per-comparison
+    FAR, 1 − (1 − FAR)^N: `per_comparison_far` read backwards."""
+    return -math.expm1(max(comparisons, 1) * math.log1p(-min(far, 1 - 1e-12)))
 
 
 def decide_search(

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictFloat
 from starlette.concurrency import run_in_threadpool
 
 from service.api.compat import subjects
-from service.api.compat.similarity import calibrated_similarity
+from service.api.compat.similarity import calibrated_similarity, search_similarity
 from service.api.deps import Service, ServiceDep
 from service.api.requests import read_image_request, read_json_model
 from service.api.routes.faces import prepare_face
@@ -232,8 +232,9 @@ def _search_decision(service: Service) -> Decision:
 
 def _similarities(service: Service, decision: Decision, probe: np.ndarray, candidates: list) -> list[float]:
     """Each candidate's calibrated similarity: the FPIR of the score the decision holds it to, 0.5 at the default."""
-    anchor = service.settings.default_fpir
-    return [calibrated_similarity(decision.rate(float(score)), anchor) for score in decision.scores(probe, candidates)]
+    anchor, manifest = service.settings.default_fpir, service.ready().manifest
+    scores = decision.scores(probe, candidates)
+    return [search_similarity(decision, manifest, float(s), c.similarity, anchor) for s, c in zip(scores, candidates, strict=True)]
 
 
 @router.post("/recognition/recognize", summary="CompreFace: recognize faces in an image")

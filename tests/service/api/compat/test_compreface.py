@@ -372,3 +372,46 @@ def test_compreface_status_adds_execution_time_and_plugins_versions(cf, test_dat
     )
     bad = cf.post("/api/v1/recognition/recognize", params={"status": "maybe"}, files={"file": photos[1]})
     assert bad.status_code == 422 and set(bad.json()) == {"message", "code"}
+
+
+def test_a_similarity_below_the_match_is_held_to_the_cosine_rule(cf, test_data):
+    """Below facegate's decision (Double Take names a face from 0.4 without matching it) a search's
+    similarity is no higher than the cosine's rate over the faces searched gives (the rule before the
+    margin score): a probe whose best cosine the table alone puts at 0.41 answers under 0.4; a match
+    keeps the decision's own similarity."""
+    from service.api.compat.similarity import calibrated_similarity
+    from service.core.decision import decide_search, search_rate
+    from service.core.models.manifest import Manifest
+    from service.core.open_set import GalleryShape
+    from tests.conftest import REPO
+
+    manifest = Manifest.load(REPO / "models" / "dlib-resnet-v1.json")
+    decision = decide_search(manifest, None, None, None, GalleryShape(2, 2), 0.01)
+    assert decision.score == "cosine" and decision.margin is not None  # the table's cosine rows decide 2 subjects
+
+    def by_table(c: float) -> float:
+        return calibrated_similarity(decision.rate(c), 0.01)
+
+    low, high = 0.8, decision.threshold  # the cosine the table alone puts at 0.41
+    for _ in range(40):
+        low, high = (low, (low + high) / 2) if by_table((low + high) / 2) >= 0.41 else ((low + high) / 2, high)
+    below, above = high, decision.threshold + 0.01
+    by_cosine = calibrated_similarity(search_rate(manifest.far_at(below), 2), 0.01)
+    assert by_table(below) >= 0.4 > by_cosine
+
+    embeddings = []
+    for name, photos in people(test_data, 2):
+        assert cf.post(f"/api/v1/recognition/faces?subject={name}", files={"file": photos[0]}).status_code == 200
+        embeddings.append(np.array(cf.post("/embed", files={"image": photos[0]}).json()["faces"][0]["embedding"]))
+    first, second = embeddings
+    other = np.random.default_rng(0).standard_normal(first.size)
+    for e in (first, second - (second @ first) * first):  # a direction orthogonal to both enrolled faces
+        other -= (other @ e) / (e @ e) * e
+    other /= np.linalg.norm(other)
+    probes = [(c * first + np.sqrt(1 - c * c) * other).tolist() for c in (below, above)]
+    answer = cf.post("/api/v1/recognition/embeddings/recognize", json={"embeddings": probes})
+    assert answer.status_code == 200, answer.text
+    (near, match) = (r["similarities"][0] for r in answer.json()["result"])
+    assert near["subject"] == match["subject"] == people(test_data, 1)[0][0]
+    assert near["similarity"] == pytest.approx(by_cosine, abs=2e-3) and near["similarity"] < 0.4, near
+    assert match["similarity"] == pytest.approx(by_table(above), abs=2e-3) and match["similarity"] >= 0.5, match
