@@ -194,16 +194,45 @@ def build(
     the cosine rows for galleries up to `cosine_below` subjects, for the `cosine_faces` values enough
     identities have photos for (a gallery with more faces per subject reads the last of them)."""
     usable, pairs = usable_fpirs(samples, fpirs), partners(labels, one_person)
-
-    def rows(faces: int, cosine: bool) -> OpenSetRows:
-        return rows_for(embeddings, labels, faces, usable, cosine, seed, samples, pairs, sizes, cosine_below, progress)
-
-    cosine_tables = [rows(faces, True) for faces in cosine_faces if len(sizes_for(labels, faces, sizes)) >= 2]  # the data's
+    cosine_tables = cosine_rows(embeddings, labels, usable, seed, samples, pairs, sizes, progress, cosine_faces, cosine_below)
     return OpenSetTable(
         fpirs=usable,
-        tables=[rows(faces, False) for faces in faces_per_subject],
+        tables=[
+            rows_for(embeddings, labels, f, usable, False, seed, samples, pairs, sizes, cosine_below, progress) for f in faces_per_subject
+        ],
         cosine_below=cosine_below if cosine_tables else 0,
         cosine_tables=cosine_tables,
+    )
+
+
+def cosine_rows(
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    usable: Sequence[float],
+    seed: int,
+    samples: int,
+    pairs: dict[int, set[int]],
+    sizes=SIZES,
+    progress=None,
+    cosine_faces=COSINE_FACES,
+    cosine_below: int = COSINE_BELOW,
+) -> list[OpenSetRows]:
+    """The best cosine's rows for the `cosine_faces` values enough identities have photos for."""
+    faces = [f for f in cosine_faces if len(sizes_for(labels, f, sizes)) >= 2]  # the data's
+    return [rows_for(embeddings, labels, f, usable, True, seed, samples, pairs, sizes, cosine_below, progress) for f in faces]
+
+
+def with_cosine_rows(table: OpenSetTable, cosine_tables: list[OpenSetRows], calibration: dict) -> OpenSetTable:
+    """A manifest's table, its margin rows kept, deciding galleries below COSINE_BELOW subjects on
+    these cosine rows (calibrated at its FPIRs; `calibration` says on what)."""
+    if not cosine_tables:
+        raise ValueError("the identities are too few for any cosine rows")
+    return table.model_copy(
+        update={
+            "cosine_below": COSINE_BELOW,
+            "cosine_tables": cosine_tables,
+            "calibration": {**table.calibration, "cosine_rows": calibration},
+        }
     )
 
 
@@ -218,16 +247,20 @@ def calibrate(
     write: bool = True,
     progress=None,
     cosine_faces=COSINE_FACES,
+    cosine_only: bool = False,
 ) -> tuple[OpenSetTable, str]:
     """Embed the calibration identities as the service does (`data`, else the model's held-out
     ones), leave out identity pairs that are one person, build the table and (unless write=False)
-    store it in the manifest's `open_set`."""
+    store it in the manifest's `open_set`; `cosine_only`: the manifest's margin rows kept, its
+    cosine rows (re)calibrated."""
     embedder = OnnxEmbedder(manifest_path, settings)
-    source, origin = heldout_source(embedder.model.manifest, data)
+    manifest = embedder.model.manifest
+    if cosine_only and manifest.open_set is None:
+        raise ValueError(f"{manifest.name} has no open-set table to add cosine rows to: calibrate it without --cosine-only")
+    source, origin = heldout_source(manifest, data)
     embeddings, labels = cached_embeddings(embedder, source, origin, cache)
     one_person, report = one_person_pairs(embeddings, labels, of_genuine=ONE_PERSON_OF_GENUINE)
-    table = build(embeddings, labels, faces_per_subject, seed, samples, one_person, progress=progress, cosine_faces=cosine_faces)
-    table.calibration = {
+    calibration = {
         "source": origin,
         "identities": int(len(np.unique(labels))),
         "images": int(len(labels)),
@@ -235,8 +268,19 @@ def calibrate(
         "samples_per_size": samples,
         "left_out_as_one_person": report,
     }
+    if cosine_only and manifest.open_set is not None:
+        kept = manifest.open_set
+        if kept.fpirs != usable_fpirs(samples):
+            raise ValueError(f"--samples {samples:,} resolves other FPIRs than the table's {kept.fpirs}: give the samples it was made with")
+        rows = cosine_rows(
+            embeddings, labels, kept.fpirs, seed, samples, partners(labels, one_person), progress=progress, cosine_faces=cosine_faces
+        )
+        table = with_cosine_rows(kept, rows, calibration)
+    else:
+        table = build(embeddings, labels, faces_per_subject, seed, samples, one_person, progress=progress, cosine_faces=cosine_faces)
+        table.calibration = calibration
     if write:
-        manifest = Manifest.load(manifest_path)
-        manifest.open_set = table
-        manifest.save(manifest_path)
+        stored = Manifest.load(manifest_path)
+        stored.open_set = table
+        stored.save(manifest_path)
     return table, origin

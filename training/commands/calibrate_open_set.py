@@ -40,6 +40,10 @@ def calibrate_open_set(
         "~/.cache/facegate/embeddings"
     ),
     dry_run: Annotated[bool, typer.Option(help="Print the table without writing it into the manifest.")] = False,
+    cosine_only: Annotated[
+        bool,
+        typer.Option(help="Keep the manifest's margin rows; calibrate only the cosine rows for small galleries (--faces unused)."),
+    ] = False,
 ) -> None:
     """Draw galleries of N calibration identities, score every other identity's photos as strangers
     by the margin score, and store each N's thresholds per FPIR in the manifest (`open_set`)."""
@@ -64,6 +68,7 @@ def calibrate_open_set(
             not dry_run,
             progress,
             sorted(set(cosine_faces or COSINE_FACES)),
+            cosine_only,
         )
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)
@@ -78,7 +83,7 @@ def calibrate_open_set(
         for size, thresholds, count in zip(rows.subjects, rows.thresholds, rows.samples, strict=True):
             shown.add_row(f"{size:,}", *(f"{thresholds[j]:.6f}" for j in columns), f"{count:,}")
         console.print(shown)
-    report = table.calibration["left_out_as_one_person"]
+    report = (table.calibration["cosine_rows"] if cosine_only else table.calibration)["left_out_as_one_person"]
     console.print(
         f"calibrated on the {origin}; {report['identity_pairs']} identity pairs left out as one person"
         + ("" if dry_run else f"; table written to {manifest_path}")

@@ -129,3 +129,27 @@ def test_calibrate_open_set_writes_a_table_the_service_decides_with(tmp_path):
     assert table.cosine_tables[0].subjects == [1, 2, 3, 5, 7, 11]
     small = decide_search(loaded.manifest, 0.01, None, None, 5, 0.01)
     assert small.score == "cosine" and small.threshold == round(table.cosine_tables[0].thresholds[3][5], 6)
+
+
+def test_calibrate_open_set_cosine_only_keeps_the_margin_rows(tmp_path):
+    """`--cosine-only` (how a shipped manifest without small-gallery rows gets them): the manifest's
+    margin rows and their calibration stay as they were, the cosine rows are those a whole
+    calibration on the same identities makes, and their calibration is reported beside; a manifest
+    without a table is refused, as is a sample count whose FPIRs differ from the table's."""
+    manifest_path = write_test_embedder(tmp_path / "models")
+    aligned_folder(tmp_path / "heldout", identities=80, per_identity=4)
+    args = ["calibrate-open-set", str(manifest_path), "--data", str(tmp_path / "heldout"), "--cache", str(tmp_path / "cache")]
+    refused = CliRunner().invoke(app, [*args, "--samples", "2000", "--cosine-only"])
+    assert refused.exit_code != 0 and "without --cosine-only" in refused.output
+    assert CliRunner().invoke(app, [*args, "--samples", "2000"]).exit_code == 0
+    whole = Manifest.load(manifest_path).open_set
+    manifest = Manifest.load(manifest_path)
+    manifest.open_set = whole.model_copy(update={"cosine_below": 0, "cosine_tables": [], "calibration": {"source": "elsewhere"}})
+    manifest.save(manifest_path)
+    assert CliRunner().invoke(app, [*args, "--samples", "5000", "--cosine-only"]).exit_code != 0  # other FPIRs than the table's
+    result = CliRunner().invoke(app, [*args, "--samples", "2000", "--cosine-only"])
+    assert result.exit_code == 0, result.output
+    table = Manifest.load(manifest_path).open_set
+    assert table.tables == whole.tables and table.calibration["source"] == "elsewhere"
+    assert table.cosine_below == 10 and table.cosine_tables == whole.cosine_tables
+    assert table.calibration["cosine_rows"]["identities"] == 80
