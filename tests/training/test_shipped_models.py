@@ -226,9 +226,14 @@ def test_shipped_embedders_carry_an_open_set_table(name, largest, source):
     """/identify's margin score decides with each shipped embedder's table: calibrated on people the
     model never trained on (never LFW), for one face per subject and for three, at FPIR 1e-1, 1e-2,
     1e-3 at least, each size from about 200,000 stranger scores (those whose only subject was their
-    other name are not scored)."""
+    other name are not scored). Each also carries the cosine rows that decide galleries below 10
+    subjects, for 1, 3, 5 and 10 faces per subject, calibrated on such people too."""
     table = Manifest.load(REPO / "models" / f"{name}.json").open_set
     assert table is not None and [rows.faces_per_subject for rows in table.tables] == [1, 3]
     assert {0.1, 0.01, 0.001} <= set(table.fpirs) and table.tables[0].subjects[0] == 1 and table.tables[0].subjects[-1] == largest
     assert all(count >= 199_000 for rows in table.tables for count in rows.samples)
     assert source in table.calibration["source"] and "lfw" not in table.calibration["source"].lower() and table.calibration["seed"] == 0
+    assert table.cosine_below == 10 and [rows.faces_per_subject for rows in table.cosine_tables] == [1, 3, 5, 10]
+    assert all(rows.subjects[0] == 1 and rows.subjects[-1] >= 10 and min(rows.samples) >= 199_000 for rows in table.cosine_tables)
+    origin = table.calibration["cosine_rows"]["source"]
+    assert ("train" in origin or source in origin) and "lfw" not in origin.lower()
