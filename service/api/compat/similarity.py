@@ -16,12 +16,13 @@ facegate's own default (FACEGATE_DEFAULT_FPIR for a search, FACEGATE_DEFAULT_FAR
 
 Below a search's decision (a candidate that is not a match, where Double Take shows a name from 0.4)
 the rate is the higher of the decision's and the candidate's cosine's over every face searched,
-1 − (1 − FAR)^N, the rule before the margin score (`search_similarity`). The table's rates were
-calibrated on people close to the promise, the cosine's over several faces per subject are
-pessimistic (a subject's faces are not independent tries): on LFW's small galleries the decision's
-rate alone named 1.3–2.7 times as many strangers at 0.4 as before the margin score, the higher of
-the two names as many as before below 10 subjects (docs/compat.md). At and above the decision, where
-a client matches, the decision's rate alone: it finds more genuine faces at 0.6 than the cosine did.
+1 − (1 − FAR)^N, the rule before the margin score (`search_similarity`). The open-set table's rates
+are close to what LFW's strangers realize; the cosine's over several faces are pessimistic (a
+subject's faces are not independent tries), so the higher of the two shows a name below the match
+only where both say strangers rarely get it: on LFW's galleries of 1–9 subjects the table's rate
+alone named 1.2–1.6 times as many strangers at 0.4 as before the margin score, the higher of the
+two exactly as many (docs/compat.md). At and above the decision, where a client matches, the
+decision's rate alone: it finds more genuine faces at 0.6 than the cosine did.
 """
 
 from __future__ import annotations
