@@ -104,6 +104,7 @@ def serve(
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
     from service.core.cpus import available_cores
+    from service.runtime.ready_workers import host_folder
     from service.runtime.supervisor import model_host as hosting
 
     settings = get_settings()
@@ -127,7 +128,7 @@ def serve(
     if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
         os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
         os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")
-    with hosting() if hosted else nullcontext() as host_socket:
+    with hosting() if hosted else nullcontext() as host_socket, host_folder(workers):
         if host_socket is not None:  # each worker's settings read it
             os.environ["FACEGATE_MODEL_HOST"] = str(host_socket)
         uvicorn.run(

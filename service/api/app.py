@@ -34,6 +34,7 @@ from service.metrics import Metrics
 from service.readiness import Readiness
 from service.runtime.decode_workers import DecodeWorkers
 from service.runtime.hosted_models import HostedModels
+from service.runtime.ready_workers import ReadyWorkers
 
 if TYPE_CHECKING:  # psycopg is an extra: PostgreSQL's store is imported only where it is configured
     from service.gallery.postgres import PostgresGallery
@@ -48,6 +49,7 @@ Every error answers `{"error": {"code": "...", "message": "..."}}`. When API key
 every route but /healthz and /readyz needs an `X-API-Key` header."""
 
 
+READY_POLL = 0.2  # seconds between a worker's looks at its own readiness, until it is ready (then counted for /readyz)
 ANONYMOUS_WARNING = (
     "NO API KEYS ARE CONFIGURED: every route, the gallery's DELETE included, answers anyone who can reach "
     "this port. Set FACEGATE_API_KEYS or FACEGATE_API_KEYS_FILE (docs/api.md, Authentication)."
@@ -83,6 +85,13 @@ def _recall_once_loaded(gallery: SqliteGallery | PostgresGallery, recall: Recall
     the gallery was closed first); it follows the gallery's index from then on."""
     if gallery.wait_loaded():
         recall.start()
+
+
+async def _mark_once_ready(service: Service, workers: ReadyWorkers) -> None:
+    """Count this worker among those that answer once it can (warmed up, its gallery's index built)."""
+    while not (service.readiness.ready and not service.gallery.loading):
+        await asyncio.sleep(READY_POLL)
+    workers.mark_ready()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -121,7 +130,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gallery_stats = GalleryStats(gallery)
         embedder = engine.pipeline.embedder if engine else None
         recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, embedder)
-        service = app.state.service = Service(settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted)
+        workers = ReadyWorkers.for_settings(settings)  # a worker of several: /readyz answers for them all
+        service = app.state.service = Service(
+            settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted, workers
+        )
+        marked = asyncio.create_task(_mark_once_ready(service, workers)) if workers is not None else None
         loaded = None
         if gallery.loading:  # the recall check measures the index once there is one
             loaded = asyncio.create_task(asyncio.to_thread(_recall_once_loaded, gallery, recall))
@@ -134,6 +147,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if marked is not None:
+                marked.cancel()
+            if workers is not None:  # no longer counted among the workers that answer
+                workers.close()
             if reload_on_hangup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if engine:

@@ -24,6 +24,7 @@ from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.readiness import Readiness
 from service.runtime.hosted_models import HostedModels
+from service.runtime.ready_workers import ReadyWorkers
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Service:
     gallery_stats: GalleryStats  # counts for /readyz and /metrics, which never wait on the database
     recall: RecallCheck  # the index's measured recall@1, for /readyz and /metrics
     hosted: HostedModels | None = None  # the model host the models run in (`facegate serve --workers N`), if any
+    workers: ReadyWorkers | None = None  # the workers of `facegate serve --workers N` that are ready, for /readyz
 
     def ready(self) -> Ready:
         """The engine and the embedder's manifest, or readiness.require()'s 503."""

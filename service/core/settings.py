@@ -300,6 +300,11 @@ class Settings(BaseSettings):
         description="Unix socket of the model host this process runs its models through (`facegate serve --workers N` starts one "
         "and sets it for its workers); unset: the models run in this process.",
     )
+    ready_workers_dir: Path | None = Field(
+        None,
+        description="Folder where each worker of `facegate serve --workers N` records it is ready, so that every worker's /readyz "
+        "answers for all N (`facegate serve` makes it and sets it, with FACEGATE_WORKERS, for its workers).",
+    )
     model_run_timeout: float = Field(
         30.0,
         gt=0.0,

@@ -27,17 +27,17 @@ def open_gallery(
     settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False
 ) -> SqliteGallery | PostgresGallery:
     """`searchable=False` for maintenance commands: no index is loaded and no changes followed.
-    `background` (the server): a SQLite gallery's index and guard are built after it returns."""
+    `background` (the server): the index and guard are built after it returns (searches 503 gallery_loading meanwhile)."""
     if settings.milvus_uri and find_spec("pymilvus") is None:
         raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
     if settings.database_url.get_secret_value():
-        return open_postgres(settings, embedder, searchable)
+        return open_postgres(settings, embedder, searchable, background)
     from service.gallery.sqlite import SqliteGallery
 
     return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings), settings.open_set_guard, background)
 
 
-def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True) -> PostgresGallery:
+def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False) -> PostgresGallery:
     """The PostgreSQL gallery FACEGATE_DATABASE_URL names (the caller checked it is set)."""
     try:
         from psycopg.conninfo import make_conninfo  # psycopg is needed only here
@@ -56,6 +56,7 @@ def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: 
         index_config(settings),
         settings.database_pool_timeout,
         settings.open_set_guard,
+        background,
     )
 
 

@@ -5,7 +5,7 @@ the processes sharing a file write) and PostgreSQL (the same table, announced by
 The store is the truth; the index and the roster are what a process derived from it, as of the
 last change it applied (`applied`). A thread applies what other processes commit, in order, in the
 background (BATCH changes a step under its lock), and builds the first state where the store
-started without one (SQLite's: the port listens meanwhile); a process that fell behind what the log
+started without one (either store opened by the server: the port listens meanwhile); a process that fell behind what the log
 keeps (SQLite's log is pruned, PostgreSQL's never) rebuilds both from the store there, off the
 request path, and answers from its last consistent state meanwhile, then swaps the rebuilt state in
 whole. No request pays for it: a SQLite search applies at most ON_REQUEST pending changes, waiting at
@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.core.errors import GalleryUnavailable
+from service.core.errors import GalleryLoading, GalleryUnavailable
 from service.core.open_set import LeaveOneOut, Roster
 from service.gallery.index import VectorIndex
 
@@ -226,6 +226,7 @@ class Follower:
         if self._state is not None:
             log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
         fresh = self.log.rebuild(self._state)
+        read = fresh.applied
         while not self._stop.is_set():  # what was committed while it was built: read under the lock, applied outside
             with self._lock:
                 rows = self.log.changes(fresh.applied, BATCH)
@@ -235,7 +236,9 @@ class Follower:
                         self.rebuilds += 1
                     self._state, self._early = fresh, set()  # every own change is in the log by now
                     self.loaded.set()
-                    log.info("gallery: the rebuilt index is searched from change %d (%d faces)", fresh.applied, fresh.index.size)
+                    log.info(
+                        "gallery: the index read at change %d is searched from change %d (%d faces)", read, fresh.applied, fresh.index.size
+                    )
                     return
             if rows is None:  # pruned past it again while it was built (writes faster than a build): by difference
                 self.log.resync(fresh)
@@ -284,3 +287,52 @@ def remove(state: Derived, face_ids: list[int]) -> None:
         state.index.remove(ids)
     except GalleryUnavailable as exc:
         log.warning("%d deleted faces stay in the shared vector index (never answered): %s", len(face_ids), exc)
+
+
+class FollowedStore:
+    """What a store (SQLite, PostgreSQL) reads of its derived state: all of it is its follower's,
+    one attribute, never a copy beside it (a copy would go stale at the follower's first rebuild).
+    `follower`: None where nothing is searched, or where no change log is followed (`unfollowed`:
+    Milvus on PostgreSQL, one index the replicas share)."""
+
+    follower: Follower | None = None
+    unfollowed: VectorIndex | None = None
+    on_request = 0  # changes a search applies itself before it reads (SQLite: ON_REQUEST; PostgreSQL: none, its propagation delay)
+
+    @property
+    def index(self) -> VectorIndex | None:
+        """The index searched now (a rebuilt one is swapped in whole: read it again, never keep it);
+        None while it is first built, or where nothing is searched."""
+        return self.follower.index if self.follower is not None else self.unfollowed
+
+    @property
+    def roster(self) -> Roster | LeaveOneOut | None:
+        return self.follower.roster if self.follower is not None else None
+
+    @property
+    def applied(self) -> int:
+        """The last change of the log the index reflects."""
+        return self.follower.applied if self.follower is not None else 0
+
+    @property
+    def loading(self) -> bool:
+        """The index and guard are still being built (opened in the background): searches answer 503 gallery_loading."""
+        return self.follower is not None and not self.follower.loaded.is_set()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self.follower is None or self.follower.wait_loaded(timeout)
+
+    def _loaded(self) -> None:
+        """Before a search reads the state: GalleryLoading while the first is built; else the few
+        changes still pending applied here (`on_request` at most, never a rebuild)."""
+        if self.follower is None:
+            return
+        if not self.follower.loaded.is_set():
+            raise GalleryLoading("the gallery's index and open-set guard are being built at start-up; retry shortly (GET /readyz)")
+        if self.on_request:
+            self.follower.catch_up(self.on_request)
+
+    def leave_one_out(self) -> LeaveOneOut | None:
+        self._loaded()
+        roster = self.roster
+        return roster if isinstance(roster, LeaveOneOut) else None

@@ -1,6 +1,7 @@
 """The PostgreSQL gallery store (FACEGATE_DATABASE_URL): several replicas share one database, the
 source of truth; each keeps its own in-memory vector index of the active embedder's faces, loaded
-at start-up from one consistent snapshot and kept in step by its follower (follower.py, sync.py).
+at start-up from one consistent snapshot (by the follower's thread when the server opens it: the
+port listens meanwhile) and kept in step by its follower (follower.py, sync.py), which holds it.
 
 A write commits before it returns, with its change row and NOTIFY in the same transaction; the
 replica that wrote applies the change to its index before answering. Another replica applies it
@@ -36,8 +37,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
-from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
-from service.gallery.follower import Derived, Follower
+from service.core.open_set import GalleryShape, follow
+from service.gallery.follower import Derived, FollowedStore, Follower
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -119,7 +120,7 @@ def change_digest(conn: psycopg.Connection, seq: int) -> str:
     return row[0] if row else ""
 
 
-class PostgresGallery(GalleryStore):
+class PostgresGallery(FollowedStore, GalleryStore):
     def __init__(
         self,
         url: str,
@@ -129,21 +130,22 @@ class PostgresGallery(GalleryStore):
         index: IndexConfig | None = None,
         pool_timeout: float = 1.0,
         guard: bool = True,
+        background: bool = False,
     ):
-        """Connect, migrate, and (with an embedder and `searchable`) load the index and start following
+        """Connect, migrate, and (with an embedder and `searchable`) build the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
         the change log instead of being rebuilt. Fails at once when the database cannot be reached.
-        `guard`: keep the open-set guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster."""
+        `guard`: keep the open-set guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster.
+        `background`: return once the database is migrated, the index and guard built by the
+        follower's thread (the server listens meanwhile; `loading`), as SqliteGallery does."""
         # Text as UTF-8 whatever the database's encoding: on a SQL_ASCII database psycopg would
         # otherwise return text columns as bytes (a model name b'dlib-resnet-v1' is then "another embedder").
         self.url = make_conninfo(url, client_encoding="UTF8")
         self.embedder = embedder
         self.guard = guard
-        self.roster: Roster | LeaveOneOut | None = None
         self._counts: tuple[float, GalleryShape] | None = None  # with Milvus: (when read, what)
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
-        self.index: FaissIndex | MilvusIndex | None = None
         # `timeout`: a request waits this long for a connection, then 503 gallery_unavailable (an outage
         # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
         # before use, so after a database restart a stale one is replaced rather than failing a request.
@@ -163,37 +165,40 @@ class PostgresGallery(GalleryStore):
         try:
             with self.pool.connection() as conn:
                 migrate(conn)
-            applied = self._load_index()
-            self.sync: Follower | None = None  # Milvus is shared: nothing to keep in step
-            self._changes: PostgresLog | None = None  # the log it follows
-            if isinstance(self.index, FaissIndex):
-                self._changes = changes = PostgresLog(self.url, self.pool, required_embedder(embedder))
-                self.sync = Follower(changes, Derived(self.index, self.roster, applied), SYNC_POLL_SECONDS, "facegate-gallery-sync")
-                self.sync.catch_up()  # a persisted index: the changes since it was saved
-                if self.sync.applied > applied:
-                    log.info("gallery index: %d changes since it was saved applied", self.sync.applied - applied)
-                self._save_index(self.sync)
-                self.sync.start()
+                rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
+            self.incompatible = incompatible_models(rows, embedder)
+            self._changes: PostgresLog | None = None  # the log the follower reads
+            if self.index_config is not None:
+                key = required_embedder(embedder)  # an index config is kept only with an embedder
+                if self.index_config.shared:  # Milvus: shared, nothing to build or keep in step
+                    self.unfollowed = open_milvus(self.index_config, key.dim, key.sha256)
+                else:
+                    self._changes = PostgresLog(self.url, self.pool, key, self._derived_state)
+                    self.follower = Follower(self._changes, None, SYNC_POLL_SECONDS)
+                    if not background:
+                        self.follower.rebuild()  # here: built, and brought up to the log
+                    self.follower.start()
         except BaseException:
             self.pool.close()
             raise
 
     def close(self) -> None:
-        if isinstance(self.index, MilvusIndex):
-            self.index.close()
-        if self.sync:
+        if isinstance(self.unfollowed, MilvusIndex):
+            self.unfollowed.close()
+        if self.follower:
             try:  # before the follower stops: what was committed until now applied, then saved
-                self._save_index(self.sync)
+                self._save_index(self.follower)
             except (psycopg.Error, PoolTimeout, OSError) as exc:  # the next start replays from the older file, or rebuilds
                 log.warning("gallery index not saved: %s", exc)
-            self.sync.close()
+            self.follower.close()
         self.pool.close()
 
-    def _save_index(self, sync: Follower) -> None:
-        """Persist the index `sync` keeps in step with the change it reflects (a no-op for flat, or when unchanged)."""
+    def _save_index(self, follower: Follower) -> None:
+        """Persist the index `follower` keeps in step with the change it reflects (a no-op for flat,
+        when unchanged, or while it is first built)."""
         if self.index_config is None:  # a FAISS index is opened only with its config
             return
-        with sync.paused() as state, self.pool.connection() as conn:
+        with follower.paused() as state, self.pool.connection() as conn:
             if state is not None and isinstance(state.index, FaissIndex):
                 digest = change_digest(conn, state.applied)
                 save_index(
@@ -202,12 +207,12 @@ class PostgresGallery(GalleryStore):
 
     def _wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None, subjects: list[str] | None = None) -> None:
         """A change this replica committed, applied (after the few before it) before the caller answers."""
-        if self.sync is None:
+        if self.follower is None:
             return
         try:
-            self.sync.wrote(seq, op, face_ids, vectors, subjects)
+            self.follower.wrote(seq, op, face_ids, vectors, subjects)
         except (psycopg.Error, PoolTimeout) as exc:  # the write is committed: the follower applies it once it can read again
-            log.warning("gallery sync: change %d committed but not applied yet: %s", seq, exc)
+            log.warning("gallery follower: change %d committed but not applied yet: %s", seq, exc)
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection]:
@@ -236,24 +241,20 @@ class PostgresGallery(GalleryStore):
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 
-    def _load_index(self) -> int:
-        """Fill the index from one REPEATABLE READ snapshot, or load the persisted one if it comes
-        from this database; the change sequence it reflects."""
+    def _derived_state(self) -> Derived:
+        """The index (the persisted one if it comes from this database, else filled and persisted) and
+        the open-set roster, read in one REPEATABLE READ snapshot, with the change they reflect: the
+        follower's build, which then replays what a persisted index lacks (the roster takes those
+        changes as no-ops up to the snapshot: an add it has, a remove it lacks)."""
+        config, key = self.index_config, required_embedder(self.embedder)
+        assert config is not None  # a follower is started only with a FAISS index's config
+        sha = key.sha256
         with psycopg.connect(self.url) as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             with conn.transaction():
                 seq = database_sequence(conn)
-                rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
-                self.incompatible = incompatible_models(rows, self.embedder)
-                if self.index_config is None:
-                    return seq
-                key = required_embedder(self.embedder)  # an index config is kept only with an embedder
-                if self.index_config.shared:  # Milvus: no snapshot to load, whatever the gallery's size
-                    self.index = open_milvus(self.index_config, key.dim, key.sha256)
-                    return seq
-                sha = key.sha256
-                count = sum(n for _, model, n in rows if model == sha)
+                count = one_row(conn.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 = %s", (sha,)))[0]
 
                 def current(meta: dict) -> bool:
                     saved = meta.get("sequence", -1)
@@ -275,13 +276,12 @@ class PostgresGallery(GalleryStore):
                             yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
                 started = time.monotonic()
-                index, loaded = open_index(self.index_config, key.dim, sha, count, current, sample, batches)
-                self.index = index
+                index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
+                if loaded is None:
+                    save_index(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
                 faces = conn.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = %s", (sha,)).fetchall()
-        # the roster as of this snapshot, computed outside its transaction; a persisted index replays the
-        # changes since it was saved, which the roster takes as no-ops up to here (an add it has, a remove it lacks)
         vectors = np.frombuffer(b"".join(r[2] for r in faces), dtype="<f4").reshape(len(faces), key.dim)
-        self.roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
+        roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
         applied = loaded["sequence"] if loaded else seq
         log.info(
             "gallery database: %d faces searchable at change %d (%s in %.1f s)",
@@ -290,7 +290,7 @@ class PostgresGallery(GalleryStore):
             "loaded" if loaded else "built",
             time.monotonic() - started,
         )
-        return applied
+        return Derived(index, roster, applied)
 
     # subjects
 
@@ -362,7 +362,7 @@ class PostgresGallery(GalleryStore):
             ids = [r[0] for r in conn.execute("DELETE FROM faces WHERE subject_id = %s RETURNING id", (subject_id,))]
             conn.execute("DELETE FROM subjects WHERE id = %s", (subject_id,))
             seq = record_change(conn, "remove", ids) if ids else None
-        if seq and self.sync:
+        if seq and self.follower:
             self._wrote(seq, "remove", ids)
         self._unshare(ids)
         return len(ids)
@@ -383,7 +383,7 @@ class PostgresGallery(GalleryStore):
             conn.execute("UPDATE subjects SET updated = %s WHERE id = %s", (time.time(), target_id))
             conn.execute("DELETE FROM subjects WHERE id = %s", (source_id,))
             seq = record_change(conn, "move", ids) if ids else None
-        if seq and self.sync:
+        if seq and self.follower:
             self._wrote(seq, "move", ids)
         return len(ids)
 
@@ -401,7 +401,7 @@ class PostgresGallery(GalleryStore):
             if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
             seq = record_change(conn, "add", ids)
-        if self.sync:
+        if self.follower:
             self._wrote(seq, "add", ids, np.stack([f.embedding for f in faces]), [subject_id] * len(ids))
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
 
@@ -418,7 +418,7 @@ class PostgresGallery(GalleryStore):
             if row is None:
                 raise FaceNotFound(f"no face with id {face_id}")
             seq = record_change(conn, "remove", [face_id])
-        if self.sync:
+        if self.follower:
             self._wrote(seq, "remove", [face_id])
         self._unshare([face_id])
         return row[0]
@@ -432,7 +432,7 @@ class PostgresGallery(GalleryStore):
             rows = conn.execute("DELETE FROM faces WHERE id = ANY(%s) RETURNING id, subject_id", (ids,)).fetchall()
             deleted = [r[0] for r in rows]
             seq = record_change(conn, "remove", deleted) if deleted else None
-        if seq and self.sync:
+        if seq and self.follower:
             self._wrote(seq, "remove", deleted)
         self._unshare(deleted)
         return dict(rows)
@@ -469,7 +469,9 @@ class PostgresGallery(GalleryStore):
     def search(self, query: np.ndarray, top_k: int) -> list[Candidate]:
         """The top_k subjects by their best face's similarity, best first; each subject once
         (faces deleted meanwhile, perhaps through another replica, are dropped)."""
-        return [] if self.index is None else best_subjects(self.index, query, top_k, self.lookup_faces)
+        self._loaded()
+        index = self.index
+        return [] if index is None else best_subjects(index, query, top_k, self.lookup_faces)
 
     def lookup_faces(self, face_ids: list[int]) -> dict[int, tuple[str, str, np.ndarray]]:
         """(subject id, name, embedding) of those of `face_ids` the database holds for this embedder."""
@@ -530,9 +532,11 @@ class PostgresGallery(GalleryStore):
     def shape(self) -> GalleryShape:
         """The roster's, kept in step with this replica's index; with Milvus, the database's counts
         of the embedder's subjects and faces (read at most every COUNTS_SECONDS), and no guard."""
-        if self.roster is not None:
-            return self.roster.shape()
-        if self.index is None:
+        self._loaded()
+        roster = self.roster
+        if roster is not None:
+            return roster.shape()
+        if self.unfollowed is None:
             return GalleryShape(0, 0)
         now = time.monotonic()
         if self._counts is None or now - self._counts[0] > COUNTS_SECONDS:
@@ -544,14 +548,11 @@ class PostgresGallery(GalleryStore):
             self._counts = (now, GalleryShape(subjects, faces))
         return self._counts[1]
 
-    def leave_one_out(self) -> LeaveOneOut | None:
-        return self.roster if isinstance(self.roster, LeaveOneOut) else None
-
     def replication(self) -> dict[str, int | bool] | None:
-        if self.sync is None or self._changes is None:
+        if self.follower is None or self._changes is None:
             return None
         try:
-            return replication_status(self.pool, self.sync.applied, self._changes.listening)
+            return replication_status(self.pool, self.follower.applied, self._changes.listening)
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 

@@ -36,10 +36,10 @@ import cv2
 import numpy as np
 
 from service.core.alignment import TEMPLATES, FaceChip
-from service.core.errors import FaceNotFound, GalleryLoading, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
+from service.core.errors import FaceNotFound, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
-from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
-from service.gallery.follower import ON_REQUEST, Derived, Follower, add, remove
+from service.core.open_set import GalleryShape, follow
+from service.gallery.follower import ON_REQUEST, Derived, FollowedStore, Follower, add, remove
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
@@ -337,7 +337,9 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-class SqliteGallery(GalleryStore):
+class SqliteGallery(FollowedStore, GalleryStore):
+    on_request = ON_REQUEST  # what keeps a write made through another worker visible to the next search
+
     def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True, background: bool = False):
         """`index` says which index mirrors the embedder's faces for search; None where nothing is
         searched (no embedder loaded, or a CLI maintenance command). `guard`: keep the open-set
@@ -355,38 +357,6 @@ class SqliteGallery(GalleryStore):
         self._migrate()
         self.follower: Follower | None = None  # the index and roster, with an index config and an embedder
         self._load_index()
-
-    @property
-    def index(self) -> FaissIndex | MilvusIndex | None:
-        """The index searched now (the follower swaps in a rebuilt one whole: read it again, never
-        keep it); None while it is first built, or where nothing is searched."""
-        return self.follower.index if self.follower is not None else None  # type: ignore[return-value]  # one of the two
-
-    @property
-    def loading(self) -> bool:
-        """The index and guard are still being built (`background`): searches answer 503 gallery_loading."""
-        return self.follower is not None and not self.follower.loaded.is_set()
-
-    def wait_loaded(self, timeout: float | None = None) -> bool:
-        return self.follower is None or self.follower.wait_loaded(timeout)
-
-    def _loaded(self) -> None:
-        """The few changes other processes committed since the follower last looked, applied here
-        (never more than follower.ON_REQUEST, never a rebuild); GalleryLoading while the first state is built."""
-        if self.follower is None:
-            return
-        if not self.follower.loaded.is_set():
-            raise GalleryLoading("the gallery's index and open-set guard are being built at start-up; retry shortly (GET /readyz)")
-        self.follower.catch_up(ON_REQUEST)
-
-    @property
-    def roster(self) -> Roster | LeaveOneOut | None:
-        return self.follower.roster if self.follower is not None else None
-
-    @property
-    def applied(self) -> int:
-        """The last change of the log the index reflects."""
-        return self.follower.applied if self.follower is not None else 0
 
     def close(self) -> None:
         with self._lock:
@@ -745,11 +715,6 @@ class SqliteGallery(GalleryStore):
         self._loaded()
         roster = self.roster
         return roster.shape() if roster is not None else GalleryShape(0, 0)
-
-    def leave_one_out(self) -> LeaveOneOut | None:
-        self._loaded()
-        roster = self.roster
-        return roster if isinstance(roster, LeaveOneOut) else None
 
     def replication(self) -> None:
         return None  # the processes sharing the file follow its log (follower.py); /readyz reports PostgreSQL's

@@ -12,6 +12,7 @@ index searches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,10 +49,11 @@ def database_sequence(conn: psycopg.Connection) -> int:
 
 class PostgresLog:
     """follower.ChangeLog over the pool (reads) and a LISTEN connection of its own (`wait`), which the
-    follower's thread alone uses and opens again after an error (the follower backs off)."""
+    follower's thread alone uses and opens again after an error (the follower backs off). `build`:
+    the state as of one snapshot (PostgresGallery's), the follower's first build."""
 
-    def __init__(self, url: str, pool: ConnectionPool, embedder: EmbedderKey):
-        self.url, self.pool, self.embedder = url, pool, embedder
+    def __init__(self, url: str, pool: ConnectionPool, embedder: EmbedderKey, build: Callable[[], Derived]):
+        self.url, self.pool, self.embedder, self.build = url, pool, embedder, build
         self.listening = False
         self._listener: psycopg.Connection | None = None
 
@@ -70,7 +72,8 @@ class PostgresLog:
         return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
 
     def rebuild(self, current: Derived | None) -> Derived:
-        raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
+        """The first state only: the log is never pruned, so a replica never falls past it."""
+        return self.build()
 
     def resync(self, state: Derived) -> None:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")

@@ -36,7 +36,8 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     loading = service.gallery.loading  # the index and guard still being built at start-up (the port listens meanwhile)
-    ready = service.readiness.ready and not loading
+    starting = service.workers.problem() if service.workers is not None else None  # another worker of this host not ready yet
+    ready = service.readiness.ready and not loading and starting is None
     status = 200 if ready else 503
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
         return JSONResponse({"ready": ready}, status_code=status)
@@ -49,6 +50,15 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
                 "name": "loading",
                 "error": "loading: the gallery's index and open-set guard are being built; searches answer 503 gallery_loading meanwhile",
                 "fix": "wait: /readyz answers 200 once they are built (docs/sizing.md)",
+            }
+        )
+    if starting is not None:
+        report["problems"].append(
+            {
+                "model": "workers",
+                "name": "facegate serve",
+                "error": starting,
+                "fix": "wait: /readyz answers 200 once every worker is ready; if one never is, its log says why",
             }
         )
     stats = await service.gallery_stats.snapshot()  # never waits long on the database

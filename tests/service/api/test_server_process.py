@@ -49,11 +49,17 @@ class Server:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(self.port)]
 
-    def start(self) -> Server:
+    def launch(self) -> None:
+        """Started, not waited for."""
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session
             )
+
+    def start(self) -> Server:
+        """Started, and ready."""
+        self.launch()
+        assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -14,11 +14,59 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import REPO
 from tests.polling import wait_until
 from tests.service.api.test_server_process import REQUEST_TIMEOUT, Server, crop_b64, enroll
 
 pytestmark = pytest.mark.slow
 WORKERS = 3
+# A sitecustomize for every process of a server: the first uvicorn worker to build its gallery's
+# open-set roster (every build does) waits there until the file `release` appears beside it.
+HOLD_ONE_BUILD = """
+import importlib.abc
+import importlib.util
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+FOLDER = Path(os.environ["FACEGATE_TEST_HOLD"])
+
+
+def held(build):
+    def follow(*args, **kwargs):
+        if multiprocessing.current_process().name.startswith("SpawnProcess"):  # a uvicorn worker
+            try:
+                os.close(os.open(FOLDER / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                while not (FOLDER / "release").exists():
+                    time.sleep(0.05)
+        return build(*args, **kwargs)
+
+    return follow
+
+
+class HoldOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "service.core.open_set":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.follow = held(module.follow)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, HoldOnImport())
+"""
 
 
 class WorkersServer(Server):
@@ -130,3 +178,39 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
         assert set(statuses) <= {200, 503}, statuses  # never a 500 while the host is down
         assert statuses[-1] == 200 and "kept" in candidates(client, 7)
         assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host
+
+
+def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cache):
+    """uvicorn's workers accept once their lifespan start-up returns, before their warm-up and their
+    gallery's first build are done (the port answers meanwhile). One worker's build is held here:
+    another worker, itself ready, answers /readyz 503 naming the workers still starting, and 200
+    only once every one is ready; from then on every connection is answered, whichever worker took it."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOLD_ONE_BUILD)
+    server = WorkersServer(tmp_path / "gallery", embedder_manifest, model_cache, tmp_path / "server.log", model_host=True)
+    path = os.pathsep.join(p for p in (str(hooks), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    server.env |= {"PYTHONPATH": path, "FACEGATE_TEST_HOLD": str(hooks)}
+
+    def past_its_own_start() -> httpx.Response | None:
+        """A /readyz answer (a new connection each time) from a worker warmed up with its index built."""
+        with contextlib.suppress(httpx.TransportError, ValueError):
+            answer = httpx.get(f"{server.url}/readyz", timeout=REQUEST_TIMEOUT)
+            if answer.json()["warmup"] == "done" and not answer.json()["gallery"]["loading"]:
+                return answer
+        return None
+
+    server.launch()
+    try:
+        wait_until(lambda: (hooks / "held").exists(), "a worker's gallery build is held", timeout=120)
+        answer = wait_until(past_its_own_start, "a worker past its own start-up answers /readyz", timeout=120)
+        assert answer.status_code == 503, f"a worker answered ready for itself alone while another was starting: {answer.text}"
+        assert [p["model"] for p in answer.json()["problems"]] == ["workers"], answer.text
+        (hooks / "release").touch()
+        wait_until(lambda: (r := past_its_own_start()) is not None and r.status_code == 200, "every worker ready", timeout=120)
+        for _ in range(3 * WORKERS):  # new connections, each to whichever worker accepts it
+            response = httpx.post(f"{server.url}/identify", json={"image": crop_b64(7), "aligned": True}, timeout=REQUEST_TIMEOUT)
+            assert response.status_code == 200, response.text
+    finally:
+        (hooks / "release").touch()
+        server.stop()

@@ -52,7 +52,7 @@ def unreachable(store) -> str:
 
 def test_an_enrollment_is_searchable_on_every_replica_at_once(replicas):
     a, b = replicas
-    assert a.sync is None and a.replication() is None  # nothing to keep in step: Milvus is shared
+    assert a.follower is None and a.replication() is None  # nothing to keep in step: Milvus is shared
     a.create_subject("A", {}, "a")
     (face,) = a.add_faces("a", [NewFace(unit(0))])
     found = b.search(unit(0), 1)  # no wait: Strong consistency

@@ -203,7 +203,7 @@ def test_no_ghost_match_after_a_delete_on_another_replica(open_store):
     a.create_subject("A", {}, "a")
     a.add_faces("a", [NewFace(unit(0))])
     wait_for(lambda: b.index.size == 1, "b has the face")
-    b.sync.close()  # b stops following: its index keeps the face
+    b.follower.close()  # b stops following: its index keeps the face
     a.delete_subject("a")
     assert b.index.size == 1 and b.search(unit(0), 5) == []
 
@@ -340,7 +340,7 @@ def test_a_persisted_index_replays_the_changes_made_while_its_replica_was_down(o
     caplog.set_level("INFO", "facegate.gallery")
     a = PostgresGallery(database_url, KEY, index=config)
     try:
-        assert "loaded from" in caplog.text and "2 changes since it was saved applied" in caplog.text
+        assert "loaded from" in caplog.text and "read at change 1 is searched from change 3" in caplog.text
         assert a.index.size == 2 and a.index.describe()["backend"] == "faiss-hnsw"
         assert a.search(unit(2), 1)[0].subject_id == "b"
         assert all(c.face_id != gone.id for c in a.search(unit(1), 5))
