@@ -504,9 +504,10 @@ Found = Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, their near
 
 def _nearest(vectors: np.ndarray, rows: np.ndarray, take: int) -> Found:
     """Each row's `take` nearest faces, exactly: its product with every face (BLAS), BLOCK rows at a
-    time. A build costs n² products; the approximate searches tried in its place at 1M faces
-    (FAISS's IVF and HNSW, clusters searched by their nearest clusters) were slower, or moved the
-    guard's thresholds (docs/benchmarks.md, "The open-set guard at 1M faces")."""
+    time. A build costs n² products (about an hour of one core at 1M faces); the approximate
+    searches tried in its place (FAISS's IVF and HNSW, k-means clusters searched by their nearest
+    clusters) saved little, or moved the guard's thresholds down (docs/benchmarks.md, "The guard at
+    10k, 100k and 1M faces"). `benchmarks/open_set_guard.py --search` swaps them in here."""
     for start in range(0, len(rows), BLOCK):
         block = rows[start : start + BLOCK]
         values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
