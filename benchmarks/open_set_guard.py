@@ -1,65 +1,247 @@
 """What the open-set guard costs a gallery (service/core/open_set.py, LeaveOneOut): building it from
-every face (at start-up: an exact search of each face), one enrollment (one product with every face,
-the lists it enters), one delete (the lists that named its subject, searched again), and reading the
-tail a decision needs. Synthetic L2-normalized embeddings of one face per subject (the cost depends
-on size and dimension, hardly on the data), or `--largest` of them in one subject (what bounds the
-build's memory); with the machine, the CPU time of the build and of an enrollment beside their wall
-time, which a shared machine inflates, and the process's peak memory over the build.
+every face (at start-up: an exact search of each face's nearest faces, n² products), one enrollment
+(one product with every face, the lists it enters), one delete (the lists that named its subject,
+searched again), and reading the tail a decision needs. With the machine, the CPU time of the build
+and of an enrollment beside their wall time, which a shared machine inflates, and the peak memory
+of the process that built it (each size is built in a process of its own: its ru_maxrss, and what
+it held before the build).
 
-    .venv/bin/python benchmarks/open_set_guard.py                  # 10k and 100k faces at dim 128
+Synthetic L2-normalized 128-d embeddings. `--layout one`: one face per subject (the cost depends on
+size and dimension, hardly on the data); `--layout realistic`: subjects of 1 to 10 faces, each
+face its subject's centre plus noise (cosine about 0.6 between a subject's faces); `--largest N`:
+N of each size's faces in one subject (what bounds the build's memory).
+
+`--search` replaces the build's exact search by an approximate one, to see what it would save
+where the exact build takes too long (1M faces): `ivf` (FAISS's IVF index, as the gallery's, 4 · √n
+lists, `--probed` of them scanned per face), `hnsw` (HNSW32, efSearch = `--probed` × 1,000),
+`clustered` (√n k-means clusters, each cluster's faces multiplied at once with the faces of the
+`--probed` share of clusters nearest its centre); the exact search's cost is then timed on 4,096
+faces and scaled. `--search compare` builds the exact guard and each approximate one at a size and
+prints how far their scores and thresholds are, and the thresholds from a sample of the exact
+scores (10 %: what a guard that lists only sampled faces would read). `--search sample` builds
+nothing: it times the exact search of 4,096 faces against all and scales it to the size (what a
+1M build would cost, without waiting an hour).
+
+    .venv/bin/python benchmarks/open_set_guard.py                  # 10k and 100k faces, one per subject
+    .venv/bin/python benchmarks/open_set_guard.py --layout realistic --sizes 10000 100000
+    .venv/bin/python benchmarks/open_set_guard.py --layout realistic --sizes 100000 1000000 --search sample
+    .venv/bin/python benchmarks/open_set_guard.py --layout realistic --sizes 100000 --search compare
     .venv/bin/python benchmarks/open_set_guard.py --sizes 20000 --largest 10000
-    .venv/bin/python benchmarks/open_set_guard.py --sizes 1000000 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import functools
+import math
+import multiprocessing
 import resource
+import sys
 import time
+from pathlib import Path
 
+import faiss
 import numpy as np
 
-from benchmarks.search import rss_mib
-from service.core.open_set import LeaveOneOut
-from service.gallery.index import set_search_threads
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench import machine_lines  # noqa: E402
+from benchmarks.search import rss_mib  # noqa: E402
+from service.core import open_set  # noqa: E402
+from service.core.open_set import LeaveOneOut, Tail  # noqa: E402
+from service.gallery.index import set_search_threads  # noqa: E402
+
+FPIRS = (1e-2, 1e-3, 1e-4)  # the guard's thresholds compared, T_LOSO(2q)
+SAMPLE = 4096  # faces whose exact search is timed where the build is approximate
+SAMPLED = 0.1  # the share of the exact scores whose tail `--search compare` reads too
+NEAREST = open_set._nearest  # the service's exact search
+
+
+def gallery(size: int, dim: int, layout: str, largest: int) -> tuple[np.ndarray, list[str]]:
+    """`size` faces and their subjects: the first `largest` in subject "big", the rest one per
+    subject, or (realistic) subjects of 1–10 faces around a centre each."""
+    rng = np.random.default_rng(size)
+    rest = size - largest
+    if layout == "one":
+        owner = np.arange(rest)
+        vectors = rng.standard_normal((size, dim), dtype=np.float32)
+    else:
+        owner = np.repeat(np.arange(rest), rng.integers(1, 11, rest))[:rest]  # subjects of 1–10 faces
+        centres = rng.standard_normal((int(owner[-1]) + 1 if rest else 0, dim), dtype=np.float32)
+        vectors = rng.standard_normal((size, dim), dtype=np.float32) * 0.8
+        vectors[largest:] += centres[owner]
+        vectors[:largest] += rng.standard_normal(dim, dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors, ["big"] * largest + [str(s) for s in owner.tolist()]
+
+
+def measure(size: int, args: argparse.Namespace) -> str:
+    """One size's row, built in this (fresh) process."""
+    set_search_threads(args.threads)
+    vectors, subjects = gallery(size + args.writes, args.dim, args.layout, args.largest)
+    before = rss_mib()
+    started = time.perf_counter()
+    state, built_cpu = built(size, args, args.search, vectors, subjects)
+    wall = time.perf_counter() - started
+    grew, peak = rss_mib() - before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    started, cpu = time.perf_counter(), time.process_time()
+    for i in range(size, size + args.writes):
+        state.add(np.array([i]), [f"new{i}"], vectors[i : i + 1])
+    enroll, enroll_cpu = (time.perf_counter() - started) / args.writes, (time.process_time() - cpu) / args.writes
+    started = time.perf_counter()
+    state.shape()
+    tail = time.perf_counter() - started
+    started = time.perf_counter()
+    for i in range(size, size + args.writes):
+        state.remove(np.array([i]))
+    delete = (time.perf_counter() - started) / args.writes
+    row = (
+        f"{size:>9,} {state.shape().subjects:>9,} {wall:>8.1f} {built_cpu:>8.1f} {1000 * enroll:>7.1f} "
+        f"{1000 * enroll_cpu:>7.1f} {1000 * delete:>9.1f} {1000 * tail:>7.1f} {before:>7.0f} {grew:>7.0f} {peak:>7.0f}"
+    )
+    if args.search != "exact":
+        row += f"   ({exact_cost(vectors[:size], args)})"
+    return row
+
+
+def exact_cost(vectors: np.ndarray, args: argparse.Namespace) -> str:
+    """What the build's exact search costs: SAMPLE faces' searched against all, timed and scaled."""
+    largest = max(args.largest, 10 if args.layout == "realistic" else 1)
+    take = 4 * (open_set.K + 1) + min(largest, open_set.OWN_FACES)  # as LeaveOneOut._relist asks
+    cpu = time.process_time()
+    for block in range(0, SAMPLE, open_set.BLOCK):
+        faiss.knn(vectors[block : block + open_set.BLOCK], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
+    return f"the exact search: {(time.process_time() - cpu) * len(vectors) / SAMPLE:,.0f} s CPU, scaled from {SAMPLE:,} faces"
+
+
+def sample(size: int, args: argparse.Namespace) -> str:
+    """`--search sample`: no build, only the exact search's cost at this size."""
+    set_search_threads(args.threads)
+    vectors, _ = gallery(size, args.dim, args.layout, args.largest)
+    return f"{size:>9,}: {exact_cost(vectors, args)}"
+
+
+def compare(size: int, args: argparse.Namespace) -> str:
+    """Each approximate guard's scores and thresholds against the exact guard's, at one size."""
+    set_search_threads(args.threads)
+    vectors, subjects = gallery(size, args.dim, args.layout, args.largest)
+    truth, seconds = built(size, args, "exact", vectors, subjects)
+    scores = {face: score for face, *_, score in truth.nearest_others()}
+    tail = truth.shape().tail
+    assert tail is not None
+    lines = [f"{size:,} faces: exact build {seconds:.1f} s CPU; T_LOSO(2q) at q = " + ", ".join(f"{q:g}" for q in FPIRS)]
+    lines.append("  exact: " + ", ".join(f"{tail.threshold(2 * q):.4f}" for q in FPIRS))
+    faces = np.array(list(scores.values()))
+    sampled = Tail.of(np.random.default_rng(0).choice(faces, round(SAMPLED * len(faces)), replace=False), tail.subjects)
+    if sampled:
+        lines.append(
+            f"  {SAMPLED:.0%} of the exact scores: " + ", ".join(f"{sampled.threshold(2 * q) - tail.threshold(2 * q):+.4f}" for q in FPIRS)
+        )
+    for search in ("ivf", "hnsw", "clustered"):
+        state, seconds = built(size, args, search, vectors, subjects)
+        got = {face: score for face, *_, score in state.nearest_others()}
+        delta = np.array([got.get(face, -np.inf) - score for face, score in scores.items()])
+        other = state.shape().tail
+        lines.append(
+            f"  {search} ({args.probed:g}): {seconds:.1f} s CPU, {np.mean(delta < -1e-6):.1%} of faces scored lower, "
+            f"{np.mean(delta > 1e-6):.1%} higher; thresholds "
+            + (", ".join(f"{other.threshold(2 * q) - tail.threshold(2 * q):+.4f}" for q in FPIRS) if other else "none")
+        )
+    return "\n".join(lines)
+
+
+def exact(vectors: np.ndarray, rows: np.ndarray, take: int, probed: float) -> open_set.Found:
+    return NEAREST(vectors, rows, take)
+
+
+def ivf(vectors: np.ndarray, rows: np.ndarray, take: int, probed: float) -> open_set.Found:
+    """FAISS's IVF index of the faces (4 · √n lists, `probed` of them scanned), a face at a time."""
+    n, dim = vectors.shape
+    lists = 2 ** round(math.log2(4 * math.sqrt(n)))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors[:: max(1, n // (64 * lists))])
+    index.add(vectors)
+    index.nprobe = math.ceil(probed * lists)
+    yield from found(index, vectors, rows, take)
+
+
+def hnsw(vectors: np.ndarray, rows: np.ndarray, take: int, probed: float) -> open_set.Found:
+    """FAISS's HNSW32 graph of the faces, efSearch `probed` × 1,000."""
+    index = faiss.IndexHNSWFlat(vectors.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+    index.add(vectors)
+    index.hnsw.efSearch = max(take, round(1000 * probed))
+    yield from found(index, vectors, rows, take)
+
+
+def found(index: faiss.Index, vectors: np.ndarray, rows: np.ndarray, take: int) -> open_set.Found:
+    for start in range(0, len(rows), open_set.BLOCK):
+        block = rows[start : start + open_set.BLOCK]
+        values, faces = index.search(vectors[block], take)
+        yield block, np.where(faces < 0, -np.inf, values).astype(np.float32), np.maximum(faces, 0)
+
+
+def clustered(vectors: np.ndarray, rows: np.ndarray, take: int, probed: float) -> open_set.Found:
+    """√n k-means clusters; each cluster's faces multiplied at once (BLAS, as the exact search) with
+    the faces of the `probed` share of clusters nearest its centre."""
+    n, dim = vectors.shape
+    clusters = 2 ** round(math.log2(math.sqrt(n)))
+    kmeans = faiss.Kmeans(dim, clusters, niter=10, seed=1, spherical=True, max_points_per_centroid=64)
+    kmeans.train(vectors)
+    _, assigned = kmeans.index.search(vectors, 1)
+    _, probes = kmeans.index.search(kmeans.centroids, math.ceil(probed * clusters))
+    order = np.argsort(assigned[:, 0], kind="stable")
+    bounds = np.searchsorted(assigned[order, 0], np.arange(clusters + 1))
+    members = [order[bounds[c] : bounds[c + 1]] for c in range(clusters)]
+    wanted = np.isin(np.arange(n), rows)
+    for cluster in range(clusters):
+        mine = members[cluster][wanted[members[cluster]]]
+        near = np.sort(np.concatenate([members[c] for c in probes[cluster] if c >= 0]))
+        for start in range(0, len(mine), open_set.BLOCK):
+            block = mine[start : start + open_set.BLOCK]
+            values, at = faiss.knn(vectors[block], vectors[near], min(take, len(near)), metric=faiss.METRIC_INNER_PRODUCT)
+            yield block, np.where(at < 0, -np.inf, values).astype(np.float32), near[np.maximum(at, 0)]
+
+
+SEARCHES = {"exact": exact, "ivf": ivf, "hnsw": hnsw, "clustered": clustered}
+
+
+def built(size: int, args: argparse.Namespace, search: str, vectors: np.ndarray, subjects: list[str]) -> tuple[LeaveOneOut, float]:
+    """The guard of the first `size` faces, its build's search replaced by `search`; and its CPU seconds."""
+    open_set._nearest = functools.partial(SEARCHES[search], probed=args.probed)  # type: ignore[assignment]
+    cpu = time.process_time()
+    state = LeaveOneOut.build(np.arange(size), subjects[:size], vectors[:size])
+    open_set._nearest = NEAREST
+    return state, time.process_time() - cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--writes", type=int, default=50, help="Enrollments and deletes timed per size.")
+    parser.add_argument("--writes", type=int, default=20, help="Enrollments and deletes timed per size.")
     parser.add_argument("--threads", type=int, default=1, help="FAISS threads (the service's FACEGATE_SEARCH_THREADS).")
-    parser.add_argument("--largest", type=int, default=0, help="Faces of one subject among each size's (the rest one per subject).")
+    parser.add_argument("--layout", choices=("one", "realistic"), default="one", help="One face per subject, or 1–10 (see above).")
+    parser.add_argument("--largest", type=int, default=0, help="Faces of one subject among each size's.")
+    parser.add_argument("--search", choices=(*SEARCHES, "compare", "sample"), default="exact")
+    parser.add_argument(
+        "--probed", type=float, default=0.1, help="The share of lists or clusters an approximate search scans (HNSW: efSearch / 1,000)."
+    )
     args = parser.parse_args()
-    set_search_threads(args.threads)
-    machine = f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
-    print(f"{machine}; dim {args.dim}, {args.threads} FAISS thread(s), {args.largest} faces in the largest subject")
-    print(f"{'faces':>9} {'build s (CPU)':>14} {'enroll ms (CPU)':>16} {'delete ms':>10} {'tail ms':>8} {'RSS MiB':>8} {'peak MiB':>8}")
+    print("\n".join(machine_lines()))
+    print(
+        f"dim {args.dim}, layout {args.layout}, {args.largest:,} faces in one subject, {args.threads} FAISS thread(s), "
+        f"the build's search {args.search}" + ("" if args.search == "exact" else f" ({args.probed:g} probed)") + "; one process per size"
+    )
+    if args.search not in ("compare", "sample"):
+        print(
+            f"{'faces':>9} {'subjects':>9} {'build s':>8} {'CPU s':>8} {'add ms':>7} {'CPU ms':>7} "
+            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7}"
+        )
+    context = multiprocessing.get_context("spawn")
     for size in args.sizes:
-        rng = np.random.default_rng(size)
-        vectors = rng.standard_normal((size + args.writes, args.dim), dtype=np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        before, started, cpu = rss_mib(), time.perf_counter(), time.process_time()
-        state = LeaveOneOut.build(np.arange(size), [str(max(i, args.largest - 1)) for i in range(size)], vectors[:size])
-        built, built_cpu, memory = time.perf_counter() - started, time.process_time() - cpu, rss_mib() - before
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before  # kB on Linux; the peak since start, over the build
-        started, cpu = time.perf_counter(), time.process_time()
-        for i in range(size, size + args.writes):
-            state.add(np.array([i]), [str(i)], vectors[i : i + 1])
-        enroll, enroll_cpu = (time.perf_counter() - started) / args.writes, (time.process_time() - cpu) / args.writes
-        started = time.perf_counter()
-        state.shape()
-        tail = time.perf_counter() - started
-        started = time.perf_counter()
-        for i in range(size, size + args.writes):
-            state.remove(np.array([i]))
-        delete = (time.perf_counter() - started) / args.writes
-        enrolled = f"{1000 * enroll:.1f} ({1000 * enroll_cpu:.1f})"
-        build = f"{built:.1f} ({built_cpu:.1f})"
-        print(f"{size:>9,} {build:>14} {enrolled:>16} {1000 * delete:>10.1f} {1000 * tail:>8.1f} {memory:>8.0f} {peak:>8.0f}")
+        with context.Pool(1) as pool:  # a process per size: its peak memory is this size's
+            print(pool.apply({"compare": compare, "sample": sample}.get(args.search, measure), (size, args)), flush=True)
 
 
 if __name__ == "__main__":

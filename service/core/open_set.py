@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -422,9 +422,7 @@ class LeaveOneOut:
         vectors, subject = self._vectors[:n], self._subject[:n]
         take = min(n, 4 * self.width + min(int(self._counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
         short: list[np.ndarray] = []
-        for start in range(0, len(rows), BLOCK):
-            block = rows[start : start + BLOCK]
-            values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
+        for block, values, faces in _nearest(vectors, rows, take):
             values[subject[faces] == subject[block][:, None]] = -np.inf  # the face's own subject
             self._top[block], self._top_subject[block] = _best_subjects(values, subject[faces], self.width)
             if take < n:  # fewer than `width` subjects among the faces asked for: more faces may hold more
@@ -499,6 +497,21 @@ def follow(ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, guard:
     roster = Roster()
     roster.add(ids, subjects)
     return roster
+
+
+Found = Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, their nearest faces' cosines, those faces)
+
+
+def _nearest(vectors: np.ndarray, rows: np.ndarray, take: int) -> Found:
+    """Each row's `take` nearest faces, exactly: its product with every face (BLAS), BLOCK rows at a
+    time. A build costs n² products (about an hour of one core at 1M faces); the approximate
+    searches tried in its place (FAISS's IVF and HNSW, k-means clusters searched by their nearest
+    clusters) saved little, or moved the guard's thresholds down (docs/benchmarks.md, "The guard at
+    10k, 100k and 1M faces"). `benchmarks/open_set_guard.py --search` swaps them in here."""
+    for start in range(0, len(rows), BLOCK):
+        block = rows[start : start + BLOCK]
+        values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
+        yield block, values, faces
 
 
 def _grown(array: np.ndarray, capacity: int, fill: float = 0) -> np.ndarray:
