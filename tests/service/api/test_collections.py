@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import sqlite3
 import threading
 
@@ -21,16 +22,21 @@ HOME, OFFICE = {"X-API-Key": "home-key"}, {"X-API-Key": "office-key"}
 ALIGNED = {"aligned": "true"}
 
 
-@pytest.fixture
-def keyed(api_settings, tmp_path):
+def with_keys(settings, tmp_path):
     path = tmp_path / "keys"
     path.write_text("home-key collection=home\noffice-key collection=office\ndefault-key\n")
-    return api_settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path})
+    return settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path})
 
 
 @pytest.fixture
-def two(keyed, make_client):
-    return make_client(keyed)
+def keyed(api_settings, tmp_path):
+    return with_keys(api_settings, tmp_path)
+
+
+@pytest.fixture
+def two(store_settings, tmp_path, make_client):
+    """A service with a key of `home`, one of `office` and one of `default`, on SQLite and on PostgreSQL."""
+    return make_client(with_keys(store_settings, tmp_path))
 
 
 def enroll(client, headers, subject_id: str, seed: int) -> int:
@@ -55,7 +61,7 @@ def test_a_key_line_names_its_collection_and_bare_keys_are_defaults(keyed, tmp_p
     assert (keys.collection("home-key"), keys.collection("office-key"), keys.collection("default-key")) == ("home", "office", "default")
     assert keys.collection("env-key") == "default" and keys.collection("nope") is None
     assert keys.collections == {"home", "office", "default"}
-    assert ("%s" % hashlib.sha256(b"home-key").hexdigest()[:12], "home") in keys.listed()
+    assert (hashlib.sha256(b"home-key").hexdigest()[:12], "home") in keys.listed()
 
 
 @pytest.mark.parametrize(
@@ -240,3 +246,81 @@ def test_concurrent_writes_in_two_collections_never_answer_across(two):
     assert not wrong, wrong[:10]
     assert two.get("/readyz", headers=HOME).json()["gallery"]["faces"] == 30
     assert two.get("/readyz", headers=OFFICE).json()["gallery"]["faces"] == 30
+
+
+def test_a_postgres_gallery_of_the_previous_schema_moves_into_default(database_url):
+    import psycopg
+
+    from service.core.models.manifest import EmbedderKey
+    from service.gallery import postgres
+    from service.gallery.sqlite import NewFace
+
+    with psycopg.connect(database_url, autocommit=True) as conn:  # the schema of migrations 1-4, as facegate left it
+        conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied TIMESTAMPTZ DEFAULT now())")
+        for version, name, sql in postgres.migrations()[:4]:
+            conn.execute(sql)
+            conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+        conn.execute("INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES ('ada', 'Ada', '{}', 1, 1, 'ada')")
+        blob = (np.ones(4, "<f4") / 2).tobytes()
+        for _ in range(2):
+            conn.execute(
+                "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES ('ada', %s, 'm', 'fx', 1)", (blob,)
+            )
+    key = EmbedderKey("m", "fx", 4)
+    gallery = postgres.PostgresGallery(database_url, key)
+    office = postgres.PostgresGallery(database_url, key, collection="office")
+    try:
+        assert gallery.get_subject("ada").face_count == 2 and gallery.subject_by_name("ADA").id == "ada"
+        assert len(gallery.search(np.ones(4, np.float32) / 2, 5)) == 1
+        with pytest.raises(Exception, match="no subject"):
+            office.get_subject("ada")
+        office.create_subject("Ada", {}, subject_id="ada", unique_name=True)  # the same id and name, another collection
+        office.add_faces("ada", [NewFace(np.ones(4, np.float32) / 2)])
+        assert office.get_subject("ada").face_count == 1 and gallery.get_subject("ada").face_count == 2
+        assert [c.subject_id for c in office.search(np.ones(4, np.float32) / 2, 5)] == ["ada"]
+        assert gallery.collection_counts() == {"default": {"subjects": 1, "faces": 2}, "office": {"subjects": 1, "faces": 1}}
+        gallery.sync.catch_up()  # office's change, read here as one that changes nothing
+        assert gallery.shape().faces == 2
+    finally:
+        office.close()
+        gallery.close()
+
+
+# the commands
+
+
+def test_keys_add_prints_the_key_once_and_keys_list_shows_hashes(tmp_path, cli_env, monkeypatch):
+    from service import cli
+
+    path = tmp_path / "keys"
+    monkeypatch.setenv("FACEGATE_API_KEYS_FILE", str(path))
+    added = cli_env(cli.app, "keys", "add", "--collection", "garden")
+    assert added.exit_code == 0, added.output
+    key = added.output.strip().splitlines()[-1]
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    assert path.read_text() == f"sha256:{digest} collection=garden\n" and key not in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert cli_env(cli.app, "keys", "add").exit_code == 0  # `default`
+    listed = cli_env(cli.app, "keys", "list")
+    assert listed.exit_code == 0 and digest[:12] in listed.output and "garden" in listed.output and "default" in listed.output
+    assert key not in listed.output
+    refused = cli_env(cli.app, "keys", "add", "--collection", "no/slash")
+    assert refused.exit_code != 0 and len(path.read_text().splitlines()) == 2
+
+
+def test_gallery_stats_lists_every_collection(tmp_path, cli_env, monkeypatch):
+    from service import cli
+    from service.gallery.sqlite import SqliteGallery
+
+    monkeypatch.setenv("FACEGATE_DATA_DIR", str(tmp_path))
+    for collection, names in (("default", ["a"]), ("home", ["a", "b"])):
+        gallery = SqliteGallery.open(tmp_path, None, searchable=False, collection=collection)
+        for name in names:
+            gallery.create_subject(name, {}, subject_id=name)
+        gallery.close()
+    result = cli_env(cli.app, "gallery", "stats", "--json")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in result.output.splitlines()] == [
+        {"collection": "default", "subjects": 1, "faces": 0},
+        {"collection": "home", "subjects": 2, "faces": 0},
+    ]
