@@ -82,6 +82,19 @@ def test_reload_moves_a_key_to_another_collection(keyed):
     assert keys.collection("home-key") == "garden" and keys.collection("office-key") is None
 
 
+def test_a_reloaded_key_of_a_new_collection_gets_a_gallery_of_its_own(two, keyed):
+    """What SIGHUP runs (tests/chaos/test_key_rotation.py sends the signal): the new collection's
+    gallery is opened on its first request, empty, beside the others."""
+    enroll(two, HOME, "ada", 1)
+    keyed.api_keys_file.write_text(keyed.api_keys_file.read_text() + "garden-key collection=garden\n")
+    two.app.state.service.keys.reload()
+    garden = {"X-API-Key": "garden-key"}
+    assert two.get("/subjects", headers=garden).json()["total"] == 0
+    assert two.post("/subjects", json={"id": "ada", "name": "Ada"}, headers=garden).status_code == 201
+    assert two.get("/subjects/ada/faces", headers=garden).json()["faces"] == []
+    assert len(two.get("/subjects/ada/faces", headers=HOME).json()["faces"]) == 1
+
+
 # facegate's own API
 
 
