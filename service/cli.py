@@ -372,10 +372,11 @@ def gallery_migrate(
 def gallery_sync_index(
     after: Annotated[int, typer.Option(min=0, help="Go on after this face id (what an interrupted run printed last).")] = 0,
     batch: Annotated[int, typer.Option(min=1, help="Faces per upsert.")] = 5000,
+    collection: Annotated[str | None, typer.Option(help="Only this collection (needed with --after when there are several).")] = None,
 ) -> None:
     """Fill Milvus (FACEGATE_MILVUS_URI) from the gallery: upsert the active embedder's faces in id
-    order, then remove what the gallery no longer has. Moves an existing SQLite or PostgreSQL gallery
-    onto Milvus; safe to rerun, and to run while the service serves."""
+    order, then remove what the gallery no longer has, each collection into its partition. Moves an
+    existing SQLite or PostgreSQL gallery onto Milvus; safe to rerun, and to run while the service serves."""
     from service.core.models.model_set import load_models
     from service.gallery.factory import open_gallery
     from service.gallery.milvus import MilvusIndex, fill
@@ -386,17 +387,22 @@ def gallery_sync_index(
     models = load_models(settings)
     with fail_on_error():
         models.require("embedder")
-        gallery = open_gallery(settings, models.embedder_key, searchable=False)
-        try:
-            index = gallery.index  # Milvus: a store opens the shared index even for maintenance
-            if not isinstance(index, MilvusIndex):
-                fail("the gallery opened no Milvus index to fill: check FACEGATE_MILVUS_URI")
-            upserted, removed = fill(
-                gallery, index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
-            )
-        finally:
-            gallery.close()
-    console.print(f"[green]ok[/green] {upserted} faces upserted into {index.collection}, {removed} deleted faces removed")
+        collections = [collection] if collection else _collections(settings) or ["default"]
+        if after and len(collections) > 1:
+            fail("--after goes on within one collection: name it with --collection (the run printed it)")
+        for collection in collections:  # each into its partition
+            gallery = open_gallery(settings, models.embedder_key, searchable=False, collection=collection)
+            try:
+                index = gallery.index  # Milvus: a store opens the shared index even for maintenance
+                if not isinstance(index, MilvusIndex):
+                    fail("the gallery opened no Milvus index to fill: check FACEGATE_MILVUS_URI")
+                upserted, removed = fill(
+                    gallery, index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
+                )
+            finally:
+                gallery.close()
+            done = f"{upserted} faces upserted into {index.collection}, {removed} deleted faces removed"
+            console.print(f"[green]ok[/green] collection {collection}: {done}")
 
 
 @gallery_app.command("duplicates")

@@ -18,10 +18,6 @@ if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an ex
     from service.gallery.sqlite import SqliteGallery
 
 POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
-MILVUS_COLLECTIONS = (
-    "FACEGATE_MILVUS_URI is set and an API key names a collection other than `default`: Milvus serves the `default` "
-    "collection only so far (no partition per collection yet); use FAISS (unset FACEGATE_MILVUS_URI) for several collections"
-)
 MILVUS_EXTRA_MISSING = (
     "FACEGATE_MILVUS_URI is set, but Milvus' client is not installed: pip install 'facegate[milvus]' "
     "(the image: build it with --build-arg SERVE_EXTRAS=postgres,milvus, as compose.milvus.yaml does)"
@@ -36,8 +32,6 @@ def open_gallery(
     and guard are built after it returns."""
     if settings.milvus_uri and find_spec("pymilvus") is None:
         raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
-    if collection != DEFAULT and settings.milvus_uri:
-        raise GalleryUnavailable(MILVUS_COLLECTIONS)
     if settings.database_url.get_secret_value():
         return open_postgres(settings, embedder, searchable, collection)
     from service.gallery.sqlite import SqliteGallery

@@ -258,7 +258,7 @@ class PostgresGallery(GalleryStore):
                     return seq
                 key = required_embedder(self.embedder)  # an index config is kept only with an embedder
                 if self.index_config.shared:  # Milvus: no snapshot to load, whatever the gallery's size
-                    self.index = open_milvus(self.index_config, key.dim, key.sha256)
+                    self.index = open_milvus(self.index_config, key.dim, key.sha256, self.collection)
                     return seq
                 sha = key.sha256
                 count = sum(n for _, model, n in rows if model == sha)

@@ -307,7 +307,7 @@ def derived_state(
         ids, subjects, vectors = faces_of(db, collection, embedder, None)
         roster = follow(ids, subjects, vectors, guard)
         if config.shared:  # Milvus: nothing to load
-            return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256), roster, applied)
+            return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256, collection), roster, applied)
         faces = fingerprint(db, collection, embedder.sha256)
 
         def sample(n: int) -> np.ndarray:
