@@ -299,6 +299,26 @@ def test_a_postgres_gallery_of_the_previous_schema_moves_into_default(database_u
         gallery.close()
 
 
+def test_postgres_replicas_follow_each_collection_by_notify(database_url):
+    from service.core.models.manifest import EmbedderKey
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import NewFace
+    from tests.polling import wait_until
+
+    key, face = EmbedderKey("m", "fx", 4), np.ones(4, np.float32) / 2
+    writer, reader, office = (PostgresGallery(database_url, key, pool_size=2, collection=c) for c in ("home", "home", "office"))
+    try:
+        writer.create_subject("Ada", {}, subject_id="ada")
+        writer.add_faces("ada", [NewFace(face)])
+        wait_until(lambda: reader.shape().faces == 1, "the other replica of `home` applied the change (LISTEN/NOTIFY)")
+        assert [c.subject_id for c in reader.search(face, 5)] == ["ada"]
+        wait_until(lambda: office.sync.applied == reader.sync.applied, "`office` read the change too")
+        assert office.shape().faces == 0 and office.search(face, 5) == []
+    finally:
+        for gallery in (writer, reader, office):
+            gallery.close()
+
+
 # the commands
 
 
