@@ -66,7 +66,16 @@ def _read_entries(settings: Settings) -> list[Entry]:
                 "authentication; add a key, unset the setting, or set FACEGATE_ALLOW_ANONYMOUS=true"
             )
         entries += [_line(entry, f"FACEGATE_API_KEYS_FILE {path} line {n}") for n, entry in found]
+    _one_collection_each(entries)
     return entries
+
+
+def _one_collection_each(entries: list[Entry]) -> None:
+    """A key given twice must name one collection: which one it sees would otherwise be a guess."""
+    seen: dict[bytes, str] = {}
+    for entry, name in entries:
+        if seen.setdefault(_hash(entry), name) != name:
+            raise KeyConfigError(f"one key is configured for two collections ({seen[_hash(entry)]!r} and {name!r}): keep one line")
 
 
 def _line(line: str, where: str) -> Entry:

@@ -75,6 +75,13 @@ def test_a_bad_collection_suffix_stops_start_up_with_its_line(settings, tmp_path
         ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path}))
 
 
+def test_one_key_for_two_collections_is_refused(settings, tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"k collection=home\nsha256:{hashlib.sha256(b'k').hexdigest()} collection=office\n")
+    with pytest.raises(KeyConfigError, match="two collections"):
+        ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path}))
+
+
 def test_reload_moves_a_key_to_another_collection(keyed):
     keys = ApiKeys.from_settings(keyed)
     keyed.api_keys_file.write_text("home-key collection=garden\n")
