@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from service.api.auth import ApiKeys, KeyConfigError
 from tests.conftest import LFW_PEOPLE, aligned_crop_png
+from tests.service.gallery.old_schema import sqlite_at
 
 HOME, OFFICE = {"X-API-Key": "home-key"}, {"X-API-Key": "office-key"}
 ALIGNED = {"aligned": "true"}
@@ -202,12 +203,7 @@ def test_a_gallery_of_the_previous_schema_moves_into_default(tmp_path, settings)
     from service.gallery import sqlite as store
 
     path = tmp_path / store.DATABASE
-    db = store.connect(path)
-    db.executescript(store.SCHEMA)
-    for version, statements in enumerate(store.MIGRATIONS[:4], 1):  # version 4: the schema before collections
-        for statement in statements:
-            db.execute(statement)
-        db.execute(f"PRAGMA user_version = {version}")
+    db = sqlite_at(tmp_path, 4)  # version 4: the schema before collections
     blob = (np.ones(4, "<f4") / 2).tobytes()
     db.execute("INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES ('ada', 'Ada', '{}', 1, 1, 'ada')")
     for _ in range(3):
