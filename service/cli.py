@@ -23,8 +23,10 @@ from service.core.settings import get_settings
 app = typer.Typer(help="facegate: self-hosted face verification.", no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Model files and manifests.", no_args_is_help=True)
 gallery_app = typer.Typer(help="The gallery database (FACEGATE_DATABASE_URL, else SQLite under FACEGATE_DATA_DIR).", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys (FACEGATE_API_KEYS_FILE): each key sees and changes one collection.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(gallery_app, name="gallery")
+app.add_typer(keys_app, name="keys")
 
 Images = Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Image files.")]
 Aligned = Annotated[
@@ -303,6 +305,17 @@ def compare(
     typer.echo(json.dumps(result, indent=2))
 
 
+def _collections(settings) -> list[str]:
+    """The collections the gallery database holds rows of."""
+    from service.gallery.factory import open_gallery
+
+    gallery = open_gallery(settings, None, searchable=False)
+    try:
+        return list(gallery.collection_counts())
+    finally:
+        gallery.close()
+
+
 @gallery_app.command("reembed")
 def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per embedder run.")] = 64) -> None:
     """Re-embed faces another model made, from the chips stored with FACEGATE_STORE_CROPS, re-aligned for the active embedder.
@@ -315,11 +328,15 @@ def gallery_reembed(batch: Annotated[int, typer.Option(min=1, help="Faces per em
 
     pipeline = _pipeline()
     manifest = pipeline.embedder_model.manifest
-    gallery = open_gallery(get_settings(), EmbedderKey.of(manifest), searchable=False)
-    try:
-        done, missing = gallery.reembed(pipeline.embedder.embed, manifest.alignment, batch)
-    finally:
-        gallery.close()
+    settings, key = get_settings(), EmbedderKey.of(manifest)
+    done = missing = 0
+    for collection in _collections(settings):  # every collection's faces, each logged as its own changes
+        gallery = open_gallery(settings, key, searchable=False, collection=collection)
+        try:
+            counted = gallery.reembed(pipeline.embedder.embed, manifest.alignment, batch)
+        finally:
+            gallery.close()
+        done, missing = done + counted[0], missing + counted[1]
     console.print(f"[green]ok[/green] {done} faces re-embedded with {manifest.name} {manifest.version}")
     if missing:
         console.print(f"[yellow]{missing} faces have no stored crop[/yellow]: re-enroll them from images")
@@ -356,10 +373,11 @@ def gallery_migrate(
 def gallery_sync_index(
     after: Annotated[int, typer.Option(min=0, help="Go on after this face id (what an interrupted run printed last).")] = 0,
     batch: Annotated[int, typer.Option(min=1, help="Faces per upsert.")] = 5000,
+    collection: Annotated[str | None, typer.Option(help="Only this collection (needed with --after when there are several).")] = None,
 ) -> None:
     """Fill Milvus (FACEGATE_MILVUS_URI) from the gallery: upsert the active embedder's faces in id
-    order, then remove what the gallery no longer has. Moves an existing SQLite or PostgreSQL gallery
-    onto Milvus; safe to rerun, and to run while the service serves."""
+    order, then remove what the gallery no longer has, each collection into its partition. Moves an
+    existing SQLite or PostgreSQL gallery onto Milvus; safe to rerun, and to run while the service serves."""
     from service.core.models.model_set import load_models
     from service.gallery.factory import open_gallery
     from service.gallery.milvus import MilvusIndex, fill
@@ -370,17 +388,22 @@ def gallery_sync_index(
     models = load_models(settings)
     with fail_on_error():
         models.require("embedder")
-        gallery = open_gallery(settings, models.embedder_key, searchable=False)
-        try:
-            index = gallery.index  # Milvus: a store opens the shared index even for maintenance
-            if not isinstance(index, MilvusIndex):
-                fail("the gallery opened no Milvus index to fill: check FACEGATE_MILVUS_URI")
-            upserted, removed = fill(
-                gallery, index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
-            )
-        finally:
-            gallery.close()
-    console.print(f"[green]ok[/green] {upserted} faces upserted into {index.collection}, {removed} deleted faces removed")
+        collections = [collection] if collection else _collections(settings) or ["default"]
+        if after and len(collections) > 1:
+            fail("--after goes on within one collection: name it with --collection (the run printed it)")
+        for collection in collections:  # each into its partition
+            gallery = open_gallery(settings, models.embedder_key, searchable=False, collection=collection)
+            try:
+                index = gallery.index  # Milvus: a store opens the shared index even for maintenance
+                if not isinstance(index, MilvusIndex):
+                    fail("the gallery opened no Milvus index to fill: check FACEGATE_MILVUS_URI")
+                upserted, removed = fill(
+                    gallery, index, after, batch, lambda n, last: console.print(f"{n} faces upserted, up to face id {last}")
+                )
+            finally:
+                gallery.close()
+            done = f"{upserted} faces upserted into {index.collection}, {removed} deleted faces removed"
+            console.print(f"[green]ok[/green] collection {collection}: {done}")
 
 
 @gallery_app.command("duplicates")
@@ -388,6 +411,7 @@ def gallery_duplicates(
     fpir: Annotated[float | None, typer.Option(min=1e-9, max=0.5, help="The FPIR to flag at (default FACEGATE_DEFAULT_FPIR).")] = None,
     limit: Annotated[int, typer.Option(min=1, help="List at most this many pairs, highest score first.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per pair instead of a table.")] = False,
+    collection: Annotated[str, typer.Option(help="The collection whose subjects are compared (each is a gallery of its own).")] = "default",
 ) -> None:
     """Pairs of subjects that may be one person under two ids: a face of one that /identify, at
     `fpir`, would answer as the other were its own subject not enrolled. Every enrolled face is
@@ -403,7 +427,7 @@ def gallery_duplicates(
     with fail_on_error():
         models.require("embedder")
         assert models.embedder is not None and models.embedder_key is not None  # require() passed
-        gallery = open_gallery(settings, models.embedder_key, searchable=False)
+        gallery = open_gallery(settings, models.embedder_key, searchable=False, collection=collection)
         try:
             state = duplicates.build(gallery)
             if not state.shape().faces:
@@ -447,6 +471,72 @@ def gallery_duplicates(
             f"{round(pair.similarity, 6):.4f}",
             f"{round(pair.score, 6):.4f}",
         )
+    Console().print(table)
+
+
+@keys_app.command("add")
+def keys_add(
+    collection: Annotated[str, typer.Option(help="The collection the key sees and changes (1-64 of A-Z a-z 0-9 _ . -).")] = "default",
+) -> None:
+    """Make a key: print it once (only its sha256 is kept) and append `sha256:<hex> collection=NAME` to
+    FACEGATE_API_KEYS_FILE (made 0600 if missing). A running server takes it on SIGHUP."""
+    import hashlib
+    import secrets
+
+    from service.core.fileio import replacing
+    from service.gallery import collections
+
+    path = get_settings().api_keys_file
+    if path is None:
+        fail("FACEGATE_API_KEYS_FILE is not set: name the key file the server reads")
+    if not collections.valid(collection):
+        fail(f"{collection[:80]!r} is no collection name: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
+    key = secrets.token_urlsafe(32)
+    old = path.read_text(encoding="utf-8-sig") if path.exists() else ""
+    line = f"sha256:{hashlib.sha256(key.encode()).hexdigest()} collection={collection}\n"
+    with replacing(path) as tmp:  # the whole file or the old one, never half a line
+        tmp.write_text(old + ("\n" if old and not old.endswith("\n") else "") + line, encoding="utf-8")
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o600)
+    console.print(f"[green]ok[/green] a key of collection {collection!r} added to {path}; it is shown once, keep it:", highlight=False)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """The configured keys (FACEGATE_API_KEYS and FACEGATE_API_KEYS_FILE): the first 12 hex digits of
+    each key's sha256, and its collection. Keys themselves are never shown."""
+    from service.api.auth import ApiKeys, KeyConfigError
+
+    try:
+        keys = ApiKeys.from_settings(get_settings())
+    except KeyConfigError as exc:
+        fail(str(exc))
+    table = Table("sha256", "collection")
+    for prefix, collection in keys.listed():
+        table.add_row(prefix, collection)
+    Console().print(table)
+
+
+@gallery_app.command("stats")
+def gallery_stats(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per collection instead of a table.")] = False,
+) -> None:
+    """Subjects and faces of every collection in the gallery database."""
+    from service.gallery.factory import open_gallery
+
+    with fail_on_error():
+        gallery = open_gallery(get_settings(), None, searchable=False)
+        try:
+            counts = gallery.collection_counts()
+        finally:
+            gallery.close()
+    if as_json:
+        for name, numbers in counts.items():
+            typer.echo(json.dumps({"collection": name, **numbers}))
+        return
+    table = Table("collection", "subjects", "faces")
+    for name, numbers in counts.items():
+        table.add_row(name, f"{numbers['subjects']:,}", f"{numbers['faces']:,}")
     Console().print(table)
 
 

@@ -183,7 +183,8 @@ def started_client(settings):
     with TestClient(create_app(settings)) as client:
         service = client.app.state.service
         assert not service.readiness.loaded or service.readiness.warmed.wait(120), "the warm-up did not finish in 120 s"
-        assert service.gallery.wait_loaded(120), "the gallery's index was not built in 120 s"
+        for collection in service.collections.opened().values():  # every key's collection (issue 50)
+            assert collection.gallery.wait_loaded(120), f"collection {collection.name}'s index was not built in 120 s"
         wait_until(lambda: client.app.state.service.recall.index is service.gallery.index, "the recall check follows the built index")
         yield client
 

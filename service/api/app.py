@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.engine import Engine
+from service.gallery.collections import DEFAULT, Collection, Collections
 from service.gallery.factory import open_gallery
 from service.gallery.index import set_search_threads
 from service.gallery.recall import RecallCheck
@@ -87,9 +89,9 @@ def _recall_once_loaded(gallery: SqliteGallery | PostgresGallery, recall: Recall
         recall.start()
 
 
-async def _mark_once_ready(service: Service, workers: ReadyWorkers) -> None:
-    """Count this worker among those that answer once it can (warmed up, its gallery's index built)."""
-    while not (service.readiness.ready and not service.gallery.loading):
+async def _mark_once_ready(service: Service, galleries: Collections, workers: ReadyWorkers) -> None:
+    """Count this worker among those that answer once it can (warmed up, every open collection's index built)."""
+    while not (service.readiness.ready and not any(c.gallery.loading for c in galleries.opened().values())):
         await asyncio.sleep(READY_POLL)
     workers.mark_ready()
 
@@ -124,22 +126,41 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await asyncio.to_thread(engine.warm_up, readiness.warmup_done)
             else:
                 engine.start_warm_up(readiness.warmup_done)
-        # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading"),
-        # unless a process that accepts a connection must be ready (FACEGATE_WARM_UP_BEFORE_LISTENING)
-        gallery = open_gallery(settings, models.embedder_key, background=not settings.warm_up_before_listening)
-        gallery_stats = GalleryStats(gallery)
         embedder = engine.pipeline.embedder if engine else None
-        recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, embedder)
+
+        def open_collection(name: str) -> Collection:
+            # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading"),
+            # unless a process that accepts a connection must be ready (FACEGATE_WARM_UP_BEFORE_LISTENING)
+            gallery = open_gallery(settings, models.embedder_key, background=not settings.warm_up_before_listening, collection=name)
+            recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, embedder)
+            # the recall check measures the index once there is one
+            started = threading.Thread(
+                target=_recall_once_loaded, args=(gallery, recall), name=f"facegate-recall-start-{name}", daemon=True
+            )
+            started.start()
+            return Collection(name, gallery, GalleryStats(gallery), recall, started)
+
+        galleries = Collections(open_collection)
+        for name in sorted(keys.collections):  # the others a reloaded key file names open on their first request
+            galleries.get(name)
+        first = galleries.get(DEFAULT)  # what a caller without a key (/readyz, anonymous mode) sees
         workers = ReadyWorkers.for_settings(settings)  # a worker of several: /readyz answers for them all
         service = app.state.service = Service(
-            settings, metrics, keys, models, readiness, engine, gallery, gallery_stats, recall, hosted, workers
+            settings,
+            metrics,
+            keys,
+            models,
+            readiness,
+            engine,
+            first.gallery,
+            first.stats,
+            first.recall,
+            hosted,
+            workers,
+            DEFAULT,
+            galleries,
         )
-        marked = asyncio.create_task(_mark_once_ready(service, workers)) if workers is not None else None
-        loaded = None
-        if gallery.loading:  # the recall check measures the index once there is one
-            loaded = asyncio.create_task(asyncio.to_thread(_recall_once_loaded, gallery, recall))
-        else:
-            recall.start()  # on its own thread: at start-up, then every FACEGATE_INDEX_RECALL_EVERY changes
+        marked = asyncio.create_task(_mark_once_ready(service, galleries, workers)) if workers is not None else None
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
@@ -157,11 +178,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 engine.close()
             elif hosted:
                 hosted.close()
-            gallery_stats.close()
-            gallery.close()  # first: a build still under way stops, and the wait for it below ends
-            if loaded is not None:
-                await loaded
-            service.recall.close()
+            await asyncio.to_thread(galleries.close)
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
     app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -6,7 +6,9 @@ the reason, never silently read as "no keys", which would turn authentication of
 The key file's one rule: UTF-8 (a byte-order mark is allowed), one key or `sha256:<hex>` a line, a
 line whose first non-blank character is `#` is a comment, blank lines are skipped, and the rest of a
 line, less the blanks around it, is the key: a `#` inside a key is part of it. A key is printable
-ASCII without spaces (what an X-API-Key header carries unchanged), so a line holding anything else
+ASCII without spaces (what an X-API-Key header carries unchanged), optionally followed by one space
+and `collection=<name>` (service/gallery/collections.py: the collection the key sees and changes;
+`default` without it, and for every key of FACEGATE_API_KEYS), so a line holding anything else
 — `key  # a comment` included — is refused at start with its line number, never silently cut."""
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import hmac
 import ipaddress
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from service.core.settings import Settings
+from service.gallery import collections
 
 HASH_PREFIX = "sha256:"
 KEY = re.compile(r"[!-~]+")  # printable ASCII, no space
@@ -39,11 +43,13 @@ def _hash(entry: str) -> bytes:
     return hashlib.sha256(entry.encode()).digest()
 
 
-def _read_entries(settings: Settings) -> list[str]:
-    """Every configured key or hash; a key file must exist, parse, and hold at least one key."""
-    entries = [k.strip() for k in settings.api_keys.get_secret_value().split(",") if k.strip()]
-    for n, entry in enumerate(entries, 1):
-        _checked(entry, f"FACEGATE_API_KEYS entry {n}")
+Entry = tuple[str, str]  # a key or `sha256:<hex>` of one, and its collection
+
+
+def _read_entries(settings: Settings) -> list[Entry]:
+    """Every configured key or hash with its collection; a key file must exist, parse, and hold at least one key."""
+    keys = [k.strip() for k in settings.api_keys.get_secret_value().split(",") if k.strip()]
+    entries = [(_checked(key, f"FACEGATE_API_KEYS entry {n}"), collections.DEFAULT) for n, key in enumerate(keys, 1)]
     path = settings.api_keys_file
     if path:
         try:
@@ -54,15 +60,35 @@ def _read_entries(settings: Settings) -> list[str]:
             ) from None
         found = [(n, line.strip()) for n, line in enumerate(lines, 1)]
         found = [(n, entry) for n, entry in found if entry and not entry.startswith("#")]
-        for n, entry in found:
-            _checked(entry, f"FACEGATE_API_KEYS_FILE {path} line {n}")
         if not found and not settings.allow_anonymous:
             raise KeyConfigError(
                 f"FACEGATE_API_KEYS_FILE {path} holds no key (only comments or blank lines): refusing to run without "
                 "authentication; add a key, unset the setting, or set FACEGATE_ALLOW_ANONYMOUS=true"
             )
-        entries += [entry for _, entry in found]
+        entries += [_line(entry, f"FACEGATE_API_KEYS_FILE {path} line {n}") for n, entry in found]
+    _one_collection_each(entries)
     return entries
+
+
+def _one_collection_each(entries: list[Entry]) -> None:
+    """A key given twice must name one collection: which one it sees would otherwise be a guess."""
+    seen: dict[bytes, str] = {}
+    for entry, name in entries:
+        if seen.setdefault(_hash(entry), name) != name:
+            raise KeyConfigError(f"one key is configured for two collections ({seen[_hash(entry)]!r} and {name!r}): keep one line")
+
+
+def _line(line: str, where: str) -> Entry:
+    """A key file's line: a key, optionally followed by one space and `collection=<name>`."""
+    key, space, suffix = line.partition(" ")
+    if not space:
+        return _checked(key, where), collections.DEFAULT
+    name = suffix.removeprefix("collection=")
+    if name == suffix:
+        _checked(line, where)  # a space inside a key: refused with the rule's reason
+    if not collections.valid(name):
+        raise KeyConfigError(f"{where}: a collection name is 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
+    return _checked(key, where), name
 
 
 def _checked(entry: str, where: str) -> str:
@@ -80,8 +106,8 @@ def _checked(entry: str, where: str) -> str:
 
 
 class ApiKeys:
-    def __init__(self, entries: list[str], settings: Settings | None = None):
-        self._digests = [_hash(e) for e in entries]
+    def __init__(self, entries: Sequence[str | Entry], settings: Settings | None = None):
+        self._digests = _digests(entries)
         self._settings = settings
 
     @classmethod
@@ -93,7 +119,7 @@ class ApiKeys:
         if self._settings is None:
             return
         try:
-            digests = [_hash(e) for e in _read_entries(self._settings)]
+            digests = _digests(_read_entries(self._settings))
         except KeyConfigError as exc:
             log.error("API keys not reloaded, the previous keys stay in use: %s", exc)
             return
@@ -107,14 +133,34 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._digests)
 
-    def check(self, presented: str | None) -> bool:
+    @property
+    def collections(self) -> set[str]:
+        """The collections the keys name (`default` alone in anonymous mode)."""
+        return {name for _, name in self._digests} or {collections.DEFAULT}
+
+    def listed(self) -> list[tuple[str, str]]:
+        """(the hash's first 12 hex digits, collection) of each key: what `facegate keys list` shows."""
+        return [(digest.hex()[:12], name) for digest, name in self._digests]
+
+    def collection(self, presented: str | None) -> str | None:
+        """The collection of the key presented; None when it is no key of ours."""
         if not presented:
-            return False
+            return None
         digest = hashlib.sha256(presented.encode()).digest()
-        found = False
-        for known in self._digests:  # no early exit: the time does not depend on which key matched
-            found |= hmac.compare_digest(digest, known)
+        found = None
+        for known, name in self._digests:  # no early exit: the time does not depend on which key matched
+            if hmac.compare_digest(digest, known):
+                found = name
         return found
+
+    def check(self, presented: str | None) -> bool:
+        return self.collection(presented) is not None
+
+
+def _digests(entries: Sequence[str | Entry]) -> list[tuple[bytes, str]]:
+    """(digest, collection) of each entry; a bare entry is the `default` collection's."""
+    pairs = [(e, collections.DEFAULT) if isinstance(e, str) else e for e in entries]
+    return [(_hash(entry), name) for entry, name in pairs]
 
 
 def is_loopback(host: str) -> bool:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 import numpy as np
@@ -18,6 +18,7 @@ from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
 from service.engine import Engine
+from service.gallery.collections import COLLECTION, DEFAULT, Collections
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
@@ -49,6 +50,15 @@ class Service:
     recall: RecallCheck  # the index's measured recall@1, for /readyz and /metrics
     hosted: HostedModels | None = None  # the model host the models run in (`facegate serve --workers N`), if any
     workers: ReadyWorkers | None = None  # the workers of `facegate serve --workers N` that are ready, for /readyz
+    collection: str = DEFAULT  # whose gallery, gallery_stats and recall these are: the caller's (get_service)
+    collections: Collections | None = None  # every collection's, opened on first use
+
+    def scoped(self, collection: str) -> Service:
+        """This service as a caller of `collection` sees it: that collection's gallery, counts and recall."""
+        if collection == self.collection or self.collections is None:
+            return self
+        state = self.collections.get(collection)
+        return replace(self, collection=collection, gallery=state.gallery, gallery_stats=state.stats, recall=state.recall)
 
     def ready(self) -> Ready:
         """The engine and the embedder's manifest, or readiness.require()'s 503."""
@@ -64,7 +74,9 @@ class Service:
 
 
 def get_service(request: Request) -> Service:
-    return request.app.state.service
+    """The service scoped to the caller's collection (its key's, set by ApiKeyAuth or the DeepStack
+    route; `default` for a caller without a key): every route sees and changes that gallery only."""
+    return request.app.state.service.scoped(request.scope.get(COLLECTION) or DEFAULT)
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]

@@ -23,6 +23,7 @@ from service.api.auth import ApiKeys
 from service.api.error_handlers import WhileReading, error_response
 from service.budget import CLIENT
 from service.core.errors import BodyTooLarge, FacegateError, RequestTimeout, Unauthorized
+from service.gallery.collections import COLLECTION, DEFAULT
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}
@@ -81,12 +82,16 @@ class ApiKeyAuth:
             return await self.app(scope, receive, send)
         presented = [value for name, value in scope["headers"] if name == b"x-api-key"]
         # Two X-API-Key headers are refused: which one a proxy or a framework reads differs.
-        valid = not self.keys.enabled or (len(presented) == 1 and self.keys.check(presented[0].decode("latin-1")))
+        collection = self.keys.collection(presented[0].decode("latin-1")) if len(presented) == 1 else None
+        valid = not self.keys.enabled or collection is not None
         path = scope.get("path")
         key = presented[0].decode("latin-1") if self.keys.enabled and valid else None  # a key that checked out, never one made up
         if not valid and not presented and path in self.body_key_paths:  # a key in the body's first fields counts before admission
             key, receive = await body_key.peek_key(scope, receive)
-            valid = key is not None and self.keys.check(key)
+            collection = self.keys.collection(key)
+            valid = collection is not None
+        # the caller's collection (anonymous: the one collection); a body-key route sets its own once it read the key
+        scope[COLLECTION] = collection if self.keys.enabled else DEFAULT
         # who the request is for fairness (service.budget.CostLanes): its key, else its address
         CLIENT.set(f"key {hashlib.sha256(key.encode()).hexdigest()[:16]}" if valid and key else f"address {client_address(scope)}")
         public = path in PUBLIC_PATHS or path in self.body_key_paths or (path is not None and console.is_console(path))

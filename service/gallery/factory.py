@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from service.core.errors import GalleryUnavailable
 from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
+from service.gallery.collections import DEFAULT
 from service.gallery.index import IndexConfig
 
 if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra
@@ -24,20 +25,24 @@ MILVUS_EXTRA_MISSING = (
 
 
 def open_gallery(
-    settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False
+    settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False, collection: str = DEFAULT
 ) -> SqliteGallery | PostgresGallery:
-    """`searchable=False` for maintenance commands: no index is loaded and no changes followed.
-    `background` (the server): the index and guard are built after it returns (searches 503 gallery_loading meanwhile)."""
+    """The gallery of one collection (collections.py). `searchable=False` for maintenance commands:
+    no index is loaded and no changes followed. `background` (the server): the index and guard are
+    built after it returns (searches 503 gallery_loading meanwhile)."""
     if settings.milvus_uri and find_spec("pymilvus") is None:
         raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
     if settings.database_url.get_secret_value():
-        return open_postgres(settings, embedder, searchable, background)
+        return open_postgres(settings, embedder, searchable, background, collection)
     from service.gallery.sqlite import SqliteGallery
 
-    return SqliteGallery.open(settings.data_dir, embedder, searchable, index_config(settings), settings.open_set_guard, background)
+    config = index_config(settings, collection)
+    return SqliteGallery.open(settings.data_dir, embedder, searchable, config, settings.open_set_guard, background, collection)
 
 
-def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False) -> PostgresGallery:
+def open_postgres(
+    settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False, collection: str = DEFAULT
+) -> PostgresGallery:
     """The PostgreSQL gallery FACEGATE_DATABASE_URL names (the caller checked it is set)."""
     try:
         from psycopg.conninfo import make_conninfo  # psycopg is needed only here
@@ -53,19 +58,22 @@ def open_postgres(settings: Settings, embedder: EmbedderKey | None, searchable: 
         embedder,
         searchable,
         settings.database_pool_size,
-        index_config(settings),
+        index_config(settings, collection),
         settings.database_pool_timeout,
         settings.open_set_guard,
         background,
+        collection,
     )
 
 
-def index_config(settings: Settings) -> IndexConfig:
-    """The index either store searches with: FACEGATE_INDEX (FAISS) or FACEGATE_MILVUS_URI."""
+def index_config(settings: Settings, collection: str = DEFAULT) -> IndexConfig:
+    """The index either store searches a collection with: FACEGATE_INDEX (FAISS, a persisted one kept
+    under `collections/<name>/` of its folder for a collection other than `default`) or FACEGATE_MILVUS_URI."""
+    directory = settings.index_dir or settings.data_dir / "index"
     return IndexConfig(
         settings.index,
         settings.index_search_params,
-        settings.index_dir or settings.data_dir / "index",
+        directory if collection == DEFAULT else directory / "collections" / collection,
         settings.milvus_uri,
         settings.milvus_token.get_secret_value(),
         settings.milvus_index,

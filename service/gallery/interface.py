@@ -132,6 +132,10 @@ class GalleryStore(Protocol):
         read it: Milvus counts with a query) and incompatible_faces (another embedder's)."""
         ...
 
+    def collection_counts(self) -> dict[str, dict[str, int]]:
+        """Subjects and faces of every collection of the database (not only this handle's), by name."""
+        ...
+
     def index_info(self) -> dict[str, Any] | None:
         """The vector index searches run on (backend, parameters, size); None where nothing is searched."""
         ...

@@ -1,7 +1,11 @@
 """Milvus as the vector index every replica shares (FACEGATE_MILVUS_URI: a Milvus server, or a local
 file for Milvus Lite). The store (SQLite or PostgreSQL) stays the system of record; Milvus holds
-only (face id, embedding), one collection per embedder, so no replica keeps a copy or loads a
-snapshot at start-up.
+only (face id, embedding, facegate collection), one Milvus collection per embedder, so no replica
+keeps a copy or loads a snapshot at start-up. facegate's collections (collections.py) share it: the
+`collection` field is its partition key, each facegate collection's handle writes its name and
+searches, counts and lists with a filter on it, so Milvus searches that collection's partition only.
+A Milvus collection made before facegate had collections has no such field: it serves `default`
+alone (drop it and run `facegate gallery sync-index` to serve several).
 
 Consistency: searches run at the configured Milvus consistency level (Strong by default: a search
 waits until every write acknowledged before it is visible, so a 2xx enrollment on any replica is
@@ -29,11 +33,13 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from service.core.errors import GalleryUnavailable
+from service.gallery.collections import DEFAULT
 from service.gallery.index import MAX_EF_SEARCH, TARGET_RECALL, IndexConfig, default_ef_search, default_nprobe
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.milvus")
 
+PARTITION_FIELD = "collection"  # facegate's collection: the partition key
 UPSERT_BATCH = 5_000  # rows per upsert: well under Milvus's gRPC message limit at 512-d
 MILVUS_NLIST = 1024  # IVF lists of a collection facegate creates (Milvus's own default, 128, is for small segments)
 # HNSW graph of a collection facegate creates: FAISS's HNSW32 links (what the default ef was measured
@@ -86,10 +92,14 @@ class MilvusIndex:
         timeout: float = 5.0,
         index_params: dict[str, Any] | None = None,
         search_params: dict[str, Any] | None = None,
+        partition: str = DEFAULT,
     ):
         """`index_type` and `index_params` build a new collection (an existing one keeps its own);
-        `search_params` empty: facegate's default for the collection's index, set by `tune`."""
+        `search_params` empty: facegate's default for the collection's index, set by `tune`.
+        `partition`: the facegate collection this handle writes and searches (its partition key's value)."""
         self.uri, self.token, self.dim = uri, token, dim
+        self.partition = partition
+        self.partitioned = True  # the Milvus collection has the partition key (one made before collections has not)
         self.collection = f"facegate_{model_sha256[:16]}"
         self.index_type, self.consistency, self.timeout = index_type, consistency, timeout
         self.index_params = dict(index_params or default_index_params(index_type, dim))
@@ -109,6 +119,7 @@ class MilvusIndex:
             schema = MilvusClient.create_schema(auto_id=False)
             schema.add_field("id", DataType.INT64, is_primary=True)
             schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=self.dim)
+            schema.add_field(PARTITION_FIELD, DataType.VARCHAR, max_length=64, is_partition_key=True)
             params = client.prepare_index_params()
             params.add_index("embedding", index_type=self.index_type, metric_type="IP", params=self.index_params)
             client.create_collection(
@@ -121,9 +132,22 @@ class MilvusIndex:
                 self.index_type,
                 self.consistency,
             )
+        fields = client.describe_collection(self.collection, timeout=self.timeout).get("fields", [])
+        self.partitioned = any(f.get("name") == PARTITION_FIELD for f in fields)
+        if not self.partitioned and self.partition != DEFAULT:
+            client.close()
+            raise GalleryUnavailable(
+                f"the Milvus collection {self.collection} was made before facegate had collections: it serves `default` only; "
+                f"drop it and run `facegate gallery sync-index` to serve collection {self.partition!r}"
+            )
         client.load_collection(self.collection, timeout=self.timeout)
         self._read_index(client)
         return client
+
+    @property
+    def _filter(self) -> str:
+        """This facegate collection's rows (a name of [A-Za-z0-9_.-] only: nothing to escape)."""
+        return f'{PARTITION_FIELD} == "{self.partition}"' if self.partitioned else ""
 
     def _read_index(self, client) -> None:
         """The index the collection has (it may predate these settings): its type and build parameters.
@@ -165,8 +189,9 @@ class MilvusIndex:
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.asarray(vectors, np.float32).reshape(-1, self.dim)
         for start in range(0, len(ids), UPSERT_BATCH):
+            tag = {PARTITION_FIELD: self.partition} if self.partitioned else {}
             rows = [
-                {"id": int(i), "embedding": v.tolist()}
+                {"id": int(i), "embedding": v.tolist(), **tag}
                 for i, v in zip(ids[start : start + UPSERT_BATCH], vectors[start : start + UPSERT_BATCH], strict=True)
             ]
             self._call(lambda client: client.upsert(self.collection, rows, timeout=self.timeout))
@@ -189,6 +214,7 @@ class MilvusIndex:
             lambda client: client.search(
                 self.collection,
                 data=queries.tolist(),
+                filter=self._filter,
                 limit=k,
                 search_params={"metric_type": "IP", "params": self._search_params(k)},
                 consistency_level=self.consistency,
@@ -207,7 +233,7 @@ class MilvusIndex:
         """Rows in the collection now (count(*) at the configured consistency, deletes applied)."""
         rows = self._call(
             lambda client: client.query(
-                self.collection, filter="", output_fields=["count(*)"], consistency_level=self.consistency, timeout=self.timeout
+                self.collection, filter=self._filter, output_fields=["count(*)"], consistency_level=self.consistency, timeout=self.timeout
             )
         )
         return int(rows[0]["count(*)"])
@@ -272,7 +298,9 @@ class MilvusIndex:
     def ids(self, batch: int = 10_000) -> Iterator[list[int]]:
         """Every id in the collection, a batch at a time."""
         iterator = self._call(
-            lambda client: client.query_iterator(self.collection, batch_size=batch, filter="", output_fields=["id"], timeout=self.timeout)
+            lambda client: client.query_iterator(
+                self.collection, batch_size=batch, filter=self._filter, output_fields=["id"], timeout=self.timeout
+            )
         )
         try:
             while rows := self._call(lambda client: iterator.next()):
@@ -285,6 +313,7 @@ class MilvusIndex:
             "backend": "milvus",
             "uri": redacted(self.uri),
             "collection": self.collection,
+            "partition": self.partition if self.partitioned else None,
             "index_type": self.index_type,
             "index_params": self.index_params,
             "search_params": self.search_params,
@@ -307,7 +336,7 @@ class MilvusIndex:
                 self._client = None
 
 
-def open_milvus(config: IndexConfig, dim: int, model_sha256: str) -> MilvusIndex:
+def open_milvus(config: IndexConfig, dim: int, model_sha256: str, partition: str = DEFAULT) -> MilvusIndex:
     index = MilvusIndex(
         config.milvus_uri,
         config.milvus_token,
@@ -318,6 +347,7 @@ def open_milvus(config: IndexConfig, dim: int, model_sha256: str) -> MilvusIndex
         config.milvus_timeout,
         config.milvus_index_params,
         config.milvus_search_params,
+        partition,
     )
     index.tune()
     log.info(

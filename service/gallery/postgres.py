@@ -38,12 +38,14 @@ from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, follow
+from service.gallery.collections import DEFAULT
 from service.gallery.follower import Derived, FollowedStore, Follower
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
 from service.gallery.sqlite import (
+    COLLECTION_COUNTS,
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
     LOOKUP_CHUNK,
@@ -131,18 +133,21 @@ class PostgresGallery(FollowedStore, GalleryStore):
         pool_timeout: float = 1.0,
         guard: bool = True,
         background: bool = False,
+        collection: str = DEFAULT,
     ):
         """Connect, migrate, and (with an embedder and `searchable`) build the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
         the change log instead of being rebuilt. Fails at once when the database cannot be reached.
         `guard`: keep the open-set guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster.
         `background`: return once the database is migrated, the index and guard built by the
-        follower's thread (the server listens meanwhile; `loading`), as SqliteGallery does."""
+        follower's thread (the server listens meanwhile; `loading`), as SqliteGallery does.
+        `collection`: the one collection this handle sees and changes (collections.py), with a pool of its own."""
         # Text as UTF-8 whatever the database's encoding: on a SQL_ASCII database psycopg would
         # otherwise return text columns as bytes (a model name b'dlib-resnet-v1' is then "another embedder").
         self.url = make_conninfo(url, client_encoding="UTF8")
         self.embedder = embedder
         self.guard = guard
+        self.collection = collection
         self._counts: tuple[float, GalleryShape] | None = None  # with Milvus: (when read, what)
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
@@ -165,15 +170,17 @@ class PostgresGallery(FollowedStore, GalleryStore):
         try:
             with self.pool.connection() as conn:
                 migrate(conn)
-                rows = conn.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
+                rows = conn.execute(
+                    "SELECT model_name, model_sha256, COUNT(*) FROM faces WHERE collection = %s GROUP BY 1, 2", (collection,)
+                ).fetchall()
             self.incompatible = incompatible_models(rows, embedder)
             self._changes: PostgresLog | None = None  # the log the follower reads
             if self.index_config is not None:
                 key = required_embedder(embedder)  # an index config is kept only with an embedder
                 if self.index_config.shared:  # Milvus: shared, nothing to build or keep in step
-                    self.unfollowed = open_milvus(self.index_config, key.dim, key.sha256)
+                    self.unfollowed = open_milvus(self.index_config, key.dim, key.sha256, collection)
                 else:
-                    self._changes = PostgresLog(self.url, self.pool, key, self._derived_state)
+                    self._changes = PostgresLog(self.url, self.pool, collection, key, self._derived_state)
                     self.follower = Follower(self._changes, None, SYNC_POLL_SECONDS)
                     if not background:
                         self.follower.rebuild()  # here: built, and brought up to the log
@@ -254,7 +261,9 @@ class PostgresGallery(FollowedStore, GalleryStore):
             conn.read_only = True
             with conn.transaction():
                 seq = database_sequence(conn)
-                count = one_row(conn.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 = %s", (sha,)))[0]
+                count = one_row(
+                    conn.execute("SELECT COUNT(*) FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha))
+                )[0]
 
                 def current(meta: dict) -> bool:
                     saved = meta.get("sequence", -1)
@@ -263,14 +272,17 @@ class PostgresGallery(FollowedStore, GalleryStore):
                 def sample(n: int) -> np.ndarray:
                     stride = max(count // max(n, 1), 1)
                     rows = conn.execute(
-                        "SELECT embedding FROM faces WHERE model_sha256 = %s AND id %% %s = 0 LIMIT %s", (sha, stride, n)
+                        "SELECT embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = 0 LIMIT %s",
+                        (self.collection, sha, stride, n),
                     ).fetchall()
                     return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
                 def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
                     with conn.cursor(name="facegate_load", binary=True) as cursor:
                         cursor.itersize = LOAD_BATCH
-                        cursor.execute("SELECT id, embedding FROM faces WHERE model_sha256 = %s", (sha,))
+                        cursor.execute(
+                            "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha)
+                        )
                         while rows := cursor.fetchmany(LOAD_BATCH):
                             ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
                             yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
@@ -279,7 +291,9 @@ class PostgresGallery(FollowedStore, GalleryStore):
                 index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
                 if loaded is None:
                     save_index(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
-                faces = conn.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = %s", (sha,)).fetchall()
+                faces = conn.execute(
+                    "SELECT id, subject_id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha)
+                ).fetchall()
         vectors = np.frombuffer(b"".join(r[2] for r in faces), dtype="<f4").reshape(len(faces), key.dim)
         roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
         applied = loaded["sequence"] if loaded else seq
@@ -301,26 +315,27 @@ class PostgresGallery(FollowedStore, GalleryStore):
         try:
             with self._conn() as conn:
                 conn.execute(
-                    "INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES (%s, %s, %s, %s, %s, %s)",
-                    (subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
+                    "INSERT INTO subjects (collection, id, name, metadata, created, updated, name_key) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    (self.collection, subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
                 )
         except pg_errors.UniqueViolation as exc:
             raise taken(subject_id, name, exc.diag.constraint_name == NAME_KEY_INDEX) from None
         return Subject(subject_id, name, metadata, now, now, 0, unique_name)
 
     def _subject_rows(self, conn: psycopg.Connection, where: str, params: tuple) -> list[Subject]:
-        return [subject_record(r) for r in conn.execute(SUBJECT_SELECT + where, params)]
+        """Subjects of this collection `where` (its conditions follow the collection's) holds."""
+        return [subject_record(r) for r in conn.execute(SUBJECT_SELECT + "WHERE s.collection = %s " + where, (self.collection, *params))]
 
     def get_subject(self, subject_id: str) -> Subject:
         with self._conn() as conn:
-            rows = self._subject_rows(conn, "WHERE s.id = %s", (subject_id,))
+            rows = self._subject_rows(conn, "AND s.id = %s", (subject_id,))
         if not rows:
             raise SubjectNotFound(f"no subject with id {subject_id!r}")
         return rows[0]
 
     def subject_by_name(self, name: str) -> Subject:
         with self._conn() as conn:
-            rows = self._subject_rows(conn, "WHERE s.name_key = %s", (name_key(name),))
+            rows = self._subject_rows(conn, "AND s.name_key = %s", (name_key(name),))
         if not rows:
             raise SubjectNotFound(f"no subject named {name[:140]!r}")
         return rows[0]
@@ -330,24 +345,32 @@ class PostgresGallery(FollowedStore, GalleryStore):
         with self._conn() as conn:
             for start in range(0, len(subject_ids), LOOKUP_CHUNK):
                 chunk = subject_ids[start : start + LOOKUP_CHUNK]
-                out.update(conn.execute("SELECT id, name FROM subjects WHERE name_key IS NOT NULL AND id = ANY(%s)", (chunk,)).fetchall())
+                out.update(
+                    conn.execute(
+                        "SELECT id, name FROM subjects WHERE collection = %s AND name_key IS NOT NULL AND id = ANY(%s)",
+                        (self.collection, chunk),
+                    ).fetchall()
+                )
         return out
 
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
         with self._conn() as conn:
-            total = one_row(conn.execute("SELECT COUNT(*) FROM subjects"))[0]
+            total = one_row(conn.execute("SELECT COUNT(*) FROM subjects WHERE collection = %s", (self.collection,)))[0]
             return self._subject_rows(conn, "ORDER BY s.created, s.id LIMIT %s OFFSET %s", (limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
         try:
             with self._conn() as conn:
-                current = conn.execute("SELECT name, metadata, name_key FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone()
+                current = conn.execute(
+                    "SELECT name, metadata, name_key FROM subjects WHERE collection = %s AND id = %s FOR UPDATE",
+                    (self.collection, subject_id),
+                ).fetchone()
                 if current is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 values = subject_update(current, name, metadata)
                 conn.execute(
-                    "UPDATE subjects SET name = %s, metadata = %s, name_key = %s, updated = %s WHERE id = %s",
-                    (*values, time.time(), subject_id),
+                    "UPDATE subjects SET name = %s, metadata = %s, name_key = %s, updated = %s WHERE collection = %s AND id = %s",
+                    (*values, time.time(), self.collection, subject_id),
                 )
         except pg_errors.UniqueViolation:
             raise taken(subject_id, values[0], True) from None
@@ -357,11 +380,12 @@ class PostgresGallery(FollowedStore, GalleryStore):
         """Delete a subject and its faces; applied to this replica's index before it returns."""
         with self._conn() as conn:
             # The row lock orders this delete against enrollments into the subject (they take FOR SHARE).
-            if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR UPDATE", (subject_id,)).fetchone() is None:
+            c = self.collection
+            if conn.execute("SELECT 1 FROM subjects WHERE collection = %s AND id = %s FOR UPDATE", (c, subject_id)).fetchone() is None:
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
-            ids = [r[0] for r in conn.execute("DELETE FROM faces WHERE subject_id = %s RETURNING id", (subject_id,))]
-            conn.execute("DELETE FROM subjects WHERE id = %s", (subject_id,))
-            seq = record_change(conn, "remove", ids) if ids else None
+            ids = [r[0] for r in conn.execute("DELETE FROM faces WHERE collection = %s AND subject_id = %s RETURNING id", (c, subject_id))]
+            conn.execute("DELETE FROM subjects WHERE collection = %s AND id = %s", (c, subject_id))
+            seq = record_change(conn, c, "remove", ids) if ids else None
         if seq and self.follower:
             self._wrote(seq, "remove", ids)
         self._unshare(ids)
@@ -372,17 +396,23 @@ class PostgresGallery(FollowedStore, GalleryStore):
         the number of faces moved. Logged as a `move`: every replica's roster re-reads their subject,
         its index (and a shared one, Milvus) keeps the vectors, whose ids do not change."""
         with self._conn() as conn:
-            locked = conn.execute("SELECT id FROM subjects WHERE id = ANY(%s) ORDER BY id FOR UPDATE", ([source_id, target_id],))
+            c = self.collection
+            locked = conn.execute(
+                "SELECT id FROM subjects WHERE collection = %s AND id = ANY(%s) ORDER BY id FOR UPDATE", (c, [source_id, target_id])
+            )
             held = {r[0] for r in locked}
             for subject_id in (source_id, target_id):
                 if subject_id not in held:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
             ids = [
-                r[0] for r in conn.execute("UPDATE faces SET subject_id = %s WHERE subject_id = %s RETURNING id", (target_id, source_id))
+                r[0]
+                for r in conn.execute(
+                    "UPDATE faces SET subject_id = %s WHERE collection = %s AND subject_id = %s RETURNING id", (target_id, c, source_id)
+                )
             ]
-            conn.execute("UPDATE subjects SET updated = %s WHERE id = %s", (time.time(), target_id))
-            conn.execute("DELETE FROM subjects WHERE id = %s", (source_id,))
-            seq = record_change(conn, "move", ids) if ids else None
+            conn.execute("UPDATE subjects SET updated = %s WHERE collection = %s AND id = %s", (time.time(), c, target_id))
+            conn.execute("DELETE FROM subjects WHERE collection = %s AND id = %s", (c, source_id))
+            seq = record_change(conn, c, "move", ids) if ids else None
         if seq and self.follower:
             self._wrote(seq, "move", ids)
         return len(ids)
@@ -392,15 +422,16 @@ class PostgresGallery(FollowedStore, GalleryStore):
     def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:
         """Commit the faces (all or none), then make them searchable here before returning."""
         key, now = required_embedder(self.embedder), time.time()
-        rows = [face_row(subject_id, face, key, now) for face in faces]
-        insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
+        rows = [face_row(self.collection, subject_id, face, key, now) for face in faces]
+        insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
         with self._conn() as conn:
-            if conn.execute("SELECT 1 FROM subjects WHERE id = %s FOR SHARE", (subject_id,)).fetchone() is None:
+            held = conn.execute("SELECT 1 FROM subjects WHERE collection = %s AND id = %s FOR SHARE", (self.collection, subject_id))
+            if held.fetchone() is None:
                 raise SubjectNotFound(f"no subject with id {subject_id!r}")
             ids = [one_row(conn.execute(insert, row))[0] for row in rows]
             if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
                 self.index.add(np.array(ids, np.int64), np.stack([f.embedding for f in faces]))
-            seq = record_change(conn, "add", ids)
+            seq = record_change(conn, self.collection, "add", ids)
         if self.follower:
             self._wrote(seq, "add", ids, np.stack([f.embedding for f in faces]), [subject_id] * len(ids))
         return [FaceRecord(i, subject_id, f.box, f.landmarks, f.score, key.name, key.sha256, now) for i, f in zip(ids, faces, strict=True)]
@@ -408,16 +439,20 @@ class PostgresGallery(FollowedStore, GalleryStore):
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
         self.get_subject(subject_id)
         with self._conn() as conn:
-            rows = conn.execute(FACE_SELECT + "WHERE subject_id = %s ORDER BY id", (subject_id,)).fetchall()
+            rows = conn.execute(
+                FACE_SELECT + "WHERE collection = %s AND subject_id = %s ORDER BY id", (self.collection, subject_id)
+            ).fetchall()
         return [face_record(r) for r in rows]
 
     def delete_face(self, face_id: int) -> str:
         """Delete a face, whichever model made it; its subject's id."""
         with self._conn() as conn:
-            row = conn.execute("DELETE FROM faces WHERE id = %s RETURNING subject_id", (face_id,)).fetchone()
+            row = conn.execute(
+                "DELETE FROM faces WHERE collection = %s AND id = %s RETURNING subject_id", (self.collection, face_id)
+            ).fetchone()
             if row is None:
                 raise FaceNotFound(f"no face with id {face_id}")
-            seq = record_change(conn, "remove", [face_id])
+            seq = record_change(conn, self.collection, "remove", [face_id])
         if self.follower:
             self._wrote(seq, "remove", [face_id])
         self._unshare([face_id])
@@ -429,9 +464,11 @@ class PostgresGallery(FollowedStore, GalleryStore):
         if not ids:
             return {}
         with self._conn() as conn:
-            rows = conn.execute("DELETE FROM faces WHERE id = ANY(%s) RETURNING id, subject_id", (ids,)).fetchall()
+            rows = conn.execute(
+                "DELETE FROM faces WHERE collection = %s AND id = ANY(%s) RETURNING id, subject_id", (self.collection, ids)
+            ).fetchall()
             deleted = [r[0] for r in rows]
-            seq = record_change(conn, "remove", deleted) if deleted else None
+            seq = record_change(conn, self.collection, "remove", deleted) if deleted else None
         if seq and self.follower:
             self._wrote(seq, "remove", deleted)
         self._unshare(deleted)
@@ -439,7 +476,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
 
     def face_chip(self, face_id: int) -> bytes | None:
         with self._conn() as conn:
-            row = conn.execute("SELECT crop FROM faces WHERE id = %s", (face_id,)).fetchone()
+            row = conn.execute("SELECT crop FROM faces WHERE collection = %s AND id = %s", (self.collection, face_id)).fetchone()
         if row is None:
             raise FaceNotFound(f"no face with id {face_id}")
         return None if row[0] is None else bytes(row[0])
@@ -460,7 +497,8 @@ class PostgresGallery(FollowedStore, GalleryStore):
         self.get_subject(subject_id)
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT embedding FROM faces WHERE subject_id = %s AND model_sha256 = %s ORDER BY id", (subject_id, key.sha256)
+                "SELECT embedding FROM faces WHERE collection = %s AND subject_id = %s AND model_sha256 = %s ORDER BY id",
+                (self.collection, subject_id, key.sha256),
             ).fetchall()
         return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), key.dim)
 
@@ -480,9 +518,10 @@ class PostgresGallery(FollowedStore, GalleryStore):
             return {}
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id "
-                "WHERE f.id = ANY(%s) AND f.model_sha256 = %s",
-                (face_ids, sha),
+                "SELECT f.id, s.id, s.name, f.embedding FROM faces f "
+                "JOIN subjects s ON s.collection = f.collection AND s.id = f.subject_id "
+                "WHERE f.id = ANY(%s) AND f.collection = %s AND f.model_sha256 = %s",
+                (face_ids, self.collection, sha),
             )
             return {r[0]: (r[1], r[2], np.frombuffer(r[3], "<f4")) for r in rows}
 
@@ -490,14 +529,15 @@ class PostgresGallery(FollowedStore, GalleryStore):
         """Ids of the active embedder's faces whose subject has another, and their subjects (the recall check's queries)."""
         sha = required_embedder(self.embedder).sha256
         with self._conn() as conn:
-            rows = conn.execute(MATED_FACES, (sha, sha)).fetchall()
+            rows = conn.execute(MATED_FACES, (self.collection, sha, self.collection, sha)).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], object)
 
     def face_chips(self, face_ids: list[int]) -> dict[int, FaceChip]:
         """The stored chips of those of `face_ids` that have one (FACEGATE_STORE_CROPS)."""
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE id = ANY(%s) AND crop IS NOT NULL", (face_ids,)
+                "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE collection = %s AND id = ANY(%s) AND crop IS NOT NULL",
+                (self.collection, face_ids),
             ).fetchall()
         return {r[0]: stored_chip(r[1], r[2], r[3]) for r in rows}
 
@@ -506,8 +546,8 @@ class PostgresGallery(FollowedStore, GalleryStore):
         key = required_embedder(self.embedder)
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT id, embedding FROM faces WHERE model_sha256 = %s AND id > %s ORDER BY id LIMIT %s",
-                (key.sha256, after_id, limit),
+                "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id > %s ORDER BY id LIMIT %s",
+                (self.collection, key.sha256, after_id, limit),
             ).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
@@ -517,14 +557,18 @@ class PostgresGallery(FollowedStore, GalleryStore):
         with self._conn() as conn:
             subjects, faces, other = one_row(
                 conn.execute(
-                    "SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces), "
-                    "(SELECT COUNT(*) FROM faces WHERE model_sha256 != %s)",
-                    (sha,),
+                    "SELECT (SELECT COUNT(*) FROM subjects WHERE collection = %s), (SELECT COUNT(*) FROM faces WHERE collection = %s), "
+                    "(SELECT COUNT(*) FROM faces WHERE collection = %s AND model_sha256 != %s)",
+                    (self.collection, self.collection, self.collection, sha),
                 )
             )
         if searchable is None:
             searchable = self.index.size if self.index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": other}
+
+    def collection_counts(self) -> dict[str, dict[str, int]]:
+        with self._conn() as conn:
+            return {name: {"subjects": subjects, "faces": faces} for name, subjects, faces in conn.execute(COLLECTION_COUNTS)}
 
     def index_info(self) -> dict[str, Any] | None:
         return self.index.describe() if self.index is not None else None
@@ -543,7 +587,10 @@ class PostgresGallery(FollowedStore, GalleryStore):
             sha = required_embedder(self.embedder).sha256
             with self._conn() as conn:
                 subjects, faces = one_row(
-                    conn.execute("SELECT COUNT(DISTINCT subject_id), COUNT(*) FROM faces WHERE model_sha256 = %s", (sha,))
+                    conn.execute(
+                        "SELECT COUNT(DISTINCT subject_id), COUNT(*) FROM faces WHERE collection = %s AND model_sha256 = %s",
+                        (self.collection, sha),
+                    )
                 )
             self._counts = (now, GalleryShape(subjects, faces))
         return self._counts[1]
@@ -561,15 +608,15 @@ class PostgresGallery(FollowedStore, GalleryStore):
     def reembed(self, embed: Callable[[np.ndarray], np.ndarray], template: str, batch: int = 64) -> tuple[int, int]:
         """Re-embed faces another model made from their stored chips, re-aligned onto `template`,
         a committed batch at a time; each batch is a change every replica applies (a replica on the
-        old model drops the faces from its index, one on the new model adds them)."""
+        old model drops the faces from its index, one on the new model adds them). This collection's faces only."""
         key = required_embedder(self.embedder)
         done = 0
         while True:
             with self._conn() as conn:
                 rows = conn.execute(
                     "SELECT id, crop, crop_frame, crop_landmarks FROM faces "
-                    "WHERE model_sha256 != %s AND crop IS NOT NULL ORDER BY id LIMIT %s",
-                    (key.sha256, batch),
+                    "WHERE collection = %s AND model_sha256 != %s AND crop IS NOT NULL ORDER BY id LIMIT %s",
+                    (self.collection, key.sha256, batch),
                 ).fetchall()
             if not rows:
                 break
@@ -583,9 +630,14 @@ class PostgresGallery(FollowedStore, GalleryStore):
                     )
                 if self.index is not None and self.index.shared:
                     self.index.add(np.array(ids, np.int64), vectors)
-                record_change(conn, "remove", ids)
-                record_change(conn, "add", ids)
+                record_change(conn, self.collection, "remove", ids)
+                record_change(conn, self.collection, "add", ids)
             done += len(rows)
         with self._conn() as conn:
-            missing = one_row(conn.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != %s AND crop IS NULL", (key.sha256,)))[0]
+            missing = one_row(
+                conn.execute(
+                    "SELECT COUNT(*) FROM faces WHERE collection = %s AND model_sha256 != %s AND crop IS NULL",
+                    (self.collection, key.sha256),
+                )
+            )[0]
         return done, missing

@@ -39,6 +39,7 @@ from service.core.alignment import TEMPLATES, FaceChip
 from service.core.errors import FaceNotFound, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, follow
+from service.gallery.collections import DEFAULT
 from service.gallery.follower import ON_REQUEST, Derived, FollowedStore, Follower, add, remove
 from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -101,6 +102,33 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 4: a name's key is lowered, no longer case-folded (names.py: Strauß and STRAUSS are two names).
     #    Old keys were unique, and lowering tells apart at least what folding did: no key collides.
     ("UPDATE subjects SET name_key = facegate_name_key(name) WHERE name_key IS NOT NULL",),
+    # 5: collections (collections.py): every subject, face and change belongs to one, and a subject's
+    #    id and unique name are unique within it. The tables are made again (SQLite cannot change a
+    #    primary or foreign key), every row moved into `default`; faces keep their ids and the
+    #    sequence that never reuses them (its row renamed with the table).
+    (
+        "CREATE TABLE subjects_new (collection TEXT NOT NULL, id TEXT NOT NULL, name TEXT NOT NULL, metadata TEXT NOT NULL, "
+        "created REAL NOT NULL, updated REAL NOT NULL, name_key TEXT, PRIMARY KEY (collection, id))",
+        f"INSERT INTO subjects_new SELECT '{DEFAULT}', id, name, metadata, created, updated, name_key FROM subjects",
+        "CREATE TABLE faces_new (id INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, subject_id TEXT NOT NULL, "
+        "embedding BLOB NOT NULL, model_name TEXT NOT NULL, model_sha256 TEXT NOT NULL, box TEXT, landmarks TEXT, score REAL, "
+        "crop BLOB, created REAL NOT NULL, crop_frame TEXT, crop_landmarks TEXT, "
+        "FOREIGN KEY (collection, subject_id) REFERENCES subjects_new (collection, id) ON DELETE CASCADE)",
+        f"INSERT INTO faces_new SELECT id, '{DEFAULT}', subject_id, embedding, model_name, model_sha256, box, landmarks, score, "
+        "crop, created, crop_frame, crop_landmarks FROM faces",
+        "DELETE FROM sqlite_sequence WHERE name = 'faces_new'",
+        "UPDATE sqlite_sequence SET name = 'faces_new' WHERE name = 'faces'",
+        "DROP TABLE faces",
+        "DROP TABLE subjects",
+        "ALTER TABLE subjects_new RENAME TO subjects",
+        "ALTER TABLE faces_new RENAME TO faces",
+        "CREATE INDEX subjects_created ON subjects (collection, created, id)",
+        "CREATE UNIQUE INDEX subjects_name_key ON subjects (collection, name_key)",
+        "CREATE INDEX faces_subject ON faces (collection, subject_id)",
+        "CREATE INDEX faces_model ON faces (model_sha256)",
+        "CREATE INDEX faces_collection ON faces (collection, model_sha256)",
+        f"ALTER TABLE changes ADD COLUMN collection TEXT NOT NULL DEFAULT '{DEFAULT}'",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new ones are written
@@ -108,10 +136,11 @@ FOLLOW_SECONDS = 0.1  # how often a process's follower looks for changes other p
 
 DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
-# faces of the active model (both parameters) whose subject has another: the recall check's queries
+# faces of the collection's (the first and third parameter) active model (the second and fourth)
+# whose subject has another: the recall check's queries
 MATED_FACES = (
-    "SELECT id, subject_id FROM faces WHERE model_sha256 = %s AND subject_id IN "
-    "(SELECT subject_id FROM faces WHERE model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
+    "SELECT id, subject_id FROM faces WHERE collection = %s AND model_sha256 = %s AND subject_id IN "
+    "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
 )
 
 
@@ -146,11 +175,19 @@ def embedding_blob(embedding: np.ndarray) -> bytes:
 
 # Row layouts both stores (SQLite here, PostgreSQL in postgres.py) share; only their SQL dialects differ.
 SUBJECT_SELECT = (
-    "SELECT s.id, s.name, s.metadata, s.created, s.updated, (SELECT COUNT(*) FROM faces f WHERE f.subject_id = s.id), "
+    "SELECT s.id, s.name, s.metadata, s.created, s.updated, "
+    "(SELECT COUNT(*) FROM faces f WHERE f.collection = s.collection AND f.subject_id = s.id), "
     "s.name_key IS NOT NULL FROM subjects s "
 )
+# subjects and faces per collection (`facegate gallery stats`), every collection a subject or face names
+COLLECTION_COUNTS = (
+    "SELECT collection, SUM(subject), SUM(face) FROM (SELECT collection, 1 AS subject, 0 AS face FROM subjects "
+    "UNION ALL SELECT collection, 0, 1 FROM faces) AS held GROUP BY collection ORDER BY collection"
+)
 FACE_SELECT = "SELECT id, subject_id, box, landmarks, score, model_name, model_sha256, created FROM faces "
-FACE_INSERT_COLUMNS = "subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created"
+FACE_INSERT_COLUMNS = (
+    "collection, subject_id, embedding, model_name, model_sha256, box, landmarks, score, crop, crop_frame, crop_landmarks, created"
+)
 
 
 def subject_record(row: tuple) -> Subject:
@@ -175,10 +212,21 @@ def face_record(row: tuple) -> FaceRecord:
     return FaceRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, json.loads(row[3]) if row[3] else None, *row[4:8])
 
 
-def face_row(subject_id: str, face: NewFace, key: EmbedderKey, now: float) -> tuple:
+def face_row(collection: str, subject_id: str, face: NewFace, key: EmbedderKey, now: float) -> tuple:
     """The values of FACE_INSERT_COLUMNS for a new face."""
     box, landmarks = (json.dumps(v) if v is not None else None for v in (face.box, face.landmarks))
-    return (subject_id, embedding_blob(face.embedding), key.name, key.sha256, box, landmarks, face.score, *chip_columns(face.chip), now)
+    return (
+        collection,
+        subject_id,
+        embedding_blob(face.embedding),
+        key.name,
+        key.sha256,
+        box,
+        landmarks,
+        face.score,
+        *chip_columns(face.chip),
+        now,
+    )
 
 
 def required_embedder(embedder: EmbedderKey | None) -> EmbedderKey:
@@ -210,48 +258,63 @@ def incompatible_models(counts: list[tuple[str, str, int]], embedder: EmbedderKe
     return incompatible
 
 
-def fingerprint(db: sqlite3.Connection, model_sha256: str) -> list[int]:
-    """Count, largest and sum of the ids of the embedder's faces: ids are never reused, so any
-    add or delete since a persisted index was saved changes it."""
-    row = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE model_sha256 = ?", (model_sha256,))
+def fingerprint(db: sqlite3.Connection, collection: str, model_sha256: str) -> list[int]:
+    """Count, largest and sum of the ids of the collection's faces the embedder made: ids are never
+    reused, so any add or delete since a persisted index was saved changes it."""
+    row = db.execute(
+        "SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id), 0) FROM faces WHERE collection = ? AND model_sha256 = ?",
+        (collection, model_sha256),
+    )
     return list(row.fetchone())
 
 
-def faces_of(db: sqlite3.Connection, embedder: EmbedderKey, face_ids: list[int] | None) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Ids, subjects and embeddings of those of `face_ids` (None: all) the database holds, made by `embedder`."""
+def faces_of(
+    db: sqlite3.Connection, collection: str, embedder: EmbedderKey, face_ids: list[int] | None
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Ids, subjects and embeddings of those of `face_ids` (None: all) the collection holds, made by `embedder`."""
     if face_ids is None:
-        rows = db.execute("SELECT id, subject_id, embedding FROM faces WHERE model_sha256 = ?", (embedder.sha256,)).fetchall()
+        rows = db.execute(
+            "SELECT id, subject_id, embedding FROM faces WHERE collection = ? AND model_sha256 = ?", (collection, embedder.sha256)
+        ).fetchall()
     else:
         rows = []
         for start in range(0, len(face_ids), LOOKUP_CHUNK):
             chunk = face_ids[start : start + LOOKUP_CHUNK]
             marks = ",".join("?" * len(chunk))
             rows += db.execute(
-                f"SELECT id, subject_id, embedding FROM faces WHERE id IN ({marks}) AND model_sha256 = ?", (*chunk, embedder.sha256)
+                f"SELECT id, subject_id, embedding FROM faces WHERE id IN ({marks}) AND collection = ? AND model_sha256 = ?",
+                (*chunk, collection, embedder.sha256),
             ).fetchall()
     vectors = np.frombuffer(b"".join(r[2] for r in rows), "<f4").reshape(len(rows), embedder.dim)
     return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
 
 
 def derived_state(
-    db: sqlite3.Connection, path: Path, embedder: EmbedderKey, config: IndexConfig, guard: bool, shared: MilvusIndex | None
+    db: sqlite3.Connection,
+    path: Path,
+    collection: str,
+    embedder: EmbedderKey,
+    config: IndexConfig,
+    guard: bool,
+    shared: MilvusIndex | None,
 ) -> Derived:
-    """The index (the persisted one if it reflects the database as it is, else built from it and
-    persisted) and the open-set roster, with the change they reflect, all read in one snapshot:
-    exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it)."""
+    """The collection's index (the persisted one if it reflects the database as it is, else built
+    from it and persisted) and open-set roster, with the change they reflect, all read in one
+    snapshot: exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it)."""
     db.execute("BEGIN")
     try:
         applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-        ids, subjects, vectors = faces_of(db, embedder, None)
+        ids, subjects, vectors = faces_of(db, collection, embedder, None)
         roster = follow(ids, subjects, vectors, guard)
         if config.shared:  # Milvus: nothing to load
-            return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256), roster, applied)
-        faces = fingerprint(db, embedder.sha256)
+            return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256, collection), roster, applied)
+        faces = fingerprint(db, collection, embedder.sha256)
 
         def sample(n: int) -> np.ndarray:
             stride = max(faces[0] // max(n, 1), 1)
             rows = db.execute(
-                "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (embedder.sha256, stride, n)
+                "SELECT embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = 0 LIMIT ?",
+                (collection, embedder.sha256, stride, n),
             ).fetchall()
             return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
@@ -264,7 +327,7 @@ def derived_state(
             save_index(config, index, embedder.sha256, {"faces": faces})
     finally:
         db.execute("COMMIT")
-    log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, applied)
+    log.info("gallery %s, collection %s: %d faces searchable (%s) at change %d", path, collection, index.size, index.spec, applied)
     return Derived(index, roster, applied)
 
 
@@ -272,25 +335,30 @@ class SqliteLog:
     """The change log as a process's follower reads it (follower.ChangeLog), through a connection of
     its own: the follower never waits for the store's lock, nor the store for a rebuild."""
 
-    def __init__(self, path: Path, embedder: EmbedderKey, config: IndexConfig, guard: bool):
-        self.path, self.embedder, self.config, self.guard = path, embedder, config, guard
+    def __init__(self, path: Path, collection: str, embedder: EmbedderKey, config: IndexConfig, guard: bool):
+        self.path, self.collection, self.embedder, self.config, self.guard = path, collection, embedder, config, guard
         self._db = connect(path)
         self._woken = threading.Event()
 
     def changes(self, after: int, limit: int) -> list[tuple[int, str, list[int]]] | None:
-        rows = self._db.execute("SELECT seq, op, face_ids FROM changes WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)).fetchall()
+        # another collection's change is read as an add of no face: nothing here, and the numbers stay without gaps
+        rows = self._db.execute(
+            "SELECT seq, CASE WHEN collection = ? THEN op ELSE 'add' END, CASE WHEN collection = ? THEN face_ids ELSE '[]' END "
+            "FROM changes WHERE seq > ? ORDER BY seq LIMIT ?",
+            (self.collection, self.collection, after, limit),
+        ).fetchall()
         if rows and rows[0][0] != after + 1:  # pruned past it: the faces are the truth
             return None
         return [(seq, op, json.loads(face_ids)) for seq, op, face_ids in rows]
 
     def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
-        return faces_of(self._db, self.embedder, face_ids)
+        return faces_of(self._db, self.collection, self.embedder, face_ids)
 
     def rebuild(self, current: Derived | None) -> Derived:
         db = connect(self.path)  # its own: the log's connection stays free for the requests meanwhile
         try:
             shared = current.index if current is not None and isinstance(current.index, MilvusIndex) else None
-            return derived_state(db, self.path, self.embedder, self.config, self.guard, shared)
+            return derived_state(db, self.path, self.collection, self.embedder, self.config, self.guard, shared)
         finally:
             db.close()
 
@@ -299,9 +367,10 @@ class SqliteLog:
         try:
             db.execute("BEGIN")  # the ids, the faces read and the change they reflect: one snapshot
             applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-            now = np.array([r[0] for r in db.execute("SELECT id FROM faces WHERE model_sha256 = ?", (self.embedder.sha256,))], np.int64)
+            rows = db.execute("SELECT id FROM faces WHERE collection = ? AND model_sha256 = ?", (self.collection, self.embedder.sha256))
+            now = np.array([r[0] for r in rows], np.int64)
             held = state.roster.ids() if state.roster is not None else np.empty(0, np.int64)
-            added = faces_of(db, self.embedder, np.setdiff1d(now, held).tolist())
+            added = faces_of(db, self.collection, self.embedder, np.setdiff1d(now, held).tolist())
             db.execute("COMMIT")
         finally:
             db.close()
@@ -340,13 +409,23 @@ def connect(path: Path) -> sqlite3.Connection:
 class SqliteGallery(FollowedStore, GalleryStore):
     on_request = ON_REQUEST  # what keeps a write made through another worker visible to the next search
 
-    def __init__(self, path: Path, embedder: EmbedderKey | None, index: IndexConfig | None, guard: bool = True, background: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        embedder: EmbedderKey | None,
+        index: IndexConfig | None,
+        guard: bool = True,
+        background: bool = False,
+        collection: str = DEFAULT,
+    ):
         """`index` says which index mirrors the embedder's faces for search; None where nothing is
         searched (no embedder loaded, or a CLI maintenance command). `guard`: keep the open-set
         guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster. `background`:
         return once the database is open, the index and guard built by the follower's thread (the
-        server listens meanwhile; `loading`)."""
+        server listens meanwhile; `loading`). `collection`: the one collection this handle sees and
+        changes (collections.py); every statement is held to it."""
         self.path = Path(path)
+        self.collection = collection
         self.guard = guard
         self.background = background
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -417,20 +496,27 @@ class SqliteGallery(FollowedStore, GalleryStore):
         return version
 
     def _fingerprint(self) -> list[int]:
-        return fingerprint(self._db, required_embedder(self.embedder).sha256)
+        return fingerprint(self._db, self.collection, required_embedder(self.embedder).sha256)
 
     def _load_index(self) -> None:
         """Build the index and roster (or load a persisted index that reflects the database as it is)
         and start following the log; report faces another model made (they are never compared)."""
         with self._lock:
-            rows = self._db.execute("SELECT model_name, model_sha256, COUNT(*) FROM faces GROUP BY 1, 2").fetchall()
+            rows = self._db.execute(
+                "SELECT model_name, model_sha256, COUNT(*) FROM faces WHERE collection = ? GROUP BY 1, 2", (self.collection,)
+            ).fetchall()
             self.incompatible = incompatible_models(rows, self.embedder)
             if self.index_config is None or self.embedder is None:
                 return
             # Milvus gets each enrollment before its commit, from the index open: never built in the background
             background = self.background and not self.index_config.shared
-            state = None if background else derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
-        self.follower = Follower(SqliteLog(self.path, self.embedder, self.index_config, self.guard), state, FOLLOW_SECONDS)
+            state = (
+                None
+                if background
+                else derived_state(self._db, self.path, self.collection, self.embedder, self.index_config, self.guard, None)
+            )
+        changes = SqliteLog(self.path, self.collection, self.embedder, self.index_config, self.guard)
+        self.follower = Follower(changes, state, FOLLOW_SECONDS, f"facegate-gallery-follower-{self.collection}")
         self.follower.start()
 
     @contextmanager
@@ -445,7 +531,9 @@ class SqliteGallery(FollowedStore, GalleryStore):
 
     def _record(self, db: sqlite3.Connection, op: str, face_ids: list[int]) -> int:
         """Log a change to the searchable faces inside the caller's write; its number."""
-        seq = inserted_id(db.execute("INSERT INTO changes (op, face_ids) VALUES (?, ?)", (op, json.dumps(face_ids))))
+        seq = inserted_id(
+            db.execute("INSERT INTO changes (op, face_ids, collection) VALUES (?, ?, ?)", (op, json.dumps(face_ids), self.collection))
+        )
         db.execute("DELETE FROM changes WHERE seq <= ?", (seq - CHANGES_KEPT,))
         return seq
 
@@ -463,11 +551,13 @@ class SqliteGallery(FollowedStore, GalleryStore):
         index: IndexConfig | None = None,
         guard: bool = True,
         background: bool = False,
+        collection: str = DEFAULT,
     ) -> SqliteGallery:
         """The gallery under FACEGATE_DATA_DIR, with a FAISS index (exact flat unless `index` names
         another) when an embedder is active; a shared index (Milvus) even for maintenance, which writes to it."""
         config = index or IndexConfig()
-        return cls(Path(data_dir) / DATABASE, embedder, config if embedder and (searchable or config.shared) else None, guard, background)
+        searched = config if embedder and (searchable or config.shared) else None
+        return cls(Path(data_dir) / DATABASE, embedder, searched, guard, background, collection)
 
     # subjects
 
@@ -477,26 +567,27 @@ class SqliteGallery(FollowedStore, GalleryStore):
         try:
             with self._write() as db:
                 db.execute(
-                    "INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES (?, ?, ?, ?, ?, ?)",
-                    (subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
+                    "INSERT INTO subjects (collection, id, name, metadata, created, updated, name_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (self.collection, subject_id, name, json.dumps(metadata), now, now, name_key(name) if unique_name else None),
                 )
         except sqlite3.IntegrityError as exc:
             raise taken(subject_id, name, "name_key" in str(exc)) from None
         return Subject(subject_id, name, metadata, now, now, 0, unique_name)
 
     def _subject_rows(self, where: str, params: tuple) -> list[Subject]:
+        """Subjects of this collection `where` (its conditions follow the collection's) holds."""
         with self._lock:
-            rows = self._db.execute(SUBJECT_SELECT + where, params).fetchall()
+            rows = self._db.execute(SUBJECT_SELECT + "WHERE s.collection = ? " + where, (self.collection, *params)).fetchall()
         return [subject_record(r) for r in rows]
 
     def get_subject(self, subject_id: str) -> Subject:
-        rows = self._subject_rows("WHERE s.id = ?", (subject_id,))
+        rows = self._subject_rows("AND s.id = ?", (subject_id,))
         if not rows:
             raise SubjectNotFound(f"no subject with id {subject_id!r}")
         return rows[0]
 
     def subject_by_name(self, name: str) -> Subject:
-        rows = self._subject_rows("WHERE s.name_key = ?", (name_key(name),))
+        rows = self._subject_rows("AND s.name_key = ?", (name_key(name),))
         if not rows:
             raise SubjectNotFound(f"no subject named {name[:140]!r}")
         return rows[0]
@@ -507,25 +598,29 @@ class SqliteGallery(FollowedStore, GalleryStore):
             for start in range(0, len(subject_ids), LOOKUP_CHUNK):
                 chunk = subject_ids[start : start + LOOKUP_CHUNK]
                 rows = self._db.execute(
-                    f"SELECT id, name FROM subjects WHERE name_key IS NOT NULL AND id IN ({','.join('?' * len(chunk))})", chunk
+                    f"SELECT id, name FROM subjects WHERE collection = ? AND name_key IS NOT NULL AND id IN ({','.join('?' * len(chunk))})",
+                    (self.collection, *chunk),
                 )
                 out.update(rows)
         return out
 
     def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
         with self._lock:
-            total = self._db.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
+            total = self._db.execute("SELECT COUNT(*) FROM subjects WHERE collection = ?", (self.collection,)).fetchone()[0]
             return self._subject_rows("ORDER BY s.created, s.id LIMIT ? OFFSET ?", (limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
         try:
             with self._write() as db:
-                current = db.execute("SELECT name, metadata, name_key FROM subjects WHERE id = ?", (subject_id,)).fetchone()
+                current = db.execute(
+                    "SELECT name, metadata, name_key FROM subjects WHERE collection = ? AND id = ?", (self.collection, subject_id)
+                ).fetchone()
                 if current is None:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 values = subject_update(current, name, metadata)
                 db.execute(
-                    "UPDATE subjects SET name = ?, metadata = ?, name_key = ?, updated = ? WHERE id = ?", (*values, time.time(), subject_id)
+                    "UPDATE subjects SET name = ?, metadata = ?, name_key = ?, updated = ? WHERE collection = ? AND id = ?",
+                    (*values, time.time(), self.collection, subject_id),
                 )
         except sqlite3.IntegrityError:
             raise taken(subject_id, values[0], True) from None
@@ -535,8 +630,10 @@ class SqliteGallery(FollowedStore, GalleryStore):
         """Delete a subject and its faces from the database and the index; the number of faces."""
         with self._lock:
             with self._write() as db:
-                ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ?", (subject_id,))]
-                if db.execute("DELETE FROM subjects WHERE id = ?", (subject_id,)).rowcount == 0:
+                ids = [
+                    r[0] for r in db.execute("SELECT id FROM faces WHERE collection = ? AND subject_id = ?", (self.collection, subject_id))
+                ]
+                if db.execute("DELETE FROM subjects WHERE collection = ? AND id = ?", (self.collection, subject_id)).rowcount == 0:
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
                 seq = self._record(db, "remove", ids)
             self._wrote(seq, "remove", ids)
@@ -549,28 +646,32 @@ class SqliteGallery(FollowedStore, GalleryStore):
         with self._lock:
             with self._write() as db:
                 for subject_id in (source_id, target_id):
-                    if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
+                    if not self._holds(db, subject_id):
                         raise SubjectNotFound(f"no subject with id {subject_id!r}")
-                ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE subject_id = ? ORDER BY id", (source_id,))]
-                db.execute("UPDATE faces SET subject_id = ? WHERE subject_id = ?", (target_id, source_id))
-                db.execute("UPDATE subjects SET updated = ? WHERE id = ?", (time.time(), target_id))
-                db.execute("DELETE FROM subjects WHERE id = ?", (source_id,))
+                c = self.collection
+                ids = [r[0] for r in db.execute("SELECT id FROM faces WHERE collection = ? AND subject_id = ? ORDER BY id", (c, source_id))]
+                db.execute("UPDATE faces SET subject_id = ? WHERE collection = ? AND subject_id = ?", (target_id, c, source_id))
+                db.execute("UPDATE subjects SET updated = ? WHERE collection = ? AND id = ?", (time.time(), c, target_id))
+                db.execute("DELETE FROM subjects WHERE collection = ? AND id = ?", (c, source_id))
                 seq = self._record(db, "move", ids) if ids else 0
             if ids:
                 self._wrote(seq, "move", ids)
         return len(ids)
+
+    def _holds(self, db: sqlite3.Connection, subject_id: str) -> bool:
+        return db.execute("SELECT 1 FROM subjects WHERE collection = ? AND id = ?", (self.collection, subject_id)).fetchone() is not None
 
     # faces
 
     def add_faces(self, subject_id: str, faces: list[NewFace]) -> list[FaceRecord]:
         """Commit the faces, then make them searchable; all or none."""
         key, now = required_embedder(self.embedder), time.time()
-        rows = [face_row(subject_id, face, key, now) for face in faces]
+        rows = [face_row(self.collection, subject_id, face, key, now) for face in faces]
         with self._lock:  # held past the commit, so no delete runs between the commit and the index add
             with self._write() as db:
-                if db.execute("SELECT 1 FROM subjects WHERE id = ?", (subject_id,)).fetchone() is None:
+                if not self._holds(db, subject_id):
                     raise SubjectNotFound(f"no subject with id {subject_id!r}")
-                insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                insert = f"INSERT INTO faces ({FACE_INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ids = [inserted_id(db.execute(insert, row)) for row in rows]
                 seq = self._record(db, "add", ids)
                 if self.index is not None and self.index.shared:  # before the commit: Milvus down = rolled back, 503
@@ -583,14 +684,16 @@ class SqliteGallery(FollowedStore, GalleryStore):
     def list_faces(self, subject_id: str) -> list[FaceRecord]:
         self.get_subject(subject_id)
         with self._lock:
-            rows = self._db.execute(FACE_SELECT + "WHERE subject_id = ? ORDER BY id", (subject_id,)).fetchall()
+            rows = self._db.execute(
+                FACE_SELECT + "WHERE collection = ? AND subject_id = ? ORDER BY id", (self.collection, subject_id)
+            ).fetchall()
         return [face_record(r) for r in rows]
 
     def delete_face(self, face_id: int) -> str:
         """Delete a face, whichever model made it; its subject's id."""
         with self._lock:
             with self._write() as db:
-                row = db.execute("SELECT subject_id FROM faces WHERE id = ?", (face_id,)).fetchone()
+                row = db.execute("SELECT subject_id FROM faces WHERE collection = ? AND id = ?", (self.collection, face_id)).fetchone()
                 if row is None:
                     raise FaceNotFound(f"no face with id {face_id}")
                 db.execute("DELETE FROM faces WHERE id = ?", (face_id,))
@@ -606,7 +709,9 @@ class SqliteGallery(FollowedStore, GalleryStore):
         with self._lock:
             with self._write() as db:
                 marks = ",".join("?" * len(ids))
-                rows = db.execute(f"DELETE FROM faces WHERE id IN ({marks}) RETURNING id, subject_id", ids).fetchall()
+                rows = db.execute(
+                    f"DELETE FROM faces WHERE collection = ? AND id IN ({marks}) RETURNING id, subject_id", (self.collection, *ids)
+                ).fetchall()
                 seq = self._record(db, "remove", [r[0] for r in rows]) if rows else 0
             if rows:
                 self._wrote(seq, "remove", [r[0] for r in rows])
@@ -614,7 +719,7 @@ class SqliteGallery(FollowedStore, GalleryStore):
 
     def face_chip(self, face_id: int) -> bytes | None:
         with self._lock:
-            row = self._db.execute("SELECT crop FROM faces WHERE id = ?", (face_id,)).fetchone()
+            row = self._db.execute("SELECT crop FROM faces WHERE collection = ? AND id = ?", (self.collection, face_id)).fetchone()
         if row is None:
             raise FaceNotFound(f"no face with id {face_id}")
         return row[0]
@@ -625,7 +730,8 @@ class SqliteGallery(FollowedStore, GalleryStore):
         self.get_subject(subject_id)
         with self._lock:
             rows = self._db.execute(
-                "SELECT embedding FROM faces WHERE subject_id = ? AND model_sha256 = ?", (subject_id, key.sha256)
+                "SELECT embedding FROM faces WHERE collection = ? AND subject_id = ? AND model_sha256 = ?",
+                (self.collection, subject_id, key.sha256),
             ).fetchall()
         return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), key.dim)
 
@@ -649,9 +755,10 @@ class SqliteGallery(FollowedStore, GalleryStore):
                 chunk = face_ids[start : start + LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(
-                    "SELECT f.id, s.id, s.name, f.embedding FROM faces f JOIN subjects s ON s.id = f.subject_id "
-                    f"WHERE f.id IN ({marks}) AND f.model_sha256 = ?",
-                    (*chunk, sha),
+                    "SELECT f.id, s.id, s.name, f.embedding FROM faces f "
+                    "JOIN subjects s ON s.collection = f.collection AND s.id = f.subject_id "
+                    f"WHERE f.id IN ({marks}) AND f.collection = ? AND f.model_sha256 = ?",
+                    (*chunk, self.collection, sha),
                 )
                 out.update((r[0], (r[1], r[2], np.frombuffer(r[3], "<f4"))) for r in rows)
         return out
@@ -663,8 +770,10 @@ class SqliteGallery(FollowedStore, GalleryStore):
             for start in range(0, len(face_ids), LOOKUP_CHUNK):
                 chunk = face_ids[start : start + LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))
-                query = f"SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE crop IS NOT NULL AND id IN ({marks})"
-                rows += self._db.execute(query, chunk).fetchall()
+                query = (
+                    f"SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE collection = ? AND crop IS NOT NULL AND id IN ({marks})"
+                )
+                rows += self._db.execute(query, (self.collection, *chunk)).fetchall()
         return {r[0]: stored_chip(r[1], r[2], r[3]) for r in rows}
 
     def embeddings_after(self, after_id: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
@@ -672,8 +781,8 @@ class SqliteGallery(FollowedStore, GalleryStore):
         key = required_embedder(self.embedder)
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, embedding FROM faces WHERE model_sha256 = ? AND id > ? ORDER BY id LIMIT ?",
-                (key.sha256, after_id, limit),
+                "SELECT id, embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id > ? ORDER BY id LIMIT ?",
+                (self.collection, key.sha256, after_id, limit),
             ).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), "<f4").reshape(len(rows), key.dim)
 
@@ -681,7 +790,7 @@ class SqliteGallery(FollowedStore, GalleryStore):
         """Ids of the active embedder's faces whose subject has another, and their subjects (the recall check's queries)."""
         sha = required_embedder(self.embedder).sha256
         with self._lock:
-            rows = self._db.execute(MATED_FACES.replace("%s", "?"), (sha, sha)).fetchall()
+            rows = self._db.execute(MATED_FACES.replace("%s", "?"), (self.collection, sha, self.collection, sha)).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], object)
 
     def read(self, sql: str, params: tuple) -> list[tuple]:
@@ -696,14 +805,17 @@ class SqliteGallery(FollowedStore, GalleryStore):
         sha = self.embedder.sha256 if self.embedder is not None else ""
         with self._lock:
             subjects, faces, other = self._db.execute(
-                "SELECT (SELECT COUNT(*) FROM subjects), (SELECT COUNT(*) FROM faces), "
-                "(SELECT COUNT(*) FROM faces WHERE model_sha256 != ?)",
-                (sha,),
+                "SELECT (SELECT COUNT(*) FROM subjects WHERE collection = ?), (SELECT COUNT(*) FROM faces WHERE collection = ?), "
+                "(SELECT COUNT(*) FROM faces WHERE collection = ? AND model_sha256 != ?)",
+                (self.collection, self.collection, self.collection, sha),
             ).fetchone()
         if searchable is None:
             index = self.index
             searchable = index.size if index is not None else 0
         return {"subjects": subjects, "faces": faces, "searchable_faces": searchable, "incompatible_faces": other}
+
+    def collection_counts(self) -> dict[str, dict[str, int]]:
+        return {name: {"subjects": subjects, "faces": faces} for name, subjects, faces in self.read(COLLECTION_COUNTS, ())}
 
     def index_info(self) -> dict[str, Any] | None:
         index = self.index
@@ -726,15 +838,16 @@ class SqliteGallery(FollowedStore, GalleryStore):
         (the active embedder's alignment): (re-embedded, without a chip). Each batch is committed
         on its own, so an interrupted run keeps its progress and the next run goes on from there.
 
-        Run it while no server uses this database; the server rebuilds its index at start-up.
+        Run it while no server uses this database; the server rebuilds its index at start-up. This collection's faces only.
         """
         key = required_embedder(self.embedder)
         done = 0
         while True:
             with self._lock:
                 rows = self._db.execute(
-                    "SELECT id, crop, crop_frame, crop_landmarks FROM faces WHERE model_sha256 != ? AND crop IS NOT NULL LIMIT ?",
-                    (key.sha256, batch),
+                    "SELECT id, crop, crop_frame, crop_landmarks FROM faces "
+                    "WHERE collection = ? AND model_sha256 != ? AND crop IS NOT NULL LIMIT ?",
+                    (self.collection, key.sha256, batch),
                 ).fetchall()
             if not rows:
                 break
@@ -748,5 +861,7 @@ class SqliteGallery(FollowedStore, GalleryStore):
                     self.index.add(np.array([r[0] for r in rows], np.int64), vectors)
             done += len(rows)
         with self._lock:
-            missing = self._db.execute("SELECT COUNT(*) FROM faces WHERE model_sha256 != ? AND crop IS NULL", (key.sha256,)).fetchone()[0]
+            missing = self._db.execute(
+                "SELECT COUNT(*) FROM faces WHERE collection = ? AND model_sha256 != ? AND crop IS NULL", (self.collection, key.sha256)
+            ).fetchone()[0]
         return done, missing

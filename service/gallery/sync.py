@@ -34,11 +34,11 @@ def one_row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
     return row
 
 
-def record_change(conn: psycopg.Connection, op: str, face_ids: list[int]) -> int:
+def record_change(conn: psycopg.Connection, collection: str, op: str, face_ids: list[int]) -> int:
     """Number the change and announce it, as the last statements of the caller's transaction (the
     row lock on the counter is then held only while committing). Returns its sequence number."""
     (seq,) = one_row(conn.execute("UPDATE change_sequence SET seq = seq + 1 RETURNING seq"))
-    conn.execute("INSERT INTO changes (seq, op, face_ids) VALUES (%s, %s, %s)", (seq, op, face_ids))
+    conn.execute("INSERT INTO changes (seq, op, face_ids, collection) VALUES (%s, %s, %s, %s)", (seq, op, face_ids, collection))
     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(seq)))
     return seq
 
@@ -52,21 +52,27 @@ class PostgresLog:
     follower's thread alone uses and opens again after an error (the follower backs off). `build`:
     the state as of one snapshot (PostgresGallery's), the follower's first build."""
 
-    def __init__(self, url: str, pool: ConnectionPool, embedder: EmbedderKey, build: Callable[[], Derived]):
-        self.url, self.pool, self.embedder, self.build = url, pool, embedder, build
+    def __init__(self, url: str, pool: ConnectionPool, collection: str, embedder: EmbedderKey, build: Callable[[], Derived]):
+        self.url, self.pool, self.collection, self.embedder, self.build = url, pool, collection, embedder, build
         self.listening = False
         self._listener: psycopg.Connection | None = None
 
     def changes(self, after: int, limit: int) -> list[Change] | None:
         with self.pool.connection() as conn:
-            rows = conn.execute("SELECT seq, op, face_ids FROM changes WHERE seq > %s ORDER BY seq LIMIT %s", (after, limit)).fetchall()
+            # another collection's change is read as an add of no face: nothing here, and the numbers stay without gaps
+            rows = conn.execute(
+                "SELECT seq, CASE WHEN collection = %s THEN op ELSE 'add' END, CASE WHEN collection = %s THEN face_ids ELSE '{}' END "
+                "FROM changes WHERE seq > %s ORDER BY seq LIMIT %s",
+                (self.collection, self.collection, after, limit),
+            ).fetchall()
         return [(seq, op, list(face_ids)) for seq, op, face_ids in rows]
 
     def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
         """The faces as they are now (a face deleted since is left out: its own change removes nothing)."""
         with self.pool.connection() as conn:
             rows = conn.execute(
-                "SELECT id, subject_id, embedding FROM faces WHERE id = ANY(%s) AND model_sha256 = %s", (face_ids, self.embedder.sha256)
+                "SELECT id, subject_id, embedding FROM faces WHERE id = ANY(%s) AND collection = %s AND model_sha256 = %s",
+                (face_ids, self.collection, self.embedder.sha256),
             ).fetchall()
         vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
         return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors

@@ -32,6 +32,7 @@ from service.api.routes.faces import prepare_face
 from service.api.schemas import EnrollOptions
 from service.core.decision import decide_search
 from service.core.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound, Unauthorized
+from service.gallery.collections import COLLECTION
 from service.gallery.interface import NewFace
 
 
@@ -63,8 +64,11 @@ class DeepStackRoute(APIRoute):
             try:
                 max_files = service.settings.max_bulk_images + 8  # more parts are refused before they are read
                 async with request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS) as form:
-                    if service.keys.enabled and not service.keys.check(_presented_key(request, form)):
-                        raise Unauthorized("Incorrect api key")
+                    if service.keys.enabled:
+                        collection = service.keys.collection(_presented_key(request, form))
+                        if collection is None:
+                            raise Unauthorized("Incorrect api key")
+                        request.scope[COLLECTION] = collection  # the handler's ServiceDep is this key's collection
                     admitted = ticket(request)
                     if admitted is not None:  # out of the slots kept for requests whose key is not yet known
                         await admitted.authenticated()

@@ -34,6 +34,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     backend such as faiss-flat, faiss-hnsw, faiss-ivf or milvus, its parameters, size and measured recall@1, with a
     problem listed while that is under FACEGATE_MIN_INDEX_RECALL) and, on PostgreSQL, the change this
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
+    The gallery is the caller's collection (`collection`: its key's; `default` without a key).
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     loading = service.gallery.loading  # the index and guard still being built at start-up (the port listens meanwhile)
     starting = service.workers.problem() if service.workers is not None else None  # another worker of this host not ready yet
@@ -43,6 +44,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
         return JSONResponse({"ready": ready}, status_code=status)
     report = service.readiness.report()
     report["ready"] = ready
+    report["collection"] = service.collection  # the caller's key's: the gallery counted below
     if loading:
         report["problems"].append(
             {

@@ -241,6 +241,7 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
     c.submit()
     c.heading("Gallery")
     assert "The gallery is empty" in c.until_text(".status", "empty")
+    assert c.until_text("#collection", "Collection") == "Collection: default"  # the key's collection (issue 50)
     c.open("#/duplicates")
     c.heading("Possible duplicates")
     c.until_text(".status.ok", "No possible duplicates")

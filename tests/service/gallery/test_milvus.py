@@ -61,6 +61,7 @@ def test_an_enrollment_is_searchable_on_every_replica_at_once(replicas):
         "backend": "milvus",
         "uri": None,
         "collection": f"facegate_{'a' * 16}",
+        "partition": "default",
         "index_type": "FLAT",
         "index_params": {},
         "search_params": {},
@@ -244,3 +245,46 @@ def test_milvus_index_and_search_parameters_default_per_index_type(tmp_path):
     assert default_search_params("HNSW", {}, 10**6) == {"ef": default_ef_search(10**6)}
     assert default_search_params("IVF_SQ8", {}, 10**6) == {"nprobe": default_nprobe(128)}  # Milvus's default nlist
     assert default_search_params("AUTOINDEX", {}, 10**6) == {}  # Milvus's own choice
+
+
+def test_collections_are_partitions_of_one_milvus_collection(tmp_path, milvus, database_url):
+    """Issue 50: each facegate collection writes and searches its own partition (the partition key);
+    the same faces in two collections are answered in each from its own, sizes and deletes stay apart."""
+    home = SqliteGallery.open(tmp_path, KEY, index=milvus, collection="home")
+    office = SqliteGallery.open(tmp_path, KEY, index=milvus, collection="office")
+    try:
+        for gallery, subject in ((home, "h"), (office, "o")):
+            gallery.create_subject(subject.upper(), {}, subject)
+            gallery.add_faces(subject, [NewFace(unit(0)), NewFace(unit(1))])
+        home.create_subject("Only", {}, "only-home")
+        home.add_faces("only-home", [NewFace(unit(2))])
+        assert (home.index.size, office.index.size) == (3, 2)
+        assert [c.subject_id for c in office.search(unit(2), 5)] == ["o"]
+        assert [c.subject_id for c in home.search(unit(2), 5)] == ["only-home", "h"]
+        assert home.delete_subject("h") == 2 and (home.index.size, office.index.size) == (1, 2)
+        assert home.index.describe()["partition"] == "home"
+    finally:
+        home.close()
+        office.close()
+
+
+def test_a_milvus_collection_made_before_collections_serves_default_only(tmp_path, milvus):
+    from pymilvus import DataType, MilvusClient
+
+    client = MilvusClient(uri=milvus.milvus_uri)
+    schema = MilvusClient.create_schema(auto_id=False)  # the schema facegate made before issue 50
+    schema.add_field("id", DataType.INT64, is_primary=True)
+    schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=8)
+    params = client.prepare_index_params()
+    params.add_index("embedding", index_type="FLAT", metric_type="IP")
+    client.create_collection(f"facegate_{KEY.sha256[:16]}", schema=schema, index_params=params)
+    client.close()
+    g = SqliteGallery.open(tmp_path, KEY, index=milvus)
+    try:
+        g.create_subject("A", {}, "a")
+        g.add_faces("a", [NewFace(unit(0))])
+        assert g.search(unit(0), 1)[0].subject_id == "a" and g.index.describe()["partition"] is None
+    finally:
+        g.close()
+    with pytest.raises(GalleryUnavailable, match="before facegate had collections"):
+        SqliteGallery.open(tmp_path, KEY, index=milvus, collection="home")

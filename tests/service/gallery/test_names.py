@@ -5,8 +5,6 @@ rename taking the key along; the migration gives the subjects the compatible API
 
 from __future__ import annotations
 
-import sqlite3
-
 import psycopg
 import pytest
 
@@ -14,7 +12,8 @@ from service.core.errors import SubjectExists, SubjectNotFound
 from service.gallery.interface import NewFace
 from service.gallery.migrate import sqlite_to_postgres
 from service.gallery.postgres import PostgresGallery, migrations
-from service.gallery.sqlite import DATABASE, SCHEMA_VERSION, SqliteGallery
+from service.gallery.sqlite import SCHEMA_VERSION, SqliteGallery
+from tests.service.gallery.old_schema import sqlite_at
 from tests.service.gallery.test_sqlite import KEY, unit
 
 # Made before names were kept: a CompreFace subject's id was its name, and a second subject could
@@ -113,15 +112,12 @@ def _check_legacy(gallery) -> None:
 
 
 def test_sqlite_migration_keys_the_subjects_the_compatible_apis_made(tmp_path):
-    SqliteGallery.open(tmp_path, KEY).close()
-    db = sqlite3.connect(tmp_path / DATABASE)  # back to version 1, holding subjects of then
-    db.executescript("DROP INDEX subjects_name_key; ALTER TABLE subjects DROP COLUMN name_key; PRAGMA user_version = 1;")
+    db = sqlite_at(tmp_path, 1)  # a gallery at version 1, holding subjects of then
     db.executemany("INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, ?, ?, ?)", _legacy_rows())
-    db.commit()
     db.close()
     gallery = SqliteGallery.open(tmp_path, KEY)
     try:
-        assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         _check_legacy(gallery)
     finally:
         gallery.close()
@@ -147,9 +143,14 @@ def test_keys_made_by_case_folding_are_lowered_again(store):
     """Issue 45 (N7): a gallery keyed by the case folding of before (Strauß's key "strauss") is
     migrated (SQLite 4, PostgreSQL 3): its name is found as spelled, and STRAUSS is another."""
     made = store.create_subject("Strauß", {}, unique_name=True)
-    if isinstance(store, SqliteGallery):
-        store._db.executescript("UPDATE subjects SET name_key = 'strauss'; PRAGMA user_version = 3;")
-        store = SqliteGallery.open(store.path.parent, KEY)
+    if isinstance(store, SqliteGallery):  # a gallery at version 3 holding the subject as it was keyed then
+        db = sqlite_at(store.path.parent / "v3", 3)
+        db.execute(
+            "INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES (?, ?, '{}', 0, 0, 'strauss')",
+            (made.id, made.name),
+        )
+        db.close()
+        store = SqliteGallery.open(store.path.parent / "v3", KEY)
     else:
         with psycopg.connect(store.url) as conn:
             conn.execute("UPDATE subjects SET name_key = 'strauss'")

@@ -147,7 +147,7 @@ def _columns(path) -> list[str]:
 def test_upgrade_from_the_gallery_before_versions(tmp_path, photos, new_pipeline):
     rows = _old_gallery(tmp_path, photos)
     gallery = SqliteGallery.open(tmp_path, OLD)
-    assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert gallery._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert gallery.index.size == 4 and gallery.counts() == {"subjects": 3, "faces": 4, "searchable_faces": 4, "incompatible_faces": 0}
     stored = gallery._db.execute("SELECT id, embedding, crop, crop_frame, crop_landmarks FROM faces ORDER BY id").fetchall()
     for (face_id, embedding, crop), row in zip(rows, stored[: len(rows)], strict=True):  # the last face has no crop

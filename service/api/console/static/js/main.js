@@ -16,6 +16,7 @@ const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const signOutButton = document.getElementById("sign-out");
 const banner = document.getElementById("banner");
+const collectionLabel = document.getElementById("collection");
 
 const PAGES = {
   gallery: { title: "Gallery", render: (m, ctx) => (ctx.rest.length ? gallery.renderSubject(m, ctx) : gallery.renderList(m, ctx)) },
@@ -70,6 +71,18 @@ function enter(anonymous) {
       "No API keys are configured: this service answers anyone who can reach it, this console included. Set FACEGATE_API_KEYS or FACEGATE_API_KEYS_FILE.";
   }
   show();
+  showCollection();
+}
+
+// The key's collection (GET /readyz names it): the one gallery every page sees and changes.
+async function showCollection() {
+  try {
+    const ready = await call("GET", "readyz");
+    collectionLabel.textContent = `Collection: ${ready.collection}`;
+    collectionLabel.hidden = false;
+  } catch {
+    collectionLabel.hidden = true; // not ready yet (503): the pages say why
+  }
 }
 
 function signOut(message = null) {
@@ -77,6 +90,7 @@ function signOut(message = null) {
   signedIn = false;
   nav.hidden = true;
   signOutButton.hidden = true;
+  collectionLabel.hidden = true;
   releaseAll();
   signInPage(message);
 }

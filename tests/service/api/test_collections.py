@@ -1,0 +1,362 @@
+"""Collections (issue 50): each API key sees and changes one collection. The same subject in two
+collections through each API (facegate's own, CompreFace's, DeepStack's), isolation checked; a
+subject of another collection is 404 exactly as a missing one; the key file's `collection=` suffix;
+a gallery of the previous schema opened into `default`; concurrent writes in two collections."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sqlite3
+import threading
+
+import numpy as np
+import pytest
+from pydantic import SecretStr
+
+from service.api.auth import ApiKeys, KeyConfigError
+from tests.conftest import LFW_PEOPLE, aligned_crop_png
+from tests.service.gallery.old_schema import sqlite_at
+
+HOME, OFFICE = {"X-API-Key": "home-key"}, {"X-API-Key": "office-key"}
+ALIGNED = {"aligned": "true"}
+
+
+def with_keys(settings, tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("home-key collection=home\noffice-key collection=office\ndefault-key\n")
+    return settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path})
+
+
+@pytest.fixture
+def keyed(api_settings, tmp_path):
+    return with_keys(api_settings, tmp_path)
+
+
+@pytest.fixture
+def two(store_settings, tmp_path, make_client):
+    """A service with a key of `home`, one of `office` and one of `default`, on SQLite and on PostgreSQL."""
+    return make_client(with_keys(store_settings, tmp_path))
+
+
+def enroll(client, headers, subject_id: str, seed: int) -> int:
+    made = client.post("/subjects", json={"id": subject_id, "name": subject_id.title()}, headers=headers)
+    assert made.status_code in (201, 409), made.text
+    added = client.post(f"/subjects/{subject_id}/faces", files={"image": aligned_crop_png(seed)}, data=ALIGNED, headers=headers)
+    assert added.status_code == 201, added.text
+    return added.json()["face_id"]
+
+
+def without_id(answer) -> tuple:
+    """An error answer less the id it names: what tells a missing subject from another collection's."""
+    body = answer.json()["error"]
+    return answer.status_code, body["code"], body["message"].split("'")[0]
+
+
+# the key file
+
+
+def test_a_key_line_names_its_collection_and_bare_keys_are_defaults(keyed, tmp_path):
+    keys = ApiKeys.from_settings(keyed.model_copy(update={"api_keys": SecretStr("env-key")}))
+    assert (keys.collection("home-key"), keys.collection("office-key"), keys.collection("default-key")) == ("home", "office", "default")
+    assert keys.collection("env-key") == "default" and keys.collection("nope") is None
+    assert keys.collections == {"home", "office", "default"}
+    assert (hashlib.sha256(b"home-key").hexdigest()[:12], "home") in keys.listed()
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["k collection=", "k collection=a/b", "k collection=" + "x" * 65, "k collection=home extra", "k colection=home", "k  collection=home"],
+)
+def test_a_bad_collection_suffix_stops_start_up_with_its_line(settings, tmp_path, line):
+    path = tmp_path / "keys"
+    path.write_text(f"good-key\n{line}\n")
+    with pytest.raises(KeyConfigError, match="line 2"):
+        ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path}))
+
+
+def test_one_key_for_two_collections_is_refused(settings, tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"k collection=home\nsha256:{hashlib.sha256(b'k').hexdigest()} collection=office\n")
+    with pytest.raises(KeyConfigError, match="two collections"):
+        ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path}))
+
+
+def test_reload_moves_a_key_to_another_collection(keyed):
+    keys = ApiKeys.from_settings(keyed)
+    keyed.api_keys_file.write_text("home-key collection=garden\n")
+    keys.reload()
+    assert keys.collection("home-key") == "garden" and keys.collection("office-key") is None
+
+
+def test_a_reloaded_key_of_a_new_collection_gets_a_gallery_of_its_own(two, keyed):
+    """What SIGHUP runs (tests/chaos/test_key_rotation.py sends the signal): the new collection's
+    gallery is opened on its first request, empty, beside the others."""
+    enroll(two, HOME, "ada", 1)
+    keyed.api_keys_file.write_text(keyed.api_keys_file.read_text() + "garden-key collection=garden\n")
+    two.app.state.service.keys.reload()
+    garden = {"X-API-Key": "garden-key"}
+    assert two.get("/subjects", headers=garden).json()["total"] == 0
+    assert two.post("/subjects", json={"id": "ada", "name": "Ada"}, headers=garden).status_code == 201
+    assert two.get("/subjects/ada/faces", headers=garden).json()["faces"] == []
+    assert len(two.get("/subjects/ada/faces", headers=HOME).json()["faces"]) == 1
+
+
+# facegate's own API
+
+
+def test_same_subject_in_two_collections_through_facegate_api(two):
+    home_face = enroll(two, HOME, "ada", 1)
+    enroll(two, OFFICE, "ada", 2)
+    enroll(two, HOME, "only-home", 3)
+    enroll(two, OFFICE, "bob", 4)
+
+    def ids(headers):
+        return sorted(s["id"] for s in two.get("/subjects", headers=headers).json()["subjects"])
+
+    assert (ids(HOME), ids(OFFICE), ids({"X-API-Key": "default-key"})) == (["ada", "only-home"], ["ada", "bob"], [])
+    # another collection's subject is 404 exactly as one that does not exist
+    for method, path in [("get", "/subjects/{}"), ("get", "/subjects/{}/faces"), ("delete", "/subjects/{}")]:
+        other = getattr(two, method)(path.format("only-home"), headers=OFFICE)
+        missing = getattr(two, method)(path.format("nobody-at-all"), headers=OFFICE)
+        assert without_id(other) == without_id(missing) and other.status_code == 404, (path, other.text)
+    crop = base64.b64encode(aligned_crop_png(3)).decode()
+    verify = two.post("/verify", json={"image1": crop, "aligned": True, "subject_id": "only-home"}, headers=OFFICE)
+    assert verify.status_code == 404 and verify.json()["error"]["code"] == "subject_not_found"
+    assert two.delete(f"/faces/{home_face}", headers=OFFICE).status_code == 404
+    # identify answers from the caller's collection only
+    found = two.post("/identify", json={"image": crop, "aligned": True, "top_k": 5}, headers=HOME).json()
+    assert found["match"]["subject_id"] == "only-home"
+    office = two.post("/identify", json={"image": crop, "aligned": True, "top_k": 5}, headers=OFFICE).json()
+    assert {c["subject_id"] for c in office["candidates"]} <= {"ada", "bob"} and (office["match"] or {}).get("subject_id") != "only-home"
+    # /readyz with a key: that collection's counts
+    ready = two.get("/readyz", headers=HOME).json()
+    assert ready["collection"] == "home" and (ready["gallery"]["subjects"], ready["gallery"]["faces"]) == (2, 2)
+    assert two.get("/readyz", headers=OFFICE).json()["gallery"]["faces"] == 2
+    # deleting in one leaves the other
+    assert two.delete("/subjects/ada", headers=HOME).status_code == 204
+    assert len(two.get("/subjects/ada/faces", headers=OFFICE).json()["faces"]) == 1
+    assert two.get("/subjects/ada", headers=HOME).status_code == 404
+    assert two.get("/gallery/duplicates", headers=OFFICE).status_code == 200
+
+
+# CompreFace's API
+
+
+def test_same_name_in_two_collections_through_compreface(two):
+    recognition = "/api/v1/recognition"
+
+    def add(headers, subject, seed):
+        answer = two.post(
+            f"{recognition}/faces",
+            params={"subject": subject, "detect_faces": "false"},
+            files={"file": aligned_crop_png(seed)},
+            headers=headers,
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()["image_id"]
+
+    home_image = add(HOME, "Ada Lovelace", 11)
+    add(OFFICE, "Ada Lovelace", 12)
+    add(HOME, "Home Only", 13)
+    assert sorted(two.get(f"{recognition}/subjects", headers=HOME).json()["subjects"]) == ["Ada Lovelace", "Home Only"]
+    assert two.get(f"{recognition}/subjects", headers=OFFICE).json()["subjects"] == ["Ada Lovelace"]
+    (face,) = two.post(
+        f"{recognition}/recognize", params={"detect_faces": "false"}, files={"file": aligned_crop_png(13)}, headers=OFFICE
+    ).json()["result"]
+    assert all(s["subject"] == "Ada Lovelace" for s in face["subjects"])
+    assert two.delete(f"{recognition}/faces/{home_image}", headers=OFFICE).status_code == 404
+    assert two.get(f"{recognition}/faces/{home_image}/img", headers=OFFICE).status_code == 404
+    assert two.delete(f"{recognition}/subjects/Home Only", headers=OFFICE).status_code == 404
+    assert two.delete(f"{recognition}/subjects/Ada Lovelace", headers=HOME).status_code == 200
+    assert two.get(f"{recognition}/subjects", headers=OFFICE).json()["subjects"] == ["Ada Lovelace"]
+    assert two.get(f"{recognition}/faces", params={"subject": "Ada Lovelace"}, headers=OFFICE).json()["total_elements"] == 1
+
+
+# DeepStack's API (the key in the form, as its clients send it, and in the header)
+
+
+@pytest.mark.data
+def test_same_userid_in_two_collections_through_deepstack(two, lfw_faces):
+    face = "/v1/vision/face"
+    first, second = LFW_PEOPLE[0], LFW_PEOPLE[1]
+    home = {"api_key": "home-key"}
+    assert two.post(f"{face}/register", files={"image": lfw_faces[first][0]}, data={"userid": "pat", **home}).json()["success"]
+    assert two.post(f"{face}/register", files={"image": lfw_faces[second][0]}, data={"userid": "pat"}, headers=OFFICE).json()["success"]
+    assert two.post(f"{face}/list", data=home).json()["faces"] == ["pat"]
+    assert two.post(f"{face}/list", headers=OFFICE).json()["faces"] == ["pat"]
+    # the home person is no one in the office: its "pat" is another face (the photo registered: the test embedder's match)
+    (seen,) = two.post(f"{face}/recognize", files={"image": lfw_faces[first][0]}, headers=OFFICE).json()["predictions"]
+    (known,) = two.post(f"{face}/recognize", files={"image": lfw_faces[first][0]}, data=home).json()["predictions"]
+    assert known["userid"] == "pat" and seen["userid"] == "unknown"
+    assert two.post(f"{face}/delete", data={"userid": "pat", **home}).json()["success"]
+    assert two.post(f"{face}/list", data=home).json()["faces"] == []
+    assert two.post(f"{face}/list", headers=OFFICE).json()["faces"] == ["pat"]
+
+
+# the store
+
+
+def test_a_gallery_of_the_previous_schema_moves_into_default(tmp_path, settings):
+    from service.core.models.manifest import EmbedderKey
+    from service.gallery import sqlite as store
+
+    path = tmp_path / store.DATABASE
+    db = sqlite_at(tmp_path, 4)  # version 4: the schema before collections
+    blob = (np.ones(4, "<f4") / 2).tobytes()
+    db.execute("INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES ('ada', 'Ada', '{}', 1, 1, 'ada')")
+    for _ in range(3):
+        db.execute(
+            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES ('ada', ?, 'm', 'f' || 'x', 1)", (blob,)
+        )
+    db.execute("DELETE FROM faces WHERE id = 3")  # the largest id used stays used
+    db.close()
+
+    key = EmbedderKey("m", "fx", 4)
+    gallery = store.SqliteGallery.open(tmp_path, key)
+    try:
+        assert gallery.get_subject("ada").face_count == 2 and gallery.subject_by_name("ADA").id == "ada"
+        assert gallery.collection_counts() == {"default": {"subjects": 1, "faces": 2}}
+        (new,) = gallery.add_faces("ada", [store.NewFace(np.ones(4, np.float32) / 2)])
+        assert new.id == 4  # ids are never reused across the migration
+    finally:
+        gallery.close()
+    office = store.SqliteGallery.open(tmp_path, key, collection="office")
+    try:
+        with pytest.raises(Exception, match="no subject"):
+            office.get_subject("ada")
+        office.create_subject("Ada", {}, subject_id="ada", unique_name=True)  # the same id and name, another collection
+        assert office.search(np.ones(4, np.float32) / 2, 5) == []  # none of default's faces
+    finally:
+        office.close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
+
+
+# concurrent writes
+
+
+def test_concurrent_writes_in_two_collections_never_answer_across(two):
+    """Two threads per collection enroll and identify at once; every answer names only subjects of
+    the caller's collection (ids carry the collection's prefix)."""
+    wrong: list[str] = []
+
+    def work(headers, prefix: str, seeds: range) -> None:
+        for seed in seeds:
+            enroll(two, headers, f"{prefix}-{seed}", seed)
+            crop = base64.b64encode(aligned_crop_png(seed + 1000 if seed % 2 else seed)).decode()
+            found = two.post("/identify", json={"image": crop, "aligned": True, "top_k": 10}, headers=headers).json()
+            wrong.extend(c["subject_id"] for c in found["candidates"] if not c["subject_id"].startswith(prefix))
+
+    threads = [
+        threading.Thread(target=work, args=(HOME, "home", range(100, 115))),
+        threading.Thread(target=work, args=(OFFICE, "office", range(100, 115))),  # the same crops: the same faces
+        threading.Thread(target=work, args=(HOME, "home", range(200, 215))),
+        threading.Thread(target=work, args=(OFFICE, "office", range(300, 315))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not wrong, wrong[:10]
+    assert two.get("/readyz", headers=HOME).json()["gallery"]["faces"] == 30
+    assert two.get("/readyz", headers=OFFICE).json()["gallery"]["faces"] == 30
+
+
+def test_a_postgres_gallery_of_the_previous_schema_moves_into_default(database_url):
+    import psycopg
+
+    from service.core.models.manifest import EmbedderKey
+    from service.gallery import postgres
+    from service.gallery.sqlite import NewFace
+
+    with psycopg.connect(database_url, autocommit=True) as conn:  # the schema of migrations 1-4, as facegate left it
+        conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied TIMESTAMPTZ DEFAULT now())")
+        for version, name, sql in postgres.migrations()[:4]:
+            conn.execute(sql)
+            conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+        conn.execute("INSERT INTO subjects (id, name, metadata, created, updated, name_key) VALUES ('ada', 'Ada', '{}', 1, 1, 'ada')")
+        blob = (np.ones(4, "<f4") / 2).tobytes()
+        for _ in range(2):
+            conn.execute(
+                "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES ('ada', %s, 'm', 'fx', 1)", (blob,)
+            )
+    key = EmbedderKey("m", "fx", 4)
+    gallery = postgres.PostgresGallery(database_url, key)
+    office = postgres.PostgresGallery(database_url, key, collection="office")
+    try:
+        assert gallery.get_subject("ada").face_count == 2 and gallery.subject_by_name("ADA").id == "ada"
+        assert len(gallery.search(np.ones(4, np.float32) / 2, 5)) == 1
+        with pytest.raises(Exception, match="no subject"):
+            office.get_subject("ada")
+        office.create_subject("Ada", {}, subject_id="ada", unique_name=True)  # the same id and name, another collection
+        office.add_faces("ada", [NewFace(np.ones(4, np.float32) / 2)])
+        assert office.get_subject("ada").face_count == 1 and gallery.get_subject("ada").face_count == 2
+        assert [c.subject_id for c in office.search(np.ones(4, np.float32) / 2, 5)] == ["ada"]
+        assert gallery.collection_counts() == {"default": {"subjects": 1, "faces": 2}, "office": {"subjects": 1, "faces": 1}}
+        gallery.follower.catch_up()  # office's change, read here as one that changes nothing
+        assert gallery.shape().faces == 2
+    finally:
+        office.close()
+        gallery.close()
+
+
+def test_postgres_replicas_follow_each_collection_by_notify(database_url):
+    from service.core.models.manifest import EmbedderKey
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import NewFace
+    from tests.polling import wait_until
+
+    key, face = EmbedderKey("m", "fx", 4), np.ones(4, np.float32) / 2
+    writer, reader, office = (PostgresGallery(database_url, key, pool_size=2, collection=c) for c in ("home", "home", "office"))
+    try:
+        writer.create_subject("Ada", {}, subject_id="ada")
+        writer.add_faces("ada", [NewFace(face)])
+        wait_until(lambda: reader.shape().faces == 1, "the other replica of `home` applied the change (LISTEN/NOTIFY)")
+        assert [c.subject_id for c in reader.search(face, 5)] == ["ada"]
+        wait_until(lambda: office.follower.applied == reader.follower.applied, "`office` read the change too")
+        assert office.shape().faces == 0 and office.search(face, 5) == []
+    finally:
+        for gallery in (writer, reader, office):
+            gallery.close()
+
+
+# the commands
+
+
+def test_keys_add_prints_the_key_once_and_keys_list_shows_hashes(tmp_path, cli_env, monkeypatch):
+    from service import cli
+
+    path = tmp_path / "keys"
+    monkeypatch.setenv("FACEGATE_API_KEYS_FILE", str(path))
+    added = cli_env(cli.app, "keys", "add", "--collection", "garden")
+    assert added.exit_code == 0, added.output
+    key = added.output.strip().splitlines()[-1]
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    assert path.read_text() == f"sha256:{digest} collection=garden\n" and key not in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert cli_env(cli.app, "keys", "add").exit_code == 0  # `default`
+    listed = cli_env(cli.app, "keys", "list")
+    assert listed.exit_code == 0 and digest[:12] in listed.output and "garden" in listed.output and "default" in listed.output
+    assert key not in listed.output
+    refused = cli_env(cli.app, "keys", "add", "--collection", "no/slash")
+    assert refused.exit_code != 0 and len(path.read_text().splitlines()) == 2
+
+
+def test_gallery_stats_lists_every_collection(tmp_path, cli_env, monkeypatch):
+    from service import cli
+    from service.gallery.sqlite import SqliteGallery
+
+    monkeypatch.setenv("FACEGATE_DATA_DIR", str(tmp_path))
+    for collection, names in (("default", ["a"]), ("home", ["a", "b"])):
+        gallery = SqliteGallery.open(tmp_path, None, searchable=False, collection=collection)
+        for name in names:
+            gallery.create_subject(name, {}, subject_id=name)
+        gallery.close()
+    result = cli_env(cli.app, "gallery", "stats", "--json")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in result.output.splitlines()] == [
+        {"collection": "default", "subjects": 1, "faces": 0},
+        {"collection": "home", "subjects": 2, "faces": 0},
+    ]
