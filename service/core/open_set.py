@@ -284,6 +284,34 @@ class LeaveOneOut:
             state._rescore(np.arange(state._n))
         return state
 
+    def arrays(self, capacity: int) -> dict[str, np.ndarray]:
+        """Its state as arrays of `capacity` rows (at least its faces), for `restore` in another
+        process: the rows past the faces are room for faces added there without growing (gallery/snapshot.py)."""
+        with self._lock:
+            rows = max(capacity, self._n)
+            out = {name: _grown(getattr(self, f"_{name}")[: self._n], rows, fill) for name, fill in _ROWS.items()}
+            out["counts"] = _grown(self._counts[: len(self._names)], max(rows, len(self._names), 64), 0)
+            return out
+
+    def names(self) -> list[str]:
+        """The subjects by code (what `arrays()["subject"]` holds)."""
+        with self._lock:
+            return list(self._names)
+
+    @classmethod
+    def restore(cls, n: int, names: list[str], arrays: dict[str, np.ndarray]) -> LeaveOneOut:
+        """The state `arrays` (of a first `n` faces, by `arrays()`) hold, in place: arrays mapped
+        copy-on-write stay shared with the other processes mapping them until a change writes a page."""
+        state = cls(arrays["vectors"].shape[1])
+        for name in (*_ROWS, "counts"):
+            setattr(state, f"_{name}", arrays[name])
+        state._n, state._names = n, list(names)
+        state._codes = {subject: code for code, subject in enumerate(names)}
+        state._row = dict(zip(arrays["ids"][:n].tolist(), range(n), strict=True))
+        state._subjects = int(np.count_nonzero(arrays["counts"][: len(names)]))
+        state._tail_current = False
+        return state
+
     def ids(self) -> np.ndarray:
         with self._lock:
             return self._ids[: self._n].copy()
@@ -499,6 +527,16 @@ def follow(ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, guard:
     roster = Roster()
     roster.add(ids, subjects)
     return roster
+
+
+_ROWS = {
+    "vectors": 0,
+    "ids": 0,
+    "subject": 0,
+    "top": -np.inf,
+    "top_subject": -1,
+    "score": -np.inf,
+}  # per-face arrays, and what fills a free row
 
 
 def _grown(array: np.ndarray, capacity: int, fill: float = 0) -> np.ndarray:

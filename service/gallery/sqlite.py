@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,11 @@ from service.core.errors import FaceNotFound, GalleryLoading, ModelUnavailable, 
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, Roster, follow
 from service.gallery.follower import ON_REQUEST, Derived, Follower, add, remove
-from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
+from service.gallery.index import FaissIndex, IndexConfig, MappedFaces, best_subjects, index_kind, open_index, save_index, tuned
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
+from service.gallery.snapshot import Snapshot, SnapshotFiles
 
 log = logging.getLogger("facegate.gallery")
 
@@ -238,7 +239,96 @@ def derived_state(
 ) -> Derived:
     """The index (the persisted one if it reflects the database as it is, else built from it and
     persisted) and the open-set roster, with the change they reflect, all read in one snapshot:
-    exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it)."""
+    exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it).
+    With a folder for the index (the server's), the roster and a flat index's faces come from the
+    host's snapshot (snapshot.py), built by the first process and mapped by the others."""
+    if config.shared or config.directory is None:
+        return built_state(db, path, embedder, config, guard, shared)
+    files = snapshot_files(config.directory, embedder, guard)
+    with files.lock():  # taken before the read transaction: what the builder saved is seen
+        db.execute("BEGIN")
+        try:
+            applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            faces = fingerprint(db, embedder.sha256)
+            flat = index_kind(config.spec) == "faiss-flat"
+            snapshot = files.load(
+                guard, embedder.dim, lambda meta: meta.get("model_sha256") == embedder.sha256 and reaches(db, meta, applied, faces, flat)
+            )
+            if snapshot is None:
+                ids, subjects, vectors = faces_of(db, embedder, None)
+                roster = follow(ids, subjects, vectors, guard)
+                try:
+                    files.save(roster, stamp(db, applied, faces, embedder), (ids, subjects, vectors))
+                    snapshot = files.load(guard, embedder.dim, lambda meta: meta.get("applied") == applied)
+                except OSError as exc:  # a full or read-only disk: this process keeps what it built
+                    log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
+                if snapshot is None:
+                    snapshot = Snapshot(applied, roster, ids, vectors)
+            if flat:
+                index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
+            else:  # the snapshot is of `applied` (`reaches`): the persisted index, or one built from its faces
+                rows = lambda: iter([(snapshot.ids, snapshot.vectors)])  # noqa: E731
+                index, loaded = open_index(
+                    config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sampler(db, embedder, faces), rows
+                )
+                if loaded is None:
+                    save_index(config, index, embedder.sha256, {"faces": faces})
+        finally:
+            db.execute("COMMIT")
+    log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, snapshot.applied)
+    return Derived(index, snapshot.roster, snapshot.applied)
+
+
+def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> SnapshotFiles:
+    """Where the host's processes share this embedder's guard (or roster) and faces."""
+    return SnapshotFiles(directory, f"{embedder.sha256[:16]}-state-{'guard' if guard else 'roster'}")
+
+
+def stamp(db: sqlite3.Connection, applied: int, faces: list[int], embedder: EmbedderKey) -> dict[str, Any]:
+    """What a snapshot as of change `applied` is checked by (`reaches`), read in the snapshot's transaction."""
+    return {"applied": applied, "faces": faces, "change": change_at(db, applied), "model_sha256": embedder.sha256}
+
+
+def reaches(db: sqlite3.Connection, meta: dict[str, Any], applied: int, faces: list[int], flat: bool) -> bool:
+    """A snapshot may start the state: it is of the database as it is (the change and the faces'
+    fingerprint), or (a flat index, whose faces the snapshot holds) of an earlier change of this
+    database (the log's row there as it was) that the log still reaches, to be followed from there."""
+    saved = meta.get("applied", -1)
+    if saved == applied:
+        return meta.get("faces") == faces
+    first = db.execute("SELECT MIN(seq) FROM changes WHERE seq > ?", (saved,)).fetchone()[0]
+    return (
+        flat
+        and 0 <= saved < applied
+        and first == saved + 1
+        and meta.get("change") is not None
+        and meta.get("change") == change_at(db, saved)
+    )
+
+
+def change_at(db: sqlite3.Connection, seq: int) -> str | None:
+    """The log's row `seq` (what tells this database's change from another's of the same number); None once pruned."""
+    row = db.execute("SELECT op, face_ids FROM changes WHERE seq = ?", (seq,)).fetchone()
+    return f"{row[0]} {row[1]}" if row else None
+
+
+def sampler(db: sqlite3.Connection, embedder: EmbedderKey, faces: list[int]) -> Callable[[int], np.ndarray]:
+    """n of the embedder's faces spread over the ids, what an index that needs training trains on."""
+
+    def sample(n: int) -> np.ndarray:
+        stride = max(faces[0] // max(n, 1), 1)
+        rows = db.execute(
+            "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (embedder.sha256, stride, n)
+        ).fetchall()
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+    return sample
+
+
+def built_state(
+    db: sqlite3.Connection, path: Path, embedder: EmbedderKey, config: IndexConfig, guard: bool, shared: MilvusIndex | None
+) -> Derived:
+    """`derived_state` of this process alone (Milvus, or no folder to share a snapshot through)."""
     db.execute("BEGIN")
     try:
         applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
@@ -248,18 +338,13 @@ def derived_state(
             return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256), roster, applied)
         faces = fingerprint(db, embedder.sha256)
 
-        def sample(n: int) -> np.ndarray:
-            stride = max(faces[0] // max(n, 1), 1)
-            rows = db.execute(
-                "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (embedder.sha256, stride, n)
-            ).fetchall()
-            return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
-
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             for start in range(0, len(ids), 10_000):
                 yield ids[start : start + 10_000], vectors[start : start + 10_000]
 
-        index, loaded = open_index(config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sample, batches)
+        index, loaded = open_index(
+            config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sampler(db, embedder, faces), batches
+        )
         if loaded is None:
             save_index(config, index, embedder.sha256, {"faces": faces})
     finally:
@@ -401,11 +486,24 @@ class SqliteGallery(GalleryStore):
 
     def _save(self, index: FaissIndex) -> None:
         """Persist the index as of the log's last change, with the fingerprint of the faces then (read
-        in one snapshot with the changes applied, so the two agree); not when the log no longer reaches it."""
+        in one snapshot with the changes applied, so the two agree); not when the log no longer reaches it.
+        The guard too, where the host shares it (a folder), unless saved as of that change already:
+        the next start maps it instead of building it."""
         assert self.follower is not None and self.index_config is not None
-        with self._snapshot(), self.follower.paused() as state:
-            if state is not None and state.applied == self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]:
-                save_index(self.index_config, index, required_embedder(self.embedder).sha256, {"faces": self._fingerprint()})
+        key = required_embedder(self.embedder)
+        directory = self.index_config.directory
+        files = snapshot_files(directory, key, self.guard) if directory is not None else None
+        with files.lock() if files is not None else nullcontext(), self._snapshot(), self.follower.paused() as state:
+            applied = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            if state is None or state.applied != applied:
+                return
+            faces = self._fingerprint()
+            save_index(self.index_config, index, key.sha256, {"faces": faces})
+            if files is not None and isinstance(state.roster, LeaveOneOut) and files.applied() != applied:
+                try:
+                    files.save(state.roster, stamp(self._db, applied, faces, key))
+                except OSError as exc:  # the next start builds it
+                    log.warning("gallery snapshot not saved: %s", exc)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
