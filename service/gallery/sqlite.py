@@ -254,6 +254,11 @@ def derived_state(
             snapshot = files.load(
                 guard, embedder.dim, lambda meta: meta.get("model_sha256") == embedder.sha256 and reaches(db, meta, applied, faces, flat)
             )
+            if snapshot is not None and snapshot.applied != applied and not replayed(db, snapshot, embedder):
+                log.warning(
+                    "gallery snapshot: its faces and the log since do not make the store's (faces changed outside the log): building"
+                )
+                snapshot = None
             if snapshot is None:
                 ids, subjects, vectors = faces_of(db, embedder, None)
                 roster = follow(ids, subjects, vectors, guard)
@@ -304,6 +309,18 @@ def reaches(db: sqlite3.Connection, meta: dict[str, Any], applied: int, faces: l
         and meta.get("change") is not None
         and meta.get("change") == change_at(db, saved)
     )
+
+
+def replayed(db: sqlite3.Connection, snapshot: Snapshot, embedder: EmbedderKey) -> bool:
+    """The snapshot's faces with the log's adds and removes since are the embedder's faces in the
+    store now (what a change made outside the log, such as `facegate gallery reembed`, breaks)."""
+    added: set[int] = set()
+    removed: set[int] = set()
+    for op, face_ids in db.execute("SELECT op, face_ids FROM changes WHERE seq > ?", (snapshot.applied,)):
+        (added if op == "add" else removed if op == "remove" else set()).update(json.loads(face_ids))
+    now = np.array([r[0] for r in db.execute("SELECT id FROM faces WHERE model_sha256 = ? ORDER BY id", (embedder.sha256,))], np.int64)
+    kept = np.setdiff1d(snapshot.ids, np.fromiter(removed, np.int64, len(removed)))
+    return np.array_equal(np.union1d(kept, np.intersect1d(np.fromiter(added, np.int64, len(added)), now)), now)
 
 
 def change_at(db: sqlite3.Connection, seq: int) -> str | None:
@@ -559,6 +576,8 @@ class SqliteGallery(GalleryStore):
             background = self.background and not self.index_config.shared
             state = None if background else derived_state(self._db, self.path, self.embedder, self.index_config, self.guard, None)
         self.follower = Follower(SqliteLog(self.path, self.embedder, self.index_config, self.guard), state, FOLLOW_SECONDS)
+        if state is not None and not self.follower.catch_up():  # from a snapshot of an earlier change: the log since
+            self.follower.rebuild()
         self.follower.start()
 
     @contextmanager
