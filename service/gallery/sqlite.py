@@ -16,7 +16,8 @@ enrollment or deletion made through any worker is seen by every worker's next se
 that fell further behind than the log keeps (CHANGES_KEPT) rebuilds its index from the faces in the
 background, and searches its last state meanwhile. Opened by the server (`background`), the first
 index and roster are built by the follower's thread too: searches answer 503 gallery_loading until
-then.
+then. With a folder for the index (the server's), the roster and guard and a flat index's faces are
+built once per host and memory-mapped by the other processes (snapshot.py, `derived_state`).
 """
 
 from __future__ import annotations
