@@ -162,12 +162,12 @@ def opened(data: str) -> tuple[int, bool]:
 
 
 def test_workers_starting_at_once_build_once(tmp_path):
-    """What `facegate serve --workers 3` does at start-up: three processes open the gallery at
-    once; one builds under the snapshot's lock, the others wait and map what it saved."""
+    """What `facegate serve --workers N` does at start-up: processes open the gallery at once; one
+    builds under the snapshot's lock, the other waits and maps what it saved."""
     store = SqliteGallery.open(tmp_path, KEY)
     fill(store, 30)
     store.close()
-    with multiprocessing.get_context("spawn").Pool(3) as pool:
-        results = pool.map(opened, [str(tmp_path)] * 3)
-    assert sorted(n for n, _ in results) == [0, 0, 1]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map(opened, [str(tmp_path)] * 2)
+    assert sorted(n for n, _ in results) == [0, 1]
     assert all(mapped for _, mapped in results)
