@@ -303,6 +303,8 @@ class LeaveOneOut:
         """The state `arrays` (of a first `n` faces, by `arrays()`) hold, in place: arrays mapped
         copy-on-write stay shared with the other processes mapping them until a change writes a page."""
         state = cls(arrays["vectors"].shape[1])
+        if arrays["top"].shape[1:] != (state.width,):
+            raise ValueError(f"the arrays list {arrays['top'].shape[1:]} other subjects a face, this guard {state.width}")
         for name in (*_ROWS, "counts"):
             setattr(state, f"_{name}", arrays[name])
         state._n, state._names = n, list(names)

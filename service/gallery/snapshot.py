@@ -82,14 +82,14 @@ class SnapshotFiles:
             n = int(meta["n"])
             arrays = {name: np.load(files[name], mmap_mode="c") for name in (GUARD_ARRAYS if guard else ROSTER_ARRAYS)}
             ids, vectors = (np.load(files[name], mmap_mode="r")[:n] for name in ("ids", "vectors"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if guard:
+                roster: Roster | LeaveOneOut = LeaveOneOut.restore(n, names, arrays)
+            else:
+                roster = Roster()
+                roster.add(arrays["ids"][:n], np.array(names, object)[arrays["subject"][:n]].tolist())
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("gallery snapshot %s unreadable (%s); building instead", self.meta.name, exc)
             return None
-        if guard:
-            roster: Roster | LeaveOneOut = LeaveOneOut.restore(n, names, arrays)
-        else:
-            roster = Roster()
-            roster.add(arrays["ids"][:n], np.array(names, object)[arrays["subject"][:n]].tolist())
         log.info("gallery snapshot %s: %d faces mapped, as of change %d", self.meta.name, n, meta["applied"])
         return Snapshot(int(meta["applied"]), roster, ids, vectors)
 
