@@ -288,10 +288,7 @@ class LeaveOneOut:
         """Its state as arrays of `capacity` rows (at least its faces), for `restore` in another
         process: the rows past the faces are room for faces added there without growing (gallery/snapshot.py)."""
         with self._lock:
-            rows = max(capacity, self._n)
-            out = {name: _grown(getattr(self, f"_{name}")[: self._n], rows, fill) for name, fill in _ROWS.items()}
-            out["counts"] = _grown(self._counts[: len(self._names)], max(rows, len(self._names), 64), 0)
-            return out
+            return self._arrays(capacity)
 
     def names(self) -> list[str]:
         """The subjects by code (what `arrays()["subject"]` holds)."""
@@ -313,6 +310,12 @@ class LeaveOneOut:
         state._subjects = int(np.count_nonzero(arrays["counts"][: len(names)]))
         state._tail_current = False
         return state
+
+    def copy(self) -> LeaveOneOut:
+        """Its state now, in arrays of its own (what is saved while this one goes on changing)."""
+        with self._lock:
+            n, names, arrays = self._n, list(self._names), self._arrays(self._n)
+        return LeaveOneOut.restore(n, names, arrays)
 
     def ids(self) -> np.ndarray:
         with self._lock:
@@ -391,6 +394,12 @@ class LeaveOneOut:
             self._after(before)
 
     # internals (the lock held)
+
+    def _arrays(self, capacity: int) -> dict[str, np.ndarray]:
+        rows = max(capacity, self._n)
+        out = {name: _grown(getattr(self, f"_{name}")[: self._n], rows, fill) for name, fill in _ROWS.items()}
+        out["counts"] = _grown(self._counts[: len(self._names)], max(rows, len(self._names), 64), 0)
+        return out
 
     def _append(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
         needed = self._n + len(ids)

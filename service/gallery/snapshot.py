@@ -48,6 +48,7 @@ class Snapshot:
     roster: Roster | LeaveOneOut
     ids: np.ndarray  # mapped read-only, the first `n` rows
     vectors: np.ndarray
+    mapped: bool = True  # False: built here, kept in this process (the snapshot could not be saved)
 
 
 class SnapshotFiles:

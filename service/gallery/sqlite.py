@@ -269,7 +269,7 @@ def derived_state(
                 except OSError as exc:  # a full or read-only disk: this process keeps what it built
                     log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
                 if snapshot is None:
-                    snapshot = Snapshot(applied, roster, ids, vectors)
+                    snapshot = Snapshot(applied, roster, ids, vectors, mapped=False)
             if flat:
                 index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
             else:  # the snapshot is of `applied` (`reaches`): the persisted index, or one built from its faces
@@ -282,7 +282,7 @@ def derived_state(
         finally:
             db.execute("COMMIT")
     log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, snapshot.applied)
-    return Derived(index, snapshot.roster, snapshot.applied)
+    return Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped and flat else None)
 
 
 def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> SnapshotFiles:
@@ -290,7 +290,7 @@ def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> Snaps
     return SnapshotFiles(directory, f"{embedder.sha256[:16]}-state-{'guard' if guard else 'roster'}")
 
 
-def stamp(db: sqlite3.Connection, applied: int, faces: list[int], embedder: EmbedderKey) -> dict[str, Any]:
+def stamp(db: sqlite3.Connection, applied: int, faces: list[int] | None, embedder: EmbedderKey) -> dict[str, Any]:
     """What a snapshot as of change `applied` is checked by (`reaches`), read in the snapshot's transaction."""
     return {"applied": applied, "faces": faces, "change": change_at(db, applied), "model_sha256": embedder.sha256}
 
@@ -394,6 +394,32 @@ class SqliteLog:
         try:
             shared = current.index if current is not None and isinstance(current.index, MilvusIndex) else None
             return derived_state(db, self.path, self.embedder, self.config, self.guard, shared)
+        finally:
+            db.close()
+
+    def share(self, state: Derived) -> bool:
+        """The guard as the host's snapshot, saved as of its change (a flat index: an older snapshot
+        maps, then the log since is applied), unless another process saved a newer one."""
+        directory = self.config.directory
+        if directory is None or not isinstance(state.roster, LeaveOneOut) or index_kind(self.config.spec) != "faiss-flat":
+            return False
+        files = snapshot_files(directory, self.embedder, self.guard)
+        db = connect(self.path)
+        try:
+            with files.lock():
+                if (files.applied() or -1) > (state.mapped or -1):
+                    return True  # another worker's, newer
+                db.execute("BEGIN")
+                try:
+                    applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+                    faces = fingerprint(db, self.embedder.sha256) if applied == state.applied else None  # else only the log checks it
+                    files.save(state.roster, stamp(db, state.applied, faces, self.embedder))
+                finally:
+                    db.execute("COMMIT")
+            return True
+        except OSError as exc:
+            log.warning("gallery snapshot not shared: %s", exc)
+            return False
         finally:
             db.close()
 

@@ -72,6 +72,9 @@ class PostgresLog:
     def rebuild(self, current: Derived | None) -> Derived:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
 
+    def share(self, state: Derived) -> bool:
+        return False  # each replica keeps its own state
+
     def resync(self, state: Derived) -> None:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
 

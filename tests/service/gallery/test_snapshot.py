@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.gallery import sqlite
+from service.gallery import follower, sqlite
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
+from tests.polling import wait_until
 from tests.service.gallery.test_sqlite_processes import KEY, found, unit
 
 SUBJECTS = 120  # past the guard's 100 subjects: a tail to compare
@@ -171,3 +172,30 @@ def test_workers_starting_at_once_build_once(tmp_path):
         results = pool.map(opened, [str(tmp_path)] * 2)
     assert sorted(n for n, _ in results) == [0, 1]
     assert all(mapped for _, mapped in results)
+
+
+def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch):
+    """After REMAP changes (and 1/8 of the faces) applied to its mapped snapshot, a process saves its
+    state as the host's snapshot and maps it; another process, past REMAP too, maps that one."""
+    monkeypatch.setattr(follower, "REMAP", 3)
+    filler = SqliteGallery.open(tmp_path, KEY)
+    fill(filler, 20)
+    filler.close()
+    first = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    second = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    try:
+        assert first.follower is not None and second.follower is not None
+        mapped = first.follower.state.mapped  # type: ignore[union-attr]
+        assert mapped == second.follower.state.mapped == first.applied  # type: ignore[union-attr]
+        for i in range(8):  # past REMAP and 1/8 of the faces
+            first.create_subject(f"n{i}", {}, f"n{i}")
+            first.add_faces(f"n{i}", [NewFace(unit(500 + i))])
+        for store in (first, second):
+            wait_until(lambda s=store: s.follower.state.mapped == first.applied, "the state shared and mapped anew")  # type: ignore[union-attr]
+        assert len({p.name.split(".")[1] for p in (tmp_path / "index").glob("*.ids.npy")}) == 1  # the older files removed
+        guard = second.leave_one_out()
+        assert guard is not None and isinstance(guard._vectors, np.memmap)
+        assert state(second) == state(first) and found(second, 507)[0] == "n7"
+    finally:
+        first.close()
+        second.close()
