@@ -284,6 +284,39 @@ class LeaveOneOut:
             state._rescore(np.arange(state._n))
         return state
 
+    def arrays(self, capacity: int) -> dict[str, np.ndarray]:
+        """Its state as arrays of `capacity` rows (at least its faces), for `restore` in another
+        process: the rows past the faces are room for faces added there without growing (gallery/snapshot.py)."""
+        with self._lock:
+            return self._arrays(capacity)
+
+    def names(self) -> list[str]:
+        """The subjects by code (what `arrays()["subject"]` holds)."""
+        with self._lock:
+            return list(self._names)
+
+    @classmethod
+    def restore(cls, n: int, names: list[str], arrays: dict[str, np.ndarray]) -> LeaveOneOut:
+        """The state `arrays` (of a first `n` faces, by `arrays()`) hold, in place: arrays mapped
+        copy-on-write stay shared with the other processes mapping them until a change writes a page."""
+        state = cls(arrays["vectors"].shape[1])
+        if arrays["top"].shape[1:] != (state.width,):
+            raise ValueError(f"the arrays list {arrays['top'].shape[1:]} other subjects a face, this guard {state.width}")
+        for name in (*_ROWS, "counts"):
+            setattr(state, f"_{name}", arrays[name])
+        state._n, state._names = n, list(names)
+        state._codes = {subject: code for code, subject in enumerate(names)}
+        state._row = dict(zip(arrays["ids"][:n].tolist(), range(n), strict=True))
+        state._subjects = int(np.count_nonzero(arrays["counts"][: len(names)]))
+        state._tail_current = False
+        return state
+
+    def copy(self) -> LeaveOneOut:
+        """Its state now, in arrays of its own (what is saved while this one goes on changing)."""
+        with self._lock:
+            n, names, arrays = self._n, list(self._names), self._arrays(self._n)
+        return LeaveOneOut.restore(n, names, arrays)
+
     def ids(self) -> np.ndarray:
         with self._lock:
             return self._ids[: self._n].copy()
@@ -361,6 +394,12 @@ class LeaveOneOut:
             self._after(before)
 
     # internals (the lock held)
+
+    def _arrays(self, capacity: int) -> dict[str, np.ndarray]:
+        rows = max(capacity, self._n)
+        out = {name: _grown(getattr(self, f"_{name}")[: self._n], rows, fill) for name, fill in _ROWS.items()}
+        out["counts"] = _grown(self._counts[: len(self._names)], max(rows, len(self._names), 64), 0)
+        return out
 
     def _append(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
         needed = self._n + len(ids)
@@ -512,6 +551,16 @@ def _nearest(vectors: np.ndarray, rows: np.ndarray, take: int) -> Found:
         block = rows[start : start + BLOCK]
         values, faces = faiss.knn(vectors[block], vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
         yield block, values, faces
+
+
+_ROWS = {
+    "vectors": 0,
+    "ids": 0,
+    "subject": 0,
+    "top": -np.inf,
+    "top_subject": -1,
+    "score": -np.inf,
+}  # per-face arrays, and what fills a free row
 
 
 def _grown(array: np.ndarray, capacity: int, fill: float = 0) -> np.ndarray:

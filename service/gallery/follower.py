@@ -42,6 +42,7 @@ BATCH = 64  # changes applied per step, the lock held (an own write waits at mos
 ON_REQUEST = 16  # changes a search may apply itself (each costs one product with every face); more: the state it has
 ON_REQUEST_WAIT = 0.25  # seconds a search waits for the follower's step (a few ms, unless the guard is large and writes many)
 RETRY_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)  # back-off after the store could not be read
+REMAP = 1000  # changes applied to a mapped snapshot (each writes private pages), at least, before the state is shared and mapped anew
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Derived:
     index: VectorIndex
     roster: Roster | LeaveOneOut | None
     applied: int
+    mapped: int | None = None  # the change of the host's snapshot it maps (snapshot.py); None: its own
 
 
 Change = tuple[int, str, list[int]]  # (seq, "add", "remove" or "move", face ids)
@@ -69,6 +71,11 @@ class ChangeLog(Protocol):
 
     def rebuild(self, current: Derived | None) -> Derived:
         """The state of the store as of one snapshot, built from its faces (`current`: what is served meanwhile, if any)."""
+        ...
+
+    def share(self, state: Derived) -> bool:
+        """Save `state` as the host's snapshot (unless a newer one is saved): True when there is one
+        newer than the snapshot `state` maps, for `rebuild` to map (`state`: a copy no one changes)."""
         ...
 
     def resync(self, state: Derived) -> None:
@@ -99,6 +106,7 @@ class Follower:
         self.poll = poll
         self.rebuilds = 0  # rebuilds done since start (what a test can see)
         self._early: set[int] = set()  # own changes applied ahead of others still pending
+        self._remap_after = 0  # a snapshot that could not be shared is tried again REMAP changes later
         self._lock = threading.Lock()  # one applier at a time, in order; held for one step
         self._stop = threading.Event()
         self._closed = False  # the log closed: nothing is applied any more
@@ -221,10 +229,10 @@ class Follower:
                 remove(state, face_ids)
             state.applied = seq
 
-    def rebuild(self) -> None:
+    def rebuild(self, why: str = "the change log no longer reaches change {next}") -> None:
         """Build the state from the store off every lock, bring it up to the log, and swap it in."""
         if self._state is not None:
-            log.info("gallery: the change log no longer reaches change %d; rebuilding the index off the request path", self.applied + 1)
+            log.info("gallery: %s; rebuilding the index off the request path", why.format(next=self.applied + 1))
         fresh = self.log.rebuild(self._state)
         read = fresh.applied
         while not self._stop.is_set():  # what was committed while it was built: read under the lock, applied outside
@@ -251,6 +259,8 @@ class Follower:
             try:
                 if not self.catch_up():
                     self.rebuild()
+                elif self._grown():
+                    self.rebuild("{next}: the changes since the mapped snapshot, now shared, are mapped anew")
                 failures = 0
                 self.log.wait(self.poll)
             except Exception as exc:  # the store unreachable for a moment: the state served stays as it is
@@ -258,6 +268,22 @@ class Follower:
                 failures += 1
                 log.warning("gallery follower: %s; retrying in %.1f s (applied change %d)", exc, delay, self.applied)
                 self._stop.wait(delay)
+
+    def _grown(self) -> bool:
+        """The changes applied since the mapped snapshot reached REMAP, or 1/8 of the faces (the room
+        its arrays have: its private pages grow with them), and the state is now shared as the host's
+        snapshot (a copy taken under the lock, saved outside it): time to map it."""
+        state = self._state
+        if state is None or state.mapped is None or not isinstance(state.roster, LeaveOneOut):
+            return False
+        if state.applied - max(state.mapped, self._remap_after) < max(REMAP, state.index.size // 8):
+            return False
+        with self._lock:
+            frozen = Derived(state.index, state.roster.copy(), state.applied, state.mapped)
+        if self.log.share(frozen):
+            return True
+        self._remap_after = frozen.applied
+        return False
 
 
 def add(state: Derived, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:

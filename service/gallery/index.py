@@ -208,6 +208,42 @@ class ReadWriteLock:
                 self._cond.notify_all()
 
 
+class MappedFaces:
+    """A flat index's faces as of a snapshot that every worker of the host maps (snapshot.py):
+    searched in place (`faiss.knn` over the mapped rows: nothing copied, one copy per host in the
+    page cache), never written. A face removed since is masked; one added goes to the index's own flat part."""
+
+    def __init__(self, ids: np.ndarray, vectors: np.ndarray):
+        self.ids, self.vectors = ids, vectors
+        self._sorted = np.sort(ids)  # its own: which ids are here, without a set of every face
+        self.removed: set[int] = set()
+
+    @property
+    def size(self) -> int:
+        return len(self.ids) - len(self.removed)
+
+    def remove(self, ids: np.ndarray) -> int:
+        at = np.clip(np.searchsorted(self._sorted, ids), 0, max(len(self._sorted) - 1, 0))
+        held = set(ids[self._sorted[at] == ids].tolist()) - self.removed if len(self._sorted) else set()
+        self.removed |= held
+        return len(held)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's k best faces here (−inf and −1 where there are fewer), asking for as many
+        more as are masked."""
+        take = min(k + len(self.removed), len(self.ids))
+        if take <= 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        scores, rows = faiss.knn(queries, self.vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
+        found = np.where(rows >= 0, self.ids[np.maximum(rows, 0)], -1)
+        if self.removed:
+            found[np.isin(found, np.fromiter(self.removed, np.int64, len(self.removed)))] = -1
+        return np.where(found >= 0, scores, -np.inf).astype(np.float32), found
+
+    def sample(self) -> np.ndarray:
+        return np.setdiff1d(self.ids, np.fromiter(self.removed, np.int64, len(self.removed)))
+
+
 class FaissIndex:
     """Inner-product search (= cosine on unit vectors) with int64 ids = the store's face ids.
 
@@ -228,9 +264,11 @@ class FaissIndex:
         built: faiss.Index | None = None,
         removed: Iterable[int] = (),
         dead: int = 0,
+        base: MappedFaces | None = None,
     ):
         """A new index, or (`built`) one read from a file with its removed ids. `search_params`
-        empty: facegate's default for the index's kind and size, set by `tune`."""
+        empty: facegate's default for the index's kind and size, set by `tune`. `base` (flat only):
+        the faces as of a snapshot the host's workers share, searched beside this index's own."""
         self.dim, self.spec = dim, spec
         self.requested_params = search_params  # FACEGATE_INDEX_SEARCH_PARAMS
         self.search_params = search_params  # in force
@@ -244,6 +282,9 @@ class FaissIndex:
             self._index = inner if self._ivf else faiss.IndexIDMap2(inner) if self._removable else faiss.IndexIDMap(inner)
         self._removed: set[int] = set(removed)  # HNSW only: ids whose vector in the graph is no longer a face
         self._dead = dead  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
+        if base is not None and self.kind != "faiss-flat":
+            raise ValueError("only a flat index searches mapped faces")
+        self.base = base
         if search_params:
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
             faiss.ParameterSpace().set_index_parameters(self._index, search_params)  # type: ignore[arg-type]
@@ -341,7 +382,7 @@ class FaissIndex:
             # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
             # overload), and an HNSW one here is an IndexIDMap, which has id_map
             if self._removable:
-                return int(self._index.remove_ids(ids))  # type: ignore[arg-type]
+                return int(self._index.remove_ids(ids)) + (self.base.remove(ids) if self.base is not None else 0)  # type: ignore[arg-type]
             held = ids[np.isin(ids, faiss.vector_to_array(self._index.id_map))]  # type: ignore[attr-defined]
             present = set(held.tolist()) - self._removed
             self._removed.update(present)
@@ -367,9 +408,22 @@ class FaissIndex:
                 return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
             if self._exact is not None and not approximate:
                 return self._exact.search(queries, k)
+            if self.base is not None:
+                return self._merged(queries, k)
             if not self._removed:
                 return self._index.search(queries, k)
             return self._index.search(queries, k, params=self._skip_removed())
+
+    def _merged(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best of the mapped faces and of this index's own (the faces added since)."""
+        assert self.base is not None
+        own = min(k, int(self._index.ntotal))
+        scores, ids = self.base.search(queries, k)
+        if own:
+            more_scores, more_ids = self._index.search(queries, own)
+            scores, ids = np.concatenate([scores, more_scores], axis=1), np.concatenate([ids, more_ids], axis=1)
+        order = np.argsort(np.where(ids >= 0, -scores, np.inf), axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
     def search_hiding(self, queries: np.ndarray, k: int, hidden: np.ndarray) -> np.ndarray | None:
         """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` out of
@@ -418,7 +472,7 @@ class FaissIndex:
 
     @property
     def size(self) -> int:
-        return int(self._index.ntotal) - self._dead
+        return int(self._index.ntotal) - self._dead + (self.base.size if self.base is not None else 0)
 
     @property
     def exact(self) -> bool:
@@ -427,6 +481,10 @@ class FaissIndex:
     def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Ids at n distinct random places in the index (an IVF one's lists one after the other; a
         removed HNSW face drawn is left out), reading only the ids drawn."""
+        if self.base is not None:  # flat: every id at hand
+            with self._lock.read():
+                held = np.concatenate([self.base.sample(), faiss.vector_to_array(self._index.id_map)])  # type: ignore[attr-defined]
+            return rng.choice(held, min(n, len(held)), replace=False)
         with self._lock.read():
             total = int(self._index.ntotal)
             places = np.sort(rng.choice(total, min(n, total), replace=False))

@@ -16,7 +16,8 @@ enrollment or deletion made through any worker is seen by every worker's next se
 that fell further behind than the log keeps (CHANGES_KEPT) rebuilds its index from the faces in the
 background, and searches its last state meanwhile. Opened by the server (`background`), the first
 index and roster are built by the follower's thread too: searches answer 503 gallery_loading until
-then.
+then. With a folder for the index (the server's), the roster and guard and a flat index's faces are
+built once per host and memory-mapped by the other processes (snapshot.py, `derived_state`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,14 @@ import numpy as np
 from service.core.alignment import TEMPLATES, FaceChip
 from service.core.errors import FaceNotFound, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
-from service.core.open_set import GalleryShape, follow
+from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collections import DEFAULT
 from service.gallery.follower import ON_REQUEST, Derived, FollowedStore, Follower, add, remove
-from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
+from service.gallery.index import FaissIndex, IndexConfig, MappedFaces, best_subjects, index_kind, open_index, save_index, tuned
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
+from service.gallery.snapshot import Snapshot, SnapshotFiles
 
 log = logging.getLogger("facegate.gallery")
 
@@ -298,9 +300,134 @@ def derived_state(
     guard: bool,
     shared: MilvusIndex | None,
 ) -> Derived:
-    """The collection's index (the persisted one if it reflects the database as it is, else built
-    from it and persisted) and open-set roster, with the change they reflect, all read in one
-    snapshot: exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it)."""
+    """The collection's index (the persisted one if it reflects the database as it is, else built from it and
+    persisted) and the open-set roster, with the change they reflect, all read in one snapshot:
+    exactly the changes up to `applied`. `shared`: the Milvus index already open (a rebuild keeps it).
+    With a folder for the index (the server's), the roster and a flat index's faces come from the
+    host's snapshot (snapshot.py), built by the first process and mapped by the others."""
+    if config.shared or config.directory is None:
+        return built_state(db, path, collection, embedder, config, guard, shared)
+    files = snapshot_files(config.directory, embedder, guard)
+    with files.lock():  # taken before the read transaction: what the builder saved is seen
+        db.execute("BEGIN")
+        try:
+            applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            faces = fingerprint(db, collection, embedder.sha256)
+            flat = index_kind(config.spec) == "faiss-flat"
+            snapshot = files.load(
+                guard, embedder.dim, lambda meta: meta.get("model_sha256") == embedder.sha256 and reaches(db, meta, applied, faces, flat)
+            )
+            if snapshot is not None and snapshot.applied != applied and not replayed(db, snapshot, collection, embedder):
+                log.warning(
+                    "gallery snapshot: its faces and the log since do not make the store's (faces changed outside the log): building"
+                )
+                snapshot = None
+            if snapshot is None:
+                ids, subjects, vectors = faces_of(db, collection, embedder, None)
+                roster = follow(ids, subjects, vectors, guard)
+                try:
+                    files.save(roster, stamp(db, applied, faces, embedder), (ids, subjects, vectors))
+                    snapshot = files.load(guard, embedder.dim, lambda meta: meta.get("applied") == applied)
+                except OSError as exc:  # a full or read-only disk: this process keeps what it built
+                    log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
+                if snapshot is None:
+                    snapshot = Snapshot(applied, roster, ids, vectors, mapped=False)
+            if flat:
+                index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
+            else:  # the snapshot is of `applied` (`reaches`): the persisted index, or one built from its faces
+                rows = lambda: iter([(snapshot.ids, snapshot.vectors)])  # noqa: E731
+                index, loaded = open_index(
+                    config,
+                    embedder.dim,
+                    embedder.sha256,
+                    faces[0],
+                    lambda m: m.get("faces") == faces,
+                    sampler(db, collection, embedder, faces),
+                    rows,
+                )
+                if loaded is None:
+                    save_index(config, index, embedder.sha256, {"faces": faces})
+        finally:
+            db.execute("COMMIT")
+    log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, snapshot.applied)
+    return Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped and flat else None)
+
+
+def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> SnapshotFiles:
+    """Where the host's processes share this embedder's guard (or roster) and faces."""
+    return SnapshotFiles(directory, f"{embedder.sha256[:16]}-state-{'guard' if guard else 'roster'}")
+
+
+def stamp(db: sqlite3.Connection, applied: int, faces: list[int] | None, embedder: EmbedderKey) -> dict[str, Any]:
+    """What a snapshot as of change `applied` is checked by (`reaches`), read in the snapshot's transaction."""
+    return {"applied": applied, "faces": faces, "change": change_at(db, applied), "model_sha256": embedder.sha256}
+
+
+def reaches(db: sqlite3.Connection, meta: dict[str, Any], applied: int, faces: list[int], flat: bool) -> bool:
+    """A snapshot may start the state: it is of the database as it is (the change and the faces'
+    fingerprint), or (a flat index, whose faces the snapshot holds) of an earlier change of this
+    database (the log's row there as it was) that the log still reaches, to be followed from there."""
+    saved = meta.get("applied", -1)
+    if saved == applied:
+        return meta.get("faces") == faces
+    first = db.execute("SELECT MIN(seq) FROM changes WHERE seq > ?", (saved,)).fetchone()[0]
+    return (
+        flat
+        and 0 <= saved < applied
+        and first == saved + 1
+        and meta.get("change") is not None
+        and meta.get("change") == change_at(db, saved)
+    )
+
+
+def replayed(db: sqlite3.Connection, snapshot: Snapshot, collection: str, embedder: EmbedderKey) -> bool:
+    """The snapshot's faces with the log's adds and removes since are the embedder's faces in the
+    collection now (what a change made outside the log, such as `facegate gallery reembed`, breaks)."""
+    added: set[int] = set()
+    removed: set[int] = set()
+    for op, face_ids in db.execute("SELECT op, face_ids FROM changes WHERE seq > ? AND collection = ?", (snapshot.applied, collection)):
+        (added if op == "add" else removed if op == "remove" else set()).update(json.loads(face_ids))
+    now = np.array(
+        [
+            r[0]
+            for r in db.execute("SELECT id FROM faces WHERE collection = ? AND model_sha256 = ? ORDER BY id", (collection, embedder.sha256))
+        ],
+        np.int64,
+    )
+    kept = np.setdiff1d(snapshot.ids, np.fromiter(removed, np.int64, len(removed)))
+    return np.array_equal(np.union1d(kept, np.intersect1d(np.fromiter(added, np.int64, len(added)), now)), now)
+
+
+def change_at(db: sqlite3.Connection, seq: int) -> str | None:
+    """The log's row `seq` (what tells this database's change from another's of the same number); None once pruned."""
+    row = db.execute("SELECT op, face_ids FROM changes WHERE seq = ?", (seq,)).fetchone()
+    return f"{row[0]} {row[1]}" if row else None
+
+
+def sampler(db: sqlite3.Connection, collection: str, embedder: EmbedderKey, faces: list[int]) -> Callable[[int], np.ndarray]:
+    """n of the collection's faces the embedder made spread over the ids, what an index that needs training trains on."""
+
+    def sample(n: int) -> np.ndarray:
+        stride = max(faces[0] // max(n, 1), 1)
+        rows = db.execute(
+            "SELECT embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = 0 LIMIT ?",
+            (collection, embedder.sha256, stride, n),
+        ).fetchall()
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+    return sample
+
+
+def built_state(
+    db: sqlite3.Connection,
+    path: Path,
+    collection: str,
+    embedder: EmbedderKey,
+    config: IndexConfig,
+    guard: bool,
+    shared: MilvusIndex | None,
+) -> Derived:
+    """`derived_state` of this process alone (Milvus, or no folder to share a snapshot through)."""
     db.execute("BEGIN")
     try:
         applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
@@ -310,19 +437,19 @@ def derived_state(
             return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256, collection), roster, applied)
         faces = fingerprint(db, collection, embedder.sha256)
 
-        def sample(n: int) -> np.ndarray:
-            stride = max(faces[0] // max(n, 1), 1)
-            rows = db.execute(
-                "SELECT embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = 0 LIMIT ?",
-                (collection, embedder.sha256, stride, n),
-            ).fetchall()
-            return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
-
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             for start in range(0, len(ids), 10_000):
                 yield ids[start : start + 10_000], vectors[start : start + 10_000]
 
-        index, loaded = open_index(config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sample, batches)
+        index, loaded = open_index(
+            config,
+            embedder.dim,
+            embedder.sha256,
+            faces[0],
+            lambda m: m.get("faces") == faces,
+            sampler(db, collection, embedder, faces),
+            batches,
+        )
         if loaded is None:
             save_index(config, index, embedder.sha256, {"faces": faces})
     finally:
@@ -359,6 +486,34 @@ class SqliteLog:
         try:
             shared = current.index if current is not None and isinstance(current.index, MilvusIndex) else None
             return derived_state(db, self.path, self.collection, self.embedder, self.config, self.guard, shared)
+        finally:
+            db.close()
+
+    def share(self, state: Derived) -> bool:
+        """The guard as the host's snapshot, saved as of its change (a flat index: an older snapshot
+        maps, then the log since is applied), unless another process saved a newer one."""
+        directory = self.config.directory
+        if directory is None or not isinstance(state.roster, LeaveOneOut) or index_kind(self.config.spec) != "faiss-flat":
+            return False
+        files = snapshot_files(directory, self.embedder, self.guard)
+        db = connect(self.path)
+        try:
+            with files.lock():
+                if (files.applied() or -1) > (state.mapped or -1):
+                    return True  # another worker's, newer
+                db.execute("BEGIN")
+                try:
+                    applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+                    faces = (
+                        fingerprint(db, self.collection, self.embedder.sha256) if applied == state.applied else None
+                    )  # else only the log checks it
+                    files.save(state.roster, stamp(db, state.applied, faces, self.embedder))
+                finally:
+                    db.execute("COMMIT")
+            return True
+        except OSError as exc:
+            log.warning("gallery snapshot not shared: %s", exc)
+            return False
         finally:
             db.close()
 
@@ -450,11 +605,24 @@ class SqliteGallery(FollowedStore, GalleryStore):
 
     def _save(self, index: FaissIndex) -> None:
         """Persist the index as of the log's last change, with the fingerprint of the faces then (read
-        in one snapshot with the changes applied, so the two agree); not when the log no longer reaches it."""
+        in one snapshot with the changes applied, so the two agree); not when the log no longer reaches it.
+        The guard too, where the host shares it (a folder), unless saved as of that change already:
+        the next start maps it instead of building it."""
         assert self.follower is not None and self.index_config is not None
-        with self._snapshot(), self.follower.paused() as state:
-            if state is not None and state.applied == self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]:
-                save_index(self.index_config, index, required_embedder(self.embedder).sha256, {"faces": self._fingerprint()})
+        key = required_embedder(self.embedder)
+        directory = self.index_config.directory
+        files = snapshot_files(directory, key, self.guard) if directory is not None else None
+        with files.lock() if files is not None else nullcontext(), self._snapshot(), self.follower.paused() as state:
+            applied = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            if state is None or state.applied != applied:
+                return
+            faces = self._fingerprint()
+            save_index(self.index_config, index, key.sha256, {"faces": faces})
+            if files is not None and isinstance(state.roster, LeaveOneOut) and files.applied() != applied:
+                try:
+                    files.save(state.roster, stamp(self._db, applied, faces, key))
+                except OSError as exc:  # the next start builds it
+                    log.warning("gallery snapshot not saved: %s", exc)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -517,6 +685,8 @@ class SqliteGallery(FollowedStore, GalleryStore):
             )
         changes = SqliteLog(self.path, self.collection, self.embedder, self.index_config, self.guard)
         self.follower = Follower(changes, state, FOLLOW_SECONDS, f"facegate-gallery-follower-{self.collection}")
+        if state is not None and not self.follower.catch_up():  # from a snapshot of an earlier change: the log since
+            self.follower.rebuild()
         self.follower.start()
 
     @contextmanager

@@ -81,6 +81,9 @@ class PostgresLog:
         """The first state only: the log is never pruned, so a replica never falls past it."""
         return self.build()
 
+    def share(self, state: Derived) -> bool:
+        return False  # each replica keeps its own state
+
     def resync(self, state: Derived) -> None:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
 

@@ -108,9 +108,10 @@ def test_a_request_never_pays_for_the_rebuild(tmp_path, monkeypatch):
         b.create_subject("B", {}, "b")
         b.add_faces("b", [NewFace(unit(1))])
         monkeypatch.setattr(sqlite, "follow", held)
-        for i in range(6):
-            a.create_subject(f"s{i}", {}, f"s{i}")
-            a.add_faces(f"s{i}", [NewFace(unit(20 + i))])
+        with b.follower._lock:  # b applies none of them meanwhile (a loaded machine let it keep up): past the log
+            for i in range(6):
+                a.create_subject(f"s{i}", {}, f"s{i}")
+                a.add_faces(f"s{i}", [NewFace(unit(20 + i))])
         wait_until(lambda: builders, "b's follower started a rebuild")
         assert found(b, 1)[0] == "b"  # answered from b's last state while the rebuild is held
         b.add_faces("b", [NewFace(unit(2))])  # its own write, acknowledged during the rebuild ...
@@ -193,8 +194,9 @@ def test_a_rebuild_the_log_outran_catches_up_by_difference(tmp_path, monkeypatch
         (first,) = a.add_faces("a", [NewFace(unit(1))])
         wait_until(lambda: b.applied == a.applied, "b follows")
         monkeypatch.setattr(sqlite, "follow", held)
-        for i in range(5):  # past the log: b rebuilds
-            a.add_faces("a", [NewFace(unit(40 + i))])
+        with b.follower._lock:  # b applies none of them meanwhile: past the log, b rebuilds
+            for i in range(5):
+                a.add_faces("a", [NewFace(unit(40 + i))])
         wait_until(lambda: builds, "b's rebuild started")
         a.delete_face(first.id)  # while it is held, past the log again
         for i in range(5):

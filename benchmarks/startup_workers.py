@@ -1,0 +1,180 @@
+"""Start-up of `facegate serve --workers N` on a large SQLite gallery (issue 44): the time until
+every worker answers /readyz 200, and the memory of the whole process tree then, as the sum of
+each process's PSS (/proc/PID/smaps_rollup: a page shared by k processes counts 1/k there, where
+RSS would count it k times). With the host's snapshot (service/gallery/snapshot.py) the guard and a
+flat index's faces are built once and mapped by every worker: the PSS of the mapped snapshot files
+summed over the tree is what the host pays for them, once.
+
+The gallery: `--faces` synthetic unit vectors (128-d, one subject each, the open-set guard on) made
+by the tests' small ONNX embedder, inserted straight into SQLite; once every worker is ready, one
+`/identify` through each (its index and guard in use, as when serving), then the memory. `--checkout DIR` runs the server
+of another source tree (e.g. `git archive` of the commit before) on the same gallery, for a paired
+comparison on the same machine.
+
+    FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench import machine_lines  # noqa: E402
+from benchmarks.chaos import free_port  # noqa: E402
+from service.core.models.manifest import EmbedderKey, Manifest  # noqa: E402
+from service.gallery import sqlite  # noqa: E402
+from service.gallery.sqlite import SqliteGallery  # noqa: E402
+from tests.conftest import aligned_crop_png  # noqa: E402
+from tests.onnx_models import write_test_embedder  # noqa: E402
+
+DIM = 128
+
+
+def fill(folder: Path, key: EmbedderKey, faces: int) -> None:
+    """`faces` subjects of one face each, in one transaction (the setup, not what is measured)."""
+    SqliteGallery.open(folder, None).close()  # the schema
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((faces, key.dim), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    with sqlite3.connect(folder / sqlite.DATABASE) as db:
+        db.executemany(
+            "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+            ((f"s{i}", f"s{i}") for i in range(faces)),
+        )
+        db.executemany(
+            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, ?, 0)",
+            ((f"s{i}", sqlite.embedding_blob(v), key.name, key.sha256) for i, v in enumerate(vectors)),
+        )
+
+
+def tree(root: int) -> list[int]:
+    """`root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError, IndexError, ValueError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def pss_kib(pid: int, under: Path | None = None) -> int:
+    """The process's PSS in KiB: all of it, or (`under`) that of the files mapped from that folder."""
+    with suppress(OSError):
+        if under is None:
+            return next(int(line.split()[1]) for line in open(f"/proc/{pid}/smaps_rollup") if line.startswith("Pss:"))
+        total, inside = 0, False
+        for line in open(f"/proc/{pid}/smaps"):
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line: its path last, when it has one
+                inside = len(fields) >= 6 and fields[5].startswith(str(under))
+            elif inside and fields[0] == "Pss:":
+                total += int(fields[1])
+        return total
+    return 0
+
+
+def ready_workers(url: str, workers: int, deadline: float) -> dict[int, httpx.Client]:
+    """A keep-alive connection to each of `workers` worker processes once it answers /readyz 200
+    (a new connection goes to any worker: the kernel picks), by the pid /readyz reports."""
+    clients: dict[int, httpx.Client] = {}
+    while len(clients) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(clients)} of {workers} workers ready in time")
+        client = httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1))
+        with suppress(httpx.TransportError, KeyError, ValueError):
+            response = client.get("/readyz")
+            if response.status_code == 200 and response.json()["serving"]["pid"] not in clients:
+                clients[response.json()["serving"]["pid"]] = client
+                continue
+        client.close()
+        time.sleep(0.1)
+    return clients
+
+
+def start(checkout: Path, data: Path, embedder: Path, workers: int) -> tuple[float, int, int, int]:
+    """Seconds until every worker is ready, PSS of the tree, of the snapshot files in it (KiB), processes."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(checkout),
+        "FACEGATE_DATA_DIR": str(data),
+        "FACEGATE_EMBEDDER": str(embedder),
+        "FACEGATE_DEVICE": "cpu",
+        "FACEGATE_API_KEYS": "",
+    }
+    command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port), "--workers", str(workers)]
+    log = open(data / f"server-{workers}.log", "wb")  # noqa: SIM115  (closed below)
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        clients = ready_workers(f"http://127.0.0.1:{port}", workers, started + 900)
+        seconds = time.monotonic() - started
+        image = base64.b64encode(aligned_crop_png(1)).decode()
+        for client in clients.values():  # one search each: the index's and the guard's pages in use, as when serving
+            response = client.post("/identify", json={"image": image, "aligned": True})
+            if response.status_code != 200:
+                raise RuntimeError(f"/identify answered {response.status_code}: {response.text}")
+            client.close()
+        time.sleep(2)  # the decoders' start after readiness settles
+        pids = tree(process.pid)
+        return seconds, sum(pss_kib(p) for p in pids), sum(pss_kib(p, data / "index") for p in pids), len(pids)
+    finally:
+        process.terminate()
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(60)
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faces", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the source tree whose server is started")
+    args = parser.parse_args()
+    if not os.environ.get("FACEGATE_MODEL_CACHE"):
+        sys.exit("set FACEGATE_MODEL_CACHE (the detector, for readiness)")
+    work = Path(tempfile.mkdtemp(prefix="facegate-startup-"))
+    try:
+        embedder = write_test_embedder(work / "embedder", dim=DIM)
+        key = EmbedderKey.of(Manifest.load(embedder))
+        gallery = work / "gallery"
+        fill(gallery, key, args.faces)
+        print("\n".join(machine_lines()))
+        load = os.getloadavg()[0]
+        print(f"server of {args.checkout}; {args.faces} synthetic {DIM}-d faces, one per subject, the open-set guard on; load {load:.1f}")
+        print(f"{'workers':>7} {'ready s':>8} {'processes':>9} {'PSS MiB':>8} {'snapshot PSS MiB':>16}")
+        for workers in args.workers:
+            for stale in (gallery / "index").glob("*"):  # each start from the store alone: nothing saved by the last
+                stale.unlink()
+            seconds, pss, mapped, processes = start(args.checkout, gallery, embedder, workers)
+            print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>16.0f}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The gallery's derived state is built once per host (service/gallery/snapshot.py): the first
+process builds the guard and saves it, the others map what it saved and answer exactly as a build
+would; a snapshot that is stale, of another state or damaged is never used."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.gallery import follower, sqlite
+from service.gallery.index import IndexConfig
+from service.gallery.interface import NewFace
+from service.gallery.sqlite import SqliteGallery
+from tests.polling import wait_until
+from tests.service.gallery.test_sqlite_processes import KEY, found, unit
+
+SUBJECTS = 120  # past the guard's 100 subjects: a tail to compare
+
+
+def config(data: Path, spec: str = "Flat") -> IndexConfig:
+    return IndexConfig(spec, "", data / "index")
+
+
+def fill(store: SqliteGallery, subjects: int = SUBJECTS) -> None:
+    for i in range(subjects):
+        store.create_subject(f"s{i}", {}, f"s{i}")
+        store.add_faces(f"s{i}", [NewFace(unit(1000 + i))] * (1 + i % 3))
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list[int]:
+    """One entry per guard or roster built from the store's faces in this process."""
+    counted: list[int] = []
+    build = sqlite.follow
+
+    def counting(ids, *args, **kwargs):
+        counted.append(len(ids))
+        return build(ids, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite, "follow", counting)
+    return counted
+
+
+def state(store: SqliteGallery) -> tuple:
+    """What an identify decides with: the gallery's shape and tail, and each face's leave-one-out score."""
+    shape, guard = store.shape(), store.leave_one_out()
+    assert guard is not None
+    scores = dict(zip(guard.ids().tolist(), guard._score[: len(guard.ids())].tolist(), strict=True))
+    return shape.subjects, shape.faces, shape.tail, scores
+
+
+def test_the_second_process_maps_what_the_first_built(tmp_path, builds):
+    first = SqliteGallery.open(tmp_path, KEY)  # no index folder: built here alone
+    fill(first)
+    first.close()
+    built = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    mapped = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    alone = SqliteGallery.open(tmp_path, KEY)
+    try:
+        assert len(builds) == 3  # first, built, alone: `mapped` built nothing
+        guard = mapped.leave_one_out()
+        assert guard is not None and isinstance(guard._vectors, np.memmap) and isinstance(guard._top, np.memmap)
+        assert mapped.index is not None and mapped.index.base is not None  # the flat index searches the mapped faces
+        assert state(mapped) == state(built) == state(alone)
+        for seed in (1000, 1001, 1050):
+            assert found(mapped, seed) == found(alone, seed)
+    finally:
+        for store in (built, mapped, alone):
+            store.close()
+
+
+def test_a_mapped_state_follows_the_log_like_a_built_one(tmp_path, builds):
+    """A snapshot older than the store (the log reaches it) is mapped and followed from its change;
+    adds, removes and a merge land in the mapped arrays' private copies, not in the file."""
+    filler = SqliteGallery.open(tmp_path, KEY)
+    fill(filler)
+    filler.close()
+    writer = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))  # saves the snapshot, as of `saved`
+    saved = writer.applied
+    writer.create_subject("new", {}, "new")
+    writer.add_faces("new", [NewFace(unit(7))])
+    writer.delete_subject("s3")
+    writer.merge_subjects("s4", "s5")
+    later = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    alone = SqliteGallery.open(tmp_path, KEY)
+    try:
+        assert len(builds) == 3  # filler, writer and alone
+        assert later.applied == alone.applied > saved  # opened: the log since its snapshot applied
+        assert state(later) == state(writer)  # the same changes on the same state: the same to the last bit
+        built = state(alone)  # from scratch: the products in another order (float32 rounding)
+        assert state(later)[:3] == built[:3] and state(later)[3] == pytest.approx(built[3], abs=1e-6)
+        assert found(later, 7)[0] == "new" and "s3" not in found(later, 1003)
+        assert later.index is not None and later.index.size == alone.index.size  # type: ignore[union-attr]
+    finally:
+        for store in (writer, later, alone):
+            store.close()
+    reopened = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))  # the file was never written through a mapping
+    try:
+        assert len(builds) == 3
+        assert found(reopened, 7)[0] == "new"
+    finally:
+        reopened.close()
+
+
+def test_a_damaged_or_foreign_snapshot_is_built_again(tmp_path, builds):
+    store = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    fill(store, 20)
+    store.close()
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()  # saved by the first, mapped here
+    assert len(builds) == 1
+    top = next((tmp_path / "index").glob("*.top.npy"))
+    data = bytearray(top.read_bytes())
+    data[-5] ^= 0xFF  # one byte of the arrays, not of the header: np.load alone would take it
+    top.write_bytes(bytes(data))
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()
+    assert len(builds) == 2  # the sha256 did not match
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path), guard=False).close()
+    assert len(builds) == 3  # a guard's snapshot is not a roster's
+    db = sqlite.connect(tmp_path / sqlite.DATABASE)  # as if another database: its change there differs
+    db.execute("UPDATE changes SET face_ids = '[]' WHERE seq = (SELECT MAX(seq) FROM changes)")
+    db.close()
+    write_one(tmp_path, 3)  # built by a store of its own (no folder)
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()
+    assert len(builds) == 5  # the snapshot's change is not the log's
+    write_one(tmp_path, 4)
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path, "HNSW16")).close()
+    assert len(builds) == 7  # an index that is not flat starts only from a snapshot of the store as it is
+    db = sqlite.connect(tmp_path / sqlite.DATABASE)  # a face changed outside the log (as `gallery reembed` does)
+    db.execute("UPDATE faces SET model_sha256 = 'other' WHERE id = (SELECT MIN(id) FROM faces)")
+    db.close()
+    write_one(tmp_path, 5)
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()
+    assert len(builds) == 9  # the snapshot and the log since are not the store
+
+
+def write_one(data: Path, seed: int) -> None:
+    store = SqliteGallery.open(data, KEY)
+    store.create_subject(f"w{seed}", {}, f"w{seed}")
+    store.add_faces(f"w{seed}", [NewFace(unit(seed))])
+    store.close()
+
+
+def opened(data: str) -> tuple[int, bool]:
+    """In a process of its own: the builds it ran while its gallery opened, and whether its guard is mapped."""
+    builds: list[int] = []
+    build = sqlite.follow
+
+    def counting(ids, *args, **kwargs):
+        builds.append(len(ids))
+        return build(ids, *args, **kwargs)
+
+    sqlite.follow = counting
+    store = SqliteGallery.open(Path(data), KEY, index=config(Path(data)), background=True)
+    try:
+        assert store.wait_loaded(60)
+        guard = store.leave_one_out()
+        return len(builds), guard is not None and isinstance(guard._vectors, np.memmap)
+    finally:
+        store.close()
+
+
+def test_workers_starting_at_once_build_once(tmp_path):
+    """What `facegate serve --workers N` does at start-up: processes open the gallery at once; one
+    builds under the snapshot's lock, the other waits and maps what it saved."""
+    store = SqliteGallery.open(tmp_path, KEY)
+    fill(store, 30)
+    store.close()
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map(opened, [str(tmp_path)] * 2)
+    assert sorted(n for n, _ in results) == [0, 1]
+    assert all(mapped for _, mapped in results)
+
+
+def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch):
+    """After REMAP changes (and 1/8 of the faces) applied to its mapped snapshot, a process saves its
+    state as the host's snapshot and maps it; another process, past REMAP too, maps that one."""
+    monkeypatch.setattr(follower, "REMAP", 3)
+    filler = SqliteGallery.open(tmp_path, KEY)
+    fill(filler, 20)
+    filler.close()
+    first = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    second = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    try:
+        assert first.follower is not None and second.follower is not None
+        mapped = first.follower.state.mapped  # type: ignore[union-attr]
+        assert mapped == second.follower.state.mapped == first.applied  # type: ignore[union-attr]
+        for i in range(8):  # past REMAP and 1/8 of the faces
+            first.create_subject(f"n{i}", {}, f"n{i}")
+            first.add_faces(f"n{i}", [NewFace(unit(500 + i))])
+        for store in (first, second):
+            wait_until(lambda s=store: s.follower.state.mapped == first.applied, "the state shared and mapped anew")  # type: ignore[union-attr]
+        assert len({p.name.split(".")[1] for p in (tmp_path / "index").glob("*.ids.npy")}) == 1  # the older files removed
+        guard = second.leave_one_out()
+        assert guard is not None and isinstance(guard._vectors, np.memmap)
+        assert state(second) == state(first) and found(second, 507)[0] == "n7"
+    finally:
+        first.close()
+        second.close()
