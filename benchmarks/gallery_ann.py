@@ -293,7 +293,6 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
     import sqlite3
 
     from service.core.models.manifest import EmbedderKey
-    from service.gallery.recall import measure
     from service.gallery.sqlite import DATABASE, SqliteGallery
 
     logging.disable(logging.WARNING)
@@ -316,7 +315,7 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
         ready = time.perf_counter() - started
         print(f"SQLite store, {gallery.index.size:,} faces, {spec}: {what} {ready:.1f} s", flush=True)
         if what.startswith("restart") and gallery.index is not None and not gallery.index.exact:
-            check = measure(gallery, gallery.index, RECALL_SAMPLE, seed=0)
+            check = measured(gallery, gallery.index, held_out(gallery, gallery.index, RECALL_SAMPLE, seed=0))
             print(
                 f"SQLite store, {spec}: the recall check ({check.queries} queries, search parameters {check.search_params}) "
                 f"measured recall@1 {check.recall_at_1:.3f} ({check.mated_queries} faces left out, "

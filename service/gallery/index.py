@@ -86,7 +86,8 @@ class VectorIndex(Protocol):
 
     @property
     def answers_exactly(self) -> bool:
-        """Searches are answered from an exact copy of the faces (`use_exact`), not the index."""
+        """Every answer is the exact one: searches are answered from an exact copy of the faces
+        (`use_exact`), not the index, or the index is searched exhaustively (Milvus's IVF_FLAT at every list)."""
         ...
 
     def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -206,8 +206,16 @@ class RecallCheck:
                 log.warning(
                     "gallery index recall@1 %.3f meets FACEGATE_MIN_INDEX_RECALL again: answering from the index", result.recall_at_1
                 )
-            return replace(result, answers="index")
-        if isinstance(index, FaissIndex) and not index.answers_exactly:
+            return replace(result, answers="exact" if index.answers_exactly else "index")  # Milvus: IVF_FLAT at every list
+        if not isinstance(index, FaissIndex):  # Milvus: nothing to answer from but its index (milvus.py: answers_exactly)
+            log.warning(
+                "gallery index recall@1 %.3f at its widest search (%s), under FACEGATE_MIN_INDEX_RECALL=%s: Milvus keeps no exact "
+                "copy, identifications may miss the enrolled face that matches best",
+                result.recall_at_1,
+                result.search_params,
+                self.minimum,
+            )
+        elif not index.answers_exactly:
             index.begin_exact()
             index.use_exact(pages(self.store))
             log.warning(
@@ -248,11 +256,14 @@ class RecallCheck:
         if self.last is None or self.last.recall_at_1 >= self.minimum:
             return []
         kind = "efSearch (ef on Milvus)" if "hnsw" in self.last.index.lower() else "nprobe"
+        milvus = self.last.index.startswith("milvus")
         answered = (
             "every search is answered from an exact copy of the faces (a flat scan: slower, and the faces' memory again)"
             if self.last.answers == "exact"
             else "identifications may miss the enrolled face that matches best"
+            + (" (Milvus has no exact search beside this index type)" if milvus else "")
         )
+        exact = "FACEGATE_MILVUS_INDEX=IVF_FLAT (exact at its widest nprobe) or FLAT" if milvus else "FACEGATE_INDEX=Flat"
         return [
             {
                 "model": "gallery index",
@@ -263,7 +274,7 @@ class RecallCheck:
                 ),
                 "fix": (
                     f"an index with finer codes or more links (the widest {kind} did not reach it), a lower FACEGATE_MIN_INDEX_RECALL, "
-                    "or FACEGATE_INDEX=Flat; benchmarks/gallery_ann.py measures the trade-off (docs/scaling.md)"
+                    f"or {exact}; benchmarks/gallery_ann.py measures the trade-off (docs/scaling.md)"
                 ),
             }
         ]
@@ -319,8 +330,9 @@ def one_per_subject(ids: np.ndarray, subjects: np.ndarray, sample: int, rng: np.
     return np.sort(ids[order[np.argsort(rank, kind="stable")[:sample]]])
 
 
-def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: float) -> RecallResult:
-    """recall@1 of `index` (its approximate search, at the parameters in force) on `probe`. In an
+def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: float | None = None) -> RecallResult:
+    """recall@1 of `index` (its approximate search, at the parameters in force) on `probe` (`started`:
+    when the check began, for the seconds it reports; None: now). In an
     HNSW graph a left-out face still draws the search to itself, next to its subject's other faces:
     searched so, its queries over-report (0.983 where held-out LFW photos found 0.953 through HNSW32
     at efSearch 64 on 300k faces); with it hidden, the graph has a hole where a new photo's graph has
@@ -328,6 +340,7 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
     gallery), but on real faces still over-reported (0.961 there). The hidden figure is the one
     reported, the lower: under the minimum it widens the search sooner, which costs time, not
     answers; both are kept (docs/benchmarks.md)."""
+    started = time.monotonic() if started is None else started
     mated = probe.left_out >= 0
     found = index_best(store, index, probe.queries, probe.left_out)
     assert found is not None  # not hidden: every index answers
@@ -353,19 +366,6 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
         checked_at=time.time(),
         seconds=round(time.monotonic() - started, 3),
     )
-
-
-def measure(
-    store: GalleryStore,
-    index: VectorIndex,
-    sample: int,
-    embed: Callable[[np.ndarray], np.ndarray] | None = None,
-    template: str | None = None,
-    seed: int | None = None,
-) -> RecallResult:
-    """recall@1 of `index` against the exact answer over `store`, on `sample` held-out queries."""
-    started = time.monotonic()
-    return measured(store, index, held_out(store, index, sample, embed, template, seed), started)
 
 
 def perturbed(vectors: np.ndarray, rng: np.random.Generator, cosine: float = PERTURBED_COSINE) -> np.ndarray:

@@ -19,7 +19,7 @@ from service.core.alignment import template_chip
 from service.core.models.manifest import EmbedderKey
 from service.gallery.index import TARGET_RECALL, IndexConfig, set_search_threads
 from service.gallery.interface import NewFace
-from service.gallery.recall import PERTURBED_COSINE, TIE, RecallCheck, exact_best, index_best, measure, perturbed
+from service.gallery.recall import PERTURBED_COSINE, TIE, RecallCheck, exact_best, held_out, index_best, measured, perturbed
 from service.gallery.sqlite import SqliteGallery
 
 KEY = EmbedderKey("model-a", "a" * 64, 128)
@@ -89,7 +89,7 @@ def test_the_default_search_parameters_reach_the_stated_recall(gallery, spec):
         assert described["search_params_source"] == "default" and described["target_recall"] == TARGET_RECALL
         assert described["search_params"].startswith("efSearch=" if spec.startswith("HNSW") else "nprobe=")
         assert found_share(store, queries) >= TARGET_RECALL
-        result = measure(store, store.index, 200, seed=0)
+        result = measured(store, store.index, held_out(store, store.index, 200, seed=0))
         assert result.queries == result.mated_queries == 200 and result.mirrored == 0 and result.faces == PEOPLE * PER_PERSON
         assert result.recall_at_1 >= TARGET_RECALL, result
     finally:
@@ -118,7 +118,7 @@ def test_the_check_reports_what_new_photos_find(tmp_path, spec, params):
     store = open_with(tmp_path, spec, params)
     try:
         truth = found_share(store, faces[:, 8:].reshape(900, -1))
-        result = measure(store, store.index, 1000, seed=0)
+        result = measured(store, store.index, held_out(store, store.index, 1000, seed=0))
         assert result.mated_queries == result.queries == 1000 and truth < 0.9
         if spec.startswith("HNSW"):  # the lower of its two bounds, which hold what new photos find between them here
             assert result.mated_bounds is not None and result.recall_at_1 == result.mated_bounds[0] < truth < result.mated_bounds[1]
@@ -275,7 +275,7 @@ def test_near_copies_are_mirrored_chips_where_chips_are_kept(tmp_path):
         embedded.append(crops)
         return perturbed(np.stack([faces[0]] * len(crops)), rng)
 
-    result = measure(store, store.index, 6, embed=embed, template="arcface_112", seed=0)
+    result = measured(store, store.index, held_out(store, store.index, 6, embed=embed, template="arcface_112", seed=0))
     assert result.mirrored == 3 and result.queries == 6 and result.mated_queries == 0 and result.recall_at_1 == 1.0
     (crops,) = embedded
     assert len(with_chips) == 3 and sorted(map(bytes, crops)) == sorted(bytes(c.align("arcface_112")[:, ::-1].copy()) for c in chips)
@@ -309,7 +309,11 @@ def test_the_check_on_a_postgresql_gallery(database_url):
             store.create_subject(f"p{p}", {}, f"p{p}")
             chips = [template_chip(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8), "arcface_112") for _ in range(5)]
             store.add_faces(f"p{p}", [NewFace(v, chip=c) for v, c in zip(faces[p * 5 : (p + 1) * 5], chips, strict=True)])
-        result = measure(store, store.index, 20, embed=lambda crops: perturbed(faces[: len(crops)], rng), template="arcface_112", seed=0)
+        result = measured(
+            store,
+            store.index,
+            held_out(store, store.index, 20, embed=lambda crops: perturbed(faces[: len(crops)], rng), template="arcface_112", seed=0),
+        )
         assert result.queries == result.mated_queries == 20 and result.mirrored == 0 and result.faces == 150 and result.recall_at_1 == 1.0
         assert result.index == "faiss-hnsw HNSW16" and result.search_params == "efSearch=64"
     finally:
