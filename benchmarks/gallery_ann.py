@@ -278,7 +278,7 @@ def build(spec: str, vectors: np.ndarray, dim: int) -> FaissIndex:
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(len(vectors), MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else needed)
         stride = max(len(vectors) // n, 1)
-        index.train(np.asarray(vectors[::stride][:n]))
+        index.train(np.arange(len(vectors))[::stride][:n], np.asarray(vectors[::stride][:n]))  # face id = row, as the store's sample
     for start in range(0, len(vectors), 200_000):
         chunk = np.asarray(vectors[start : start + 200_000])
         index.add(np.arange(start, start + len(chunk)), chunk)

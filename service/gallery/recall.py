@@ -8,7 +8,9 @@ candidate is as similar as the exact best.
 
 The queries are enrolled faces of subjects with another face, each searched with itself left out:
 another photo of an enrolled person, as /identify's mated searches are (a gallery's own faces
-searched for themselves are found almost always, whatever the index, and over-report it). Where
+searched for themselves are found almost always, whatever the index, and over-report it). Where the
+index was trained (IVF lists, codes), only faces its training held back (index.py: HELD_BACK): a face
+that trained the k-means pulled a list's centroid to itself, which a new photo never did. Where
 the gallery has too few such faces, near copies make up the sample: a face's stored chip mirrored
 and embedded again where chips are kept, else its embedding moved slightly along the directions in
 which faces differ.
@@ -39,7 +41,7 @@ import numpy as np
 from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex
+from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, held_back
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -291,7 +293,10 @@ def held_out(
     """`sample` queries: enrolled faces of subjects with another, each to be searched with itself left
     out, made up where too few with near copies of faces drawn from the index; and their exact answer."""
     rng = np.random.default_rng(seed)
-    faces = store.lookup_faces(one_per_subject(*store.mated_faces(), sample, rng).tolist())
+    ids, subjects = store.mated_faces()
+    if isinstance(index, FaissIndex) and index.held_back:  # its lists or codes were trained without these faces, as without a new photo
+        ids, subjects = ids[held_back(ids)], subjects[held_back(ids)]
+    faces = store.lookup_faces(one_per_subject(ids, subjects, sample, rng).tolist())
     left_out = np.array(sorted(faces), np.int64)
     vectors = [np.stack([faces[int(i)][2] for i in left_out])] if len(left_out) else []
     mirrored = 0

@@ -248,12 +248,12 @@ def derived_state(
             return Derived(shared or open_milvus(config, embedder.dim, embedder.sha256), roster, applied)
         faces = fingerprint(db, embedder.sha256)
 
-        def sample(n: int) -> np.ndarray:
+        def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
             stride = max(faces[0] // max(n, 1), 1)
             rows = db.execute(
-                "SELECT embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (embedder.sha256, stride, n)
+                "SELECT id, embedding FROM faces WHERE model_sha256 = ? AND id % ? = 0 LIMIT ?", (embedder.sha256, stride, n)
             ).fetchall()
-            return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+            return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             for start in range(0, len(ids), 10_000):
