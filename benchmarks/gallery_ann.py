@@ -296,7 +296,7 @@ def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[
     recall@1 at the search parameters given (FaissIndex's, '' for the default)."""
     mated = probe.left_out[probe.left_out >= 0]
     queries = probe.queries[probe.left_out >= 0]
-    set_search_threads(2)  # as the index it stands beside was built: k-means's sums differ in the last bits with the threads
+    set_search_threads(2)  # built as the index it stands beside was
     index = build(spec, vectors, vectors.shape[1], mated)
     set_search_threads(1)
     best = np.full(len(queries), -np.inf, np.float32)
