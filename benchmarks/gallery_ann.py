@@ -317,10 +317,12 @@ def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[
     return found
 
 
-def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> None:
+def store_restart(vectors: np.ndarray, who: np.ndarray, spec: str, params: str, folder: Path) -> None:
     """Restart to ready through the SQLite store: the first open builds (and persists) the index, the
     second loads it; both include the store's start-up checks (counts, fingerprint). Then the
-    service's recall check (service/gallery/recall.py) on that store: its recall@1 and what it costs."""
+    service's recall check (service/gallery/recall.py) on that store: its recall@1 and what it costs.
+    Without the open-set guard: its build is an exact leave-one-out search of every face (quadratic:
+    about 40 minutes of CPU at 1M faces here, at each start; benchmarks/open_set_guard.py measures it)."""
     import logging
     import sqlite3
 
@@ -331,19 +333,26 @@ def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> 
     key = EmbedderKey("bench", "b" * 64, vectors.shape[1])
     SqliteGallery.open(folder, key, searchable=False).close()  # the schema
     db = sqlite3.connect(folder / DATABASE)
-    db.execute("INSERT INTO subjects (id, name, metadata, created, updated) VALUES ('s', 's', '{}', 0, 0)")  # a later schema adds columns
+    # a subject per person (`who`: each distractor its own), so that the check draws as from the run's gallery; a later schema adds columns
+    db.executemany(
+        "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+        ((f"s{w}", f"s{w}") for w in np.unique(who)),
+    )
     for start in range(0, len(vectors), 100_000):
         chunk = np.asarray(vectors[start : start + 100_000])
         db.executemany(
-            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES ('s', ?, 'bench', ?, 0)",
-            ((v.tobytes(), key.sha256) for v in chunk),
+            "INSERT INTO faces (id, subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, 'bench', ?, 0)",
+            (
+                (start + i + 1, f"s{w}", v.tobytes(), key.sha256)
+                for i, (w, v) in enumerate(zip(who[start : start + len(chunk)], chunk, strict=True))
+            ),
         )
     db.commit()
     db.close()
     runs = [("first start (build + save)", "")] + [("restart (load)", search) for search in params.split("|")]
     for what, search in runs:
         started = time.perf_counter()
-        gallery = SqliteGallery.open(folder, key, index=IndexConfig(spec, search, folder / "index"))
+        gallery = SqliteGallery.open(folder, key, index=IndexConfig(spec, search, folder / "index"), guard=False)
         ready = time.perf_counter() - started
         print(f"SQLite store, {gallery.index.size:,} faces, {spec}: {what} {ready:.1f} s", flush=True)
         if what.startswith("restart") and gallery.index is not None and not gallery.index.exact:
@@ -527,7 +536,7 @@ def main() -> None:
             del index
         if args.store:
             with tempfile.TemporaryDirectory(dir=work) as tmp:
-                store_restart(vectors, args.store, args.store_params, Path(tmp))
+                store_restart(vectors, held.who, args.store, args.store_params, Path(tmp))
         if args.milvus_lite:
             with tempfile.TemporaryDirectory(dir=work) as tmp:
                 milvus_lite(vectors, queries, truth, Path(tmp))
