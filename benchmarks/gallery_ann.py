@@ -40,6 +40,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -271,52 +272,92 @@ def latencies(index: FaissIndex, vectors: np.ndarray, queries: np.ndarray, concu
         return np.array(list(pool.map(one, queries)))
 
 
-def build(spec: str, vectors: np.ndarray, dim: int) -> FaissIndex:
+def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None = None) -> FaissIndex:
+    """The index as the store builds it (face id = row), or as a gallery without the faces `leave_out`
+    would have it: trained on the same sample but them, none of them added."""
     index = FaissIndex(dim, spec)
     if not index.is_trained:
         needed = train_size(spec, dim)
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(len(vectors), MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else needed)
-        stride = max(len(vectors) // n, 1)
-        index.train(np.asarray(vectors[::stride][:n]))
+        rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)][:n]  # the store's sample: every stride-th id
+        rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
+        index.train(rows, np.asarray(vectors[rows]))
     for start in range(0, len(vectors), 200_000):
-        chunk = np.asarray(vectors[start : start + 200_000])
-        index.add(np.arange(start, start + len(chunk)), chunk)
+        rows = np.arange(start, min(start + 200_000, len(vectors)))
+        rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
+        index.add(rows, np.asarray(vectors[rows]))
     return index
 
 
-def store_restart(vectors: np.ndarray, spec: str, params: str, folder: Path) -> None:
+def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[str], float]:
+    """What the recall check estimates, measured: its held-out faces searched as new photos through
+    the index of the gallery without them (`build`'s `leave_out`), against their exact best there;
+    recall@1 at the search parameters given (FaissIndex's, '' for the default)."""
+    mated = probe.left_out[probe.left_out >= 0]
+    queries = probe.queries[probe.left_out >= 0]
+    set_search_threads(2)  # built as the index it stands beside was
+    index = build(spec, vectors, vectors.shape[1], mated)
+    set_search_threads(1)
+    best = np.full(len(queries), -np.inf, np.float32)
+    for start in range(0, len(vectors), 200_000):
+        scores = queries @ np.asarray(vectors[start : start + 200_000]).T
+        scores[:, mated[(mated >= start) & (mated < start + 200_000)] - start] = -np.inf
+        best = np.maximum(best, scores.max(1))
+
+    def found(params: str) -> float:
+        nonlocal index
+        index = FaissIndex(vectors.shape[1], spec, params, index._index)
+        index.tune()
+        top = np.array(
+            [float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in ((rescored(index, vectors, q), q) for q in queries)]
+        )
+        return float(np.mean(top >= best - 1e-6))
+
+    return found
+
+
+def store_restart(vectors: np.ndarray, who: np.ndarray, spec: str, params: str, folder: Path) -> None:
     """Restart to ready through the SQLite store: the first open builds (and persists) the index, the
     second loads it; both include the store's start-up checks (counts, fingerprint). Then the
-    service's recall check (service/gallery/recall.py) on that store: its recall@1 and what it costs."""
+    service's recall check (service/gallery/recall.py) on that store: its recall@1 and what it costs.
+    Without the open-set guard: its build is an exact leave-one-out search of every face (quadratic:
+    about 40 minutes of CPU at 1M faces here, at each start; benchmarks/open_set_guard.py measures it)."""
     import logging
     import sqlite3
 
     from service.core.models.manifest import EmbedderKey
-    from service.gallery.recall import measure
     from service.gallery.sqlite import DATABASE, SqliteGallery
 
     logging.disable(logging.WARNING)
     key = EmbedderKey("bench", "b" * 64, vectors.shape[1])
     SqliteGallery.open(folder, key, searchable=False).close()  # the schema
     db = sqlite3.connect(folder / DATABASE)
-    db.execute("INSERT INTO subjects (id, name, metadata, created, updated) VALUES ('s', 's', '{}', 0, 0)")  # a later schema adds columns
+    # a subject per person (`who`: each distractor its own), so that the check draws as from the run's gallery; a later schema adds columns
+    db.executemany(
+        "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+        ((f"s{w}", f"s{w}") for w in np.unique(who)),
+    )
     for start in range(0, len(vectors), 100_000):
         chunk = np.asarray(vectors[start : start + 100_000])
         db.executemany(
-            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES ('s', ?, 'bench', ?, 0)",
-            ((v.tobytes(), key.sha256) for v in chunk),
+            "INSERT INTO faces (id, subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, 'bench', ?, 0)",
+            (
+                (start + i + 1, f"s{w}", v.tobytes(), key.sha256)
+                for i, (w, v) in enumerate(zip(who[start : start + len(chunk)], chunk, strict=True))
+            ),
         )
     db.commit()
     db.close()
     runs = [("first start (build + save)", "")] + [("restart (load)", search) for search in params.split("|")]
     for what, search in runs:
         started = time.perf_counter()
-        gallery = SqliteGallery.open(folder, key, index=IndexConfig(spec, search, folder / "index"))
+        gallery = SqliteGallery.open(folder, key, index=IndexConfig(spec, search, folder / "index"), guard=False)
         ready = time.perf_counter() - started
         print(f"SQLite store, {gallery.index.size:,} faces, {spec}: {what} {ready:.1f} s", flush=True)
         if what.startswith("restart") and gallery.index is not None and not gallery.index.exact:
-            check = measure(gallery, gallery.index, RECALL_SAMPLE, seed=0)
+            started = time.monotonic()  # the check's time: its draw and exact pass too
+            check = measured(gallery, gallery.index, held_out(gallery, gallery.index, RECALL_SAMPLE, seed=0), started)
             print(
                 f"SQLite store, {spec}: the recall check ({check.queries} queries, search parameters {check.search_params}) "
                 f"measured recall@1 {check.recall_at_1:.3f} ({check.mated_queries} faces left out, "
@@ -391,6 +432,11 @@ def main() -> None:
     )
     parser.add_argument("--recall-only", action="store_true", help="Skip the latency runs (a quick sweep of search parameters).")
     parser.add_argument(
+        "--check-truth",
+        action="store_true",
+        help="Also build each index without the recall check's held-out faces and search them as new photos (the 'new' column).",
+    )
+    parser.add_argument(
         "--store", help="Also time a SQLite store's start and restart with this index (factory string), and run the service's recall check."
     )
     parser.add_argument("--store-params", default="", help="The store's search parameters, a|b: a restart and a recall check each.")
@@ -438,16 +484,17 @@ def main() -> None:
         print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
         print(
             f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
-            f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6} {'check':>6}"
+            f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6} {'check':>6}" + (f" {'new':>6}" if args.check_truth else "")
         )
         # The service's recall check (service/gallery/recall.py) on this gallery, beside R@1: its held-out
-        # queries (enrolled faces of people with another, each left out) and their exact answer, drawn once.
+        # queries (enrolled faces of people with another, each left out) and their exact answer, drawn per index.
         held = ArrayGallery(
             vectors, np.concatenate([np.unique(enrolled_who, return_inverse=True)[1], np.arange(len(enrolled), args.size) + len(enrolled)])
         )
-        probe: Probe | None = None
         params = args.params + [""] * (len(args.indexes) - len(args.params))
         for spec, param in zip(args.indexes, params, strict=True):
+            probe: Probe | None = None
+            truth_of: Callable[[str], float] | None = None  # the check's faces as new photos
             gc.collect()
             started = time.perf_counter()
             set_search_threads(2)  # building may use both cores; searches run on one, as the service's do
@@ -472,22 +519,25 @@ def main() -> None:
                 top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])
                 hit = top >= best - 1e-6  # the exact best similarity found (a tie with another face counts)
                 r10 = float(np.mean([len(set(f[:10].tolist()) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)]))
-                probe = probe or held_out(held, index, RECALL_SAMPLE, seed=0)
+                if probe is None:  # per index: one trained holding back HELD_BACK's faces draws from them
+                    probe = held_out(held, index, RECALL_SAMPLE, seed=0)
+                    truth_of = new_photos_found(spec, vectors, probe) if args.check_truth else None
                 check = measured(held, index, probe, time.monotonic())
+                new = f" {truth_of(index.search_params):>6.3f}" if truth_of else ""
                 c1 = latencies(index, vectors, queries, 1) if not args.recall_only else np.full(1, np.nan)
                 c8 = latencies(index, vectors, np.tile(queries, (2, 1)), 8) if not args.recall_only else np.full(1, np.nan)
                 print(
                     f"{spec:<16} {index.search_params or '-':<14} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} "
                     f"{np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
                     f"{np.percentile(c8, 50):>7.2f} {np.percentile(c8, 99):>7.2f} "
-                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f} {check.recall_at_1:>6.3f}"
+                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f} {check.recall_at_1:>6.3f}{new}"
                     + (" (HNSW: face hidden {:.3f}, kept {:.3f})".format(*check.mated_bounds) if check.mated_bounds else ""),
                     flush=True,
                 )
             del index
         if args.store:
             with tempfile.TemporaryDirectory(dir=work) as tmp:
-                store_restart(vectors, args.store, args.store_params, Path(tmp))
+                store_restart(vectors, held.who, args.store, args.store_params, Path(tmp))
         if args.milvus_lite:
             with tempfile.TemporaryDirectory(dir=work) as tmp:
                 milvus_lite(vectors, queries, truth, Path(tmp))

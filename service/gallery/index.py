@@ -37,6 +37,10 @@ REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces
 CANDIDATES = 16  # faces a search asks the index for at least (/identify at top_k=1): max(4 × top_k, 16)
 TARGET_RECALL = 0.99  # recall@1 the default search parameters aim at (docs/scaling.md: the benchmark behind them)
 MAX_EF_SEARCH = 4096  # the widest efSearch the recall check widens to (8 × the default at 1M faces)
+# One face in HELD_BACK (id % HELD_BACK == HELD_BACK - 1) never trains an index's lists or codes: the
+# recall check's held-out faces, new to the index's k-means as a new photo is (trained on them, IVF1024
+# at nprobe 1 over-reported by 0.035 on 100k faces: docs/benchmarks.md)
+HELD_BACK = 8
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
@@ -86,7 +90,8 @@ class VectorIndex(Protocol):
 
     @property
     def answers_exactly(self) -> bool:
-        """Searches are answered from an exact copy of the faces (`use_exact`), not the index."""
+        """Every answer is the exact one: searches are answered from an exact copy of the faces
+        (`use_exact`), not the index, or the index is searched exhaustively (Milvus's IVF_FLAT at every list)."""
         ...
 
     def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -159,6 +164,11 @@ def default_ef_search(size: int) -> int:
     at 1M). On the benchmark's Gaussian gallery HNSW32 reached recall@1 0.99 at efSearch about 60 at
     100k faces, 220 at 300k and 450 at 1M: a graph's recall falls as it grows."""
     return max(64, math.ceil(0.5 * math.sqrt(size)))
+
+
+def held_back(ids: np.ndarray) -> np.ndarray:
+    """Which of these face ids never train an index (HELD_BACK): the recall check's queries."""
+    return np.asarray(ids, np.int64) % HELD_BACK == HELD_BACK - 1
 
 
 def train_size(spec: str, dim: int) -> int:
@@ -265,10 +275,12 @@ class FaissIndex:
         removed: Iterable[int] = (),
         dead: int = 0,
         base: MappedFaces | None = None,
+        held_back: bool = False,
     ):
-        """A new index, or (`built`) one read from a file with its removed ids. `search_params`
-        empty: facegate's default for the index's kind and size, set by `tune`. `base` (flat only):
-        the faces as of a snapshot the host's workers share, searched beside this index's own."""
+        """A new index, or (`built`) one read from a file with its removed ids and whether its
+        training held back the recall check's faces. `search_params` empty: facegate's default for
+        the index's kind and size, set by `tune`. `base` (flat only): the faces as of a snapshot the
+        host's workers share, searched beside this index's own."""
         self.dim, self.spec = dim, spec
         self.requested_params = search_params  # FACEGATE_INDEX_SEARCH_PARAMS
         self.search_params = search_params  # in force
@@ -288,6 +300,7 @@ class FaissIndex:
         if search_params:
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
             faiss.ParameterSpace().set_index_parameters(self._index, search_params)  # type: ignore[arg-type]
+        self.held_back = held_back  # trained without the faces `held_back` names (an index trained before HELD_BACK: on all)
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
         self.changes = 0
@@ -357,9 +370,12 @@ class FaissIndex:
     def is_trained(self) -> bool:
         return bool(self._index.is_trained)
 
-    def train(self, vectors: np.ndarray) -> None:
+    def train(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Train on these faces, but those `held_back` names (the recall check's)."""
+        kept = ~held_back(ids)
         with self._lock.write():
-            self._index.train(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim))
+            self._index.train(np.ascontiguousarray(np.asarray(vectors)[kept], dtype=np.float32).reshape(-1, self.dim))
+            self.held_back = True
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
@@ -534,6 +550,7 @@ class FaissIndex:
                     "dim": self.dim,
                     "removed": sorted(self._removed),
                     "dead": self._dead,
+                    "held_back": self.held_back,
                 }
                 self.dirty = False
         write_atomically(path, json.dumps(record).encode())
@@ -547,7 +564,15 @@ class FaissIndex:
     @classmethod
     def load(cls, path: Path, meta: dict[str, Any], search_params: str) -> FaissIndex:
         built = faiss.read_index(str(path.with_name(meta["file"])))
-        return cls(meta["dim"], meta["spec"], search_params, built, meta.get("removed", []), meta.get("dead", 0))
+        return cls(
+            meta["dim"],
+            meta["spec"],
+            search_params,
+            built,
+            meta.get("removed", []),
+            meta.get("dead", 0),
+            held_back=meta.get("held_back", False),
+        )
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:
@@ -592,12 +617,12 @@ def open_index(
     model_sha256: str,
     count: int,
     is_current: Callable[[dict[str, Any]], bool],
-    sample: Callable[[int], np.ndarray],
+    sample: Callable[[int], tuple[np.ndarray, np.ndarray]],
     rows: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
 ) -> tuple[FaissIndex, dict[str, Any] | None]:
     """The persisted index when its file matches (`is_current` judges the store's side: face count,
     change sequence), else one built from `rows` (ids, vectors batches) — trained first on
-    `sample(n)` when it needs training and the store holds enough faces; with fewer it stays
+    `sample(n)` (ids, vectors) when it needs training and the store holds enough faces; with fewer it stays
     exact (flat) until a restart finds enough. Returns the index and the metadata it was loaded
     with (None when built)."""
     path = config.path(model_sha256)
@@ -635,7 +660,7 @@ def open_index(
     started = time.monotonic()
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index._index)
-        index.train(sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)))
+        index.train(*sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)))
     for ids, vectors in rows():
         index.add(ids, vectors)
     if path:

@@ -280,7 +280,12 @@ class MilvusIndex:
 
     @property
     def answers_exactly(self) -> bool:
-        return False  # Milvus has no exact copy here: a low recall is widened and reported, not answered around
+        """IVF_FLAT searched at every list: each distance is computed from the stored vector, so the
+        answer is FLAT's. Milvus has no exact search beside its other indexes (HNSW, IVF_SQ8, IVF_PQ,
+        DISKANN…: no parameter bypasses them), and a copy in this process would miss the writes
+        other replicas send Milvus directly: there a recall under the minimum stays a /readyz problem."""
+        nlist = self.index_params.get("nlist")
+        return self.index_type.upper() == "IVF_FLAT" and nlist is not None and int(self.search_params.get("nprobe", 0)) >= int(nlist)
 
     def sample_ids(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Up to n ids drawn uniformly (a reservoir over every id: Milvus has no random sample)."""

@@ -269,13 +269,15 @@ class PostgresGallery(FollowedStore, GalleryStore):
                     saved = meta.get("sequence", -1)
                     return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
 
-                def sample(n: int) -> np.ndarray:
+                def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
                     stride = max(count // max(n, 1), 1)
                     rows = conn.execute(
-                        "SELECT embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = 0 LIMIT %s",
+                        "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = 0 LIMIT %s",
                         (self.collection, sha, stride, n),
                     ).fetchall()
-                    return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+                    return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(
+                        len(rows), -1
+                    )
 
                 def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
                     with conn.cursor(name="facegate_load", binary=True) as cursor:

@@ -8,7 +8,9 @@ candidate is as similar as the exact best.
 
 The queries are enrolled faces of subjects with another face, each searched with itself left out:
 another photo of an enrolled person, as /identify's mated searches are (a gallery's own faces
-searched for themselves are found almost always, whatever the index, and over-report it). Where
+searched for themselves are found almost always, whatever the index, and over-report it). Where the
+index was trained (IVF lists, codes), only faces its training held back (index.py: HELD_BACK): a face
+that trained the k-means pulled a list's centroid to itself, which a new photo never did. Where
 the gallery has too few such faces, near copies make up the sample: a face's stored chip mirrored
 and embedded again where chips are kept, else its embedding moved slightly along the directions in
 which faces differ.
@@ -39,7 +41,7 @@ import numpy as np
 from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex
+from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, held_back
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -206,8 +208,16 @@ class RecallCheck:
                 log.warning(
                     "gallery index recall@1 %.3f meets FACEGATE_MIN_INDEX_RECALL again: answering from the index", result.recall_at_1
                 )
-            return replace(result, answers="index")
-        if isinstance(index, FaissIndex) and not index.answers_exactly:
+            return replace(result, answers="exact" if index.answers_exactly else "index")  # Milvus: IVF_FLAT at every list
+        if not isinstance(index, FaissIndex):  # Milvus: nothing to answer from but its index (milvus.py: answers_exactly)
+            log.warning(
+                "gallery index recall@1 %.3f at its widest search (%s), under FACEGATE_MIN_INDEX_RECALL=%s: Milvus keeps no exact "
+                "copy, identifications may miss the enrolled face that matches best",
+                result.recall_at_1,
+                result.search_params,
+                self.minimum,
+            )
+        elif not index.answers_exactly:
             index.begin_exact()
             index.use_exact(pages(self.store))
             log.warning(
@@ -248,11 +258,14 @@ class RecallCheck:
         if self.last is None or self.last.recall_at_1 >= self.minimum:
             return []
         kind = "efSearch (ef on Milvus)" if "hnsw" in self.last.index.lower() else "nprobe"
+        milvus = self.last.index.startswith("milvus")
         answered = (
             "every search is answered from an exact copy of the faces (a flat scan: slower, and the faces' memory again)"
             if self.last.answers == "exact"
             else "identifications may miss the enrolled face that matches best"
+            + (" (Milvus has no exact search beside this index type)" if milvus else "")
         )
+        exact = "FACEGATE_MILVUS_INDEX=IVF_FLAT (exact at its widest nprobe) or FLAT" if milvus else "FACEGATE_INDEX=Flat"
         return [
             {
                 "model": "gallery index",
@@ -263,7 +276,7 @@ class RecallCheck:
                 ),
                 "fix": (
                     f"an index with finer codes or more links (the widest {kind} did not reach it), a lower FACEGATE_MIN_INDEX_RECALL, "
-                    "or FACEGATE_INDEX=Flat; benchmarks/gallery_ann.py measures the trade-off (docs/scaling.md)"
+                    f"or {exact}; benchmarks/gallery_ann.py measures the trade-off (docs/scaling.md)"
                 ),
             }
         ]
@@ -280,7 +293,10 @@ def held_out(
     """`sample` queries: enrolled faces of subjects with another, each to be searched with itself left
     out, made up where too few with near copies of faces drawn from the index; and their exact answer."""
     rng = np.random.default_rng(seed)
-    faces = store.lookup_faces(one_per_subject(*store.mated_faces(), sample, rng).tolist())
+    ids, subjects = store.mated_faces()
+    if isinstance(index, FaissIndex) and index.held_back:  # its lists or codes were trained without these faces, as without a new photo
+        ids, subjects = ids[held_back(ids)], subjects[held_back(ids)]
+    faces = store.lookup_faces(one_per_subject(ids, subjects, sample, rng).tolist())
     left_out = np.array(sorted(faces), np.int64)
     vectors = [np.stack([faces[int(i)][2] for i in left_out])] if len(left_out) else []
     mirrored = 0
@@ -319,8 +335,9 @@ def one_per_subject(ids: np.ndarray, subjects: np.ndarray, sample: int, rng: np.
     return np.sort(ids[order[np.argsort(rank, kind="stable")[:sample]]])
 
 
-def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: float) -> RecallResult:
-    """recall@1 of `index` (its approximate search, at the parameters in force) on `probe`. In an
+def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: float | None = None) -> RecallResult:
+    """recall@1 of `index` (its approximate search, at the parameters in force) on `probe` (`started`:
+    when the check began, for the seconds it reports; None: now). In an
     HNSW graph a left-out face still draws the search to itself, next to its subject's other faces:
     searched so, its queries over-report (0.983 where held-out LFW photos found 0.953 through HNSW32
     at efSearch 64 on 300k faces); with it hidden, the graph has a hole where a new photo's graph has
@@ -328,6 +345,7 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
     gallery), but on real faces still over-reported (0.961 there). The hidden figure is the one
     reported, the lower: under the minimum it widens the search sooner, which costs time, not
     answers; both are kept (docs/benchmarks.md)."""
+    started = time.monotonic() if started is None else started
     mated = probe.left_out >= 0
     found = index_best(store, index, probe.queries, probe.left_out)
     assert found is not None  # not hidden: every index answers
@@ -353,19 +371,6 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
         checked_at=time.time(),
         seconds=round(time.monotonic() - started, 3),
     )
-
-
-def measure(
-    store: GalleryStore,
-    index: VectorIndex,
-    sample: int,
-    embed: Callable[[np.ndarray], np.ndarray] | None = None,
-    template: str | None = None,
-    seed: int | None = None,
-) -> RecallResult:
-    """recall@1 of `index` against the exact answer over `store`, on `sample` held-out queries."""
-    started = time.monotonic()
-    return measured(store, index, held_out(store, index, sample, embed, template, seed), started)
 
 
 def perturbed(vectors: np.ndarray, rng: np.random.Generator, cosine: float = PERTURBED_COSINE) -> np.ndarray:

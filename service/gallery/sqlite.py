@@ -404,16 +404,19 @@ def change_at(db: sqlite3.Connection, seq: int) -> str | None:
     return f"{row[0]} {row[1]}" if row else None
 
 
-def sampler(db: sqlite3.Connection, collection: str, embedder: EmbedderKey, faces: list[int]) -> Callable[[int], np.ndarray]:
-    """n of the collection's faces the embedder made spread over the ids, what an index that needs training trains on."""
+def sampler(
+    db: sqlite3.Connection, collection: str, embedder: EmbedderKey, faces: list[int]
+) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
+    """n of the collection's faces the embedder made, spread over the ids, with their ids: what an
+    index that needs training trains on (holding back the recall check's faces)."""
 
-    def sample(n: int) -> np.ndarray:
+    def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
         stride = max(faces[0] // max(n, 1), 1)
         rows = db.execute(
-            "SELECT embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = 0 LIMIT ?",
+            "SELECT id, embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = 0 LIMIT ?",
             (collection, embedder.sha256, stride, n),
         ).fetchall()
-        return np.frombuffer(b"".join(r[0] for r in rows), dtype="<f4").reshape(len(rows), -1)
+        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
     return sample
 

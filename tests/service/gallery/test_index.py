@@ -52,7 +52,7 @@ def test_approximate_index_adds_removes_and_searches(spec, params):
     index = FaissIndex(16, spec, params)
     vectors = unit(400)
     if not index.is_trained:
-        index.train(vectors)
+        index.train(np.arange(400), vectors)
     index.add(np.arange(400), vectors)
     assert index.remove(np.array([7, 8, 7, 9999])) == 2  # a repeat and an unknown id count once / not at all
     assert index.size == 398
@@ -99,7 +99,7 @@ def test_save_and_load_keep_ids_removals_and_parameters(tmp_path):
 
 def build_inputs(vectors: np.ndarray):
     ids = np.arange(1, len(vectors) + 1)
-    return (lambda n: vectors[:n]), (lambda: iter([(ids, vectors)]))
+    return (lambda n: (ids[:n], vectors[:n])), (lambda: iter([(ids, vectors)]))
 
 
 def test_open_index_loads_a_current_file_and_rebuilds_a_stale_one(tmp_path):
@@ -137,7 +137,7 @@ def test_candidates_are_rescored_from_the_stored_embeddings():
     similarity is the stored embedding's dot product with the query."""
     vectors = unit(2000)
     index = FaissIndex(16, "IVF4,SQ4", "nprobe=4")
-    index.train(vectors)
+    index.train(np.arange(2000), vectors)
     index.add(np.arange(2000), vectors)
     query = unit(1, seed=9)[0]
     approx, _ = index.search(query, 16)

@@ -210,7 +210,7 @@ def test_milvus_index_and_search_parameters_default_per_index_type(tmp_path):
     them but searches exactly whatever the index, so recall itself is the FAISS tests'.)"""
     from service.gallery.index import default_ef_search, default_nprobe
     from service.gallery.milvus import MILVUS_NLIST, default_search_params
-    from service.gallery.recall import measure
+    from service.gallery.recall import held_out, measured
 
     ivf = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="IVF_FLAT")
     g = SqliteGallery.open(tmp_path, KEY, index=ivf)
@@ -225,14 +225,14 @@ def test_milvus_index_and_search_parameters_default_per_index_type(tmp_path):
         assert described["index_params"] == {"nlist": MILVUS_NLIST} and described["search_params_source"] == "default"
         assert described["search_params"] == {"nprobe": default_nprobe(MILVUS_NLIST)}
         assert g.search(unit(3), 1)[0].face_id and sent[-1] == {"metric_type": "IP", "params": described["search_params"]}
-        result = measure(g, g.index, 10, seed=0)
+        result = measured(g, g.index, held_out(g, g.index, 10, seed=0))
         assert result.queries == result.mated_queries == 10 and result.recall_at_1 == 1.0 and g.index.changes == 20
         nprobe = described["search_params"]["nprobe"]
         assert g.index.widen() == {"nprobe": min(2 * nprobe, MILVUS_NLIST)} and g.index.describe()["widened_from"] == {"nprobe": nprobe}
         assert g.index.describe()["search_params_source"] == "widened" and g.index.tune() is None  # kept as the gallery grows
         while g.index.widen() is not None:
             pass
-        assert g.index.search_params == {"nprobe": MILVUS_NLIST} and not g.index.answers_exactly  # no exact copy on Milvus
+        assert g.index.search_params == {"nprobe": MILVUS_NLIST} and g.index.answers_exactly  # every list of IVF_FLAT: exact
     finally:
         g.close()
     given = IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index="HNSW", milvus_search_params={"ef": 32})
@@ -288,3 +288,40 @@ def test_a_milvus_collection_made_before_collections_serves_default_only(tmp_pat
         g.close()
     with pytest.raises(GalleryUnavailable, match="before facegate had collections"):
         SqliteGallery.open(tmp_path, KEY, index=milvus, collection="home")
+
+
+@pytest.mark.parametrize("index_type", ["IVF_FLAT", "HNSW"])
+def test_under_the_minimum_milvus_answers_exactly_only_where_its_index_can(tmp_path, index_type):
+    """Milvus keeps no exact copy (other replicas write to it directly, past this process): an
+    IVF_FLAT collection widened to every list answers as FLAT does, and the check says `exact`; any
+    other index type, widened as far as it goes, stays a /readyz problem that names IVF_FLAT and
+    FLAT. (Milvus Lite searches exactly whatever the index: here its search loses each query's two
+    best faces until every list is scanned, as an index searched too narrowly loses them.)"""
+    from service.gallery.index import MAX_EF_SEARCH
+    from service.gallery.milvus import MILVUS_NLIST
+    from service.gallery.recall import RecallCheck
+
+    g = SqliteGallery.open(tmp_path, KEY, index=IndexConfig(milvus_uri=str(tmp_path / "milvus.db"), milvus_index=index_type))
+    try:
+        for p in range(10):
+            g.create_subject(f"p{p}", {}, f"p{p}")
+            g.add_faces(f"p{p}", [NewFace(unit(100 * p + i)) for i in range(3)])
+        search = g.index.search
+
+        def narrow(queries, k, approximate=False):
+            scores, ids = search(queries, k + 2, approximate)
+            return (scores[:, :k], ids[:, :k]) if g.index.answers_exactly else (scores[:, 2:], ids[:, 2:])
+
+        g.index.search = narrow
+        check = RecallCheck(g, lambda: g.index, sample=10, every=1000, minimum=0.97)
+        result = check.run()
+        assert result is not None
+        if index_type == "IVF_FLAT":
+            assert g.index.search_params == {"nprobe": MILVUS_NLIST} and result.answers == "exact" and result.recall_at_1 == 1.0
+            assert check.problems() == []
+        else:
+            assert g.index.search_params == {"ef": MAX_EF_SEARCH} and result.answers == "index" and result.recall_at_1 < 0.97
+            (problem,) = check.problems()
+            assert "Milvus has no exact search" in problem["error"] and "IVF_FLAT" in problem["fix"] and "FLAT" in problem["fix"]
+    finally:
+        g.close()
