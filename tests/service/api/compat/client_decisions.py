@@ -16,6 +16,8 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,13 +118,21 @@ def clients_js() -> Path:
     return Path(os.environ.get("FACEGATE_CLIENTS_JS") or REPO / ".clients-js")
 
 
-def double_take(node: str, detector: str, url: str, key: str, data: Path) -> tuple[list[dict], dict[str, list[dict]]]:
-    """Double Take's `detector` module trained and asked about every probe: what it trained
-    (name, photo, HTTP status) and its normalized faces per photo."""
-    plan = {"train": [[n, str(p)] for n, p in train_photos(data)], "probes": [str(p.path) for p in probes(data)]}
+@contextmanager
+def plan_file(train: list[tuple[str, Path]], photos: list[Photo]) -> Iterator[str]:
+    """The photos to train (name, photo) and to ask about, as the drivers read them."""
     with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-        json.dump(plan, file)
+        json.dump({"train": [[n, str(p)] for n, p in train], "probes": [str(p.path) for p in photos]}, file)
         file.flush()
+        yield file.name
+
+
+def double_take(
+    node: str, detector: str, url: str, key: str, train: list[tuple[str, Path]], photos: list[Photo]
+) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Double Take's `detector` module trained and asked about every photo: what it trained
+    (name, photo, HTTP status) and its normalized faces per photo."""
+    with plan_file(train, photos) as plan:
         env = {
             **os.environ,
             "DOUBLE_TAKE_URL": url,
@@ -130,7 +140,7 @@ def double_take(node: str, detector: str, url: str, key: str, data: Path) -> tup
             "NODE_PATH": str(clients_js() / DOUBLE_TAKE[detector] / "node_modules"),
         }
         run = subprocess.run(
-            [node, str(CLIENTS / "double_take" / "run.js"), detector, file.name], capture_output=True, text=True, env=env, timeout=600
+            [node, str(CLIENTS / "double_take" / "run.js"), detector, plan], capture_output=True, text=True, env=env, timeout=600
         )
     assert run.returncode == 0, run.stderr[-3000:]
     answer = json.loads(run.stdout)
@@ -147,15 +157,14 @@ def double_take_named(results: dict[str, list[dict] | dict], matched: bool = Tru
     }
 
 
-def viseron(python: str, host: str, port: int, key: str, data: Path) -> tuple[list[str], dict[str, list[dict]]]:
-    """Viseron's CompreFace training and face recognition (clients/drive_viseron_module.py) on the
-    set: the photos it logged as not suitable for training, and per photo its faces (known or unknown)."""
-    plan = {"train": [[n, str(p)] for n, p in train_photos(data)], "probes": [str(p.path) for p in probes(data)]}
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-        json.dump(plan, file)
-        file.flush()
+def viseron(
+    python: str, host: str, port: int, key: str, train: list[tuple[str, Path]], photos: list[Photo]
+) -> tuple[list[str], dict[str, list[dict]]]:
+    """Viseron's CompreFace training and face recognition (clients/drive_viseron_module.py): the
+    photos it logged as not suitable for training, and per photo its faces (known or unknown)."""
+    with plan_file(train, photos) as plan:
         run = subprocess.run(
-            [python, str(CLIENTS / "drive_viseron_module.py"), host, str(port), key, file.name],
+            [python, str(CLIENTS / "drive_viseron_module.py"), host, str(port), key, plan],
             capture_output=True,
             text=True,
             timeout=600,

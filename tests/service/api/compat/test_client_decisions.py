@@ -59,7 +59,7 @@ def test_tally_counts_a_wrong_name_and_a_missed_person(test_data):
 def test_double_take(detector, request, test_data):
     node = node_with(clients.DOUBLE_TAKE[detector])
     url, _ = request.getfixturevalue("server")
-    trained, results = clients.double_take(node, detector, url, "any-key", test_data)
+    trained, results = clients.double_take(node, detector, url, "any-key", clients.train_photos(test_data), clients.probes(test_data))
     assert [t["status"] for t in trained] == [200] * len(trained), trained
     tally = clients.tally(clients.probes(test_data), clients.double_take_named(results))
     assert tally.named_strangers == 0, tally.wrong
@@ -73,7 +73,7 @@ def test_viseron(request, test_data):
     if subprocess.run([python, "-c", "import compreface, cv2"], capture_output=True).returncode != 0:
         need("CLIENTS", f"compreface-sdk or cv2 is not importable by {python}: run `make clients` or set FACEGATE_CLIENTS_PYTHON")
     _, port = request.getfixturevalue("server")
-    unsuitable, results = clients.viseron(python, "127.0.0.1", port, "any-key", test_data)
+    unsuitable, results = clients.viseron(python, "127.0.0.1", port, "any-key", clients.train_photos(test_data), clients.probes(test_data))
     assert unsuitable == []
     tally = clients.tally(clients.probes(test_data), clients.viseron_named(results))
     assert (tally.found, tally.named_strangers) == (tally.knowns, 0), (tally.missed, tally.wrong)
