@@ -39,8 +39,22 @@ from tests.service.api.compat import client_decisions as clients
 CLIENTS = [f"Double Take `{d}`" for d in sorted(clients.DOUBLE_TAKE)] + ["Viseron `compreface`"]
 
 
+def misses(photos: list[clients.Photo], results: dict) -> Counter:
+    """Why Double Take matched a trained person on none of their faces: named at 60 % but the box under
+    its min_area (10,000 px²), named under 60 %, or not named (under 40 %, or another name)."""
+    why: Counter = Counter()
+    for photo in photos:
+        faces = results.get(str(photo.path))
+        for person in photo.people if isinstance(faces, list) else ():
+            theirs = [f for f in faces if f["name"] == person]
+            if not any(f["match"] for f in theirs):
+                why["box" if any(f["confidence"] >= 60 for f in theirs) else "score" if theirs else "unnamed"] += 1
+    return why
+
+
 def decide(url: str, python: str, train: list[tuple[str, Path]], photos: list[clients.Photo]) -> dict[str, tuple]:
-    """Per client: (what it matched, what it showed a name for, the faces' scores per photo, training photos refused)."""
+    """Per client: (what it matched, what it showed a name for, the faces' scores per photo, training
+    photos refused, photos whose request failed: Double Take gives up after its 15 s timeout, why it missed people)."""
     node = shutil.which("node")
     assert node, "node is not on PATH"
     decided = {}
@@ -48,11 +62,13 @@ def decide(url: str, python: str, train: list[tuple[str, Path]], photos: list[cl
         trained, results = clients.double_take(node, detector, url, "any-key", train, photos)
         scores = {p: [f["confidence"] / 100 for f in faces] for p, faces in results.items() if isinstance(faces, list)}
         refused = sum(t["status"] != 200 for t in trained)
-        decided[client] = (clients.double_take_named(results), clients.double_take_named(results, matched=False), scores, refused)
+        failed = len(results) - len(scores)
+        named = clients.double_take_named(results)
+        decided[client] = (named, clients.double_take_named(results, matched=False), scores, refused, failed, misses(photos, results))
     unsuitable, results = clients.viseron(python, "127.0.0.1", urlsplit(url).port or 80, "any-key", train, photos)
     scores = {p: [f["similarity"] for f in faces] for p, faces in results.items()}
     named = clients.viseron_named(results)
-    decided[CLIENTS[-1]] = (named, named, scores, len(unsuitable))
+    decided[CLIENTS[-1]] = (named, named, scores, len(unsuitable), 0, Counter())  # its SDK waits without a timeout
     return decided
 
 
@@ -64,17 +80,17 @@ def test_set(url: str, data: Path, python: str) -> None:
     )
     print(
         "| client | faces decided right | known faces found | strangers matched / shown a name "
-        "| lowest known, highest stranger similarity | training photos refused |"
+        "| lowest known, highest stranger similarity | training photos refused | requests failed |"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     wrong = []
-    for client, (matched, shown, scores, refused) in decide(url, python, clients.train_photos(data), photos).items():
+    for client, (matched, shown, scores, refused, failed, _) in decide(url, python, clients.train_photos(data), photos).items():
         right, named = clients.tally(photos, matched), clients.tally(photos, shown)
         low = min(s for p in photos if p.people and not p.strangers for s in scores.get(str(p.path), []))
         high = max(s for p in photos if not p.people for s in scores.get(str(p.path), []))
         print(
             f"| {client} | {right.right}/{right.faces} | {right.found}/{right.knowns} | {right.named_strangers} / "
-            f"{named.named_strangers} | {low:.3f} / {high:.3f} | {refused} |"
+            f"{named.named_strangers} | {low:.3f} / {high:.3f} | {refused} | {failed} |"
         )
         wrong += [f"{client}: missed {m}" for m in right.missed] + [f"{client}: named {w}" for w in named.wrong]
     print("\n".join(wrong))
@@ -98,17 +114,21 @@ def lfw(url: str, lfw_dir: Path, python: str, draws: int, sizes: list[int], per_
                 train += [(person.name.lower(), f) for f in files[:per_subject]]
                 photos.append(clients.Photo(files[per_subject], (person.name.lower(),), 0))
             photos += [clients.Photo(f, (), 1) for f in rng.sample(others, strangers)]
-            for client, (matched, shown, _, _) in decide(url, python, train, photos).items():
+            for client, (matched, shown, _, refused, failed, why) in decide(url, python, train, photos).items():
                 right, named = clients.tally(photos, matched), clients.tally(photos, shown)
                 count = counts.setdefault((client, size), Counter())
                 count.update(found=right.found, genuine=right.knowns, matched=right.named_strangers, shown=named.named_strangers)
-                count.update(strangers=right.strangers)
-    print("| client | subjects | genuine matched by name | strangers matched | strangers shown a name |")
-    print("| --- | --- | --- | --- | --- |")
+                count.update(strangers=right.strangers, refused=refused, failed=failed, **why)
+    print(
+        "| client | subjects | genuine matched by name | strangers matched | strangers shown a name "
+        "| Double Take's misses: box under 10,000 px² / under 60 % / not named | training photos refused | requests failed |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (client, size), c in counts.items():
+        why = f"{c['box']} / {c['score']} / {c['unnamed']}" if client in CLIENTS[:-1] else "–"
         print(
             f"| {client} | {size} | {c['found']}/{c['genuine']} ({c['found'] / c['genuine']:.1%}) | {c['matched']}/{c['strangers']} "
-            f"| {c['shown']}/{c['strangers']} |"
+            f"| {c['shown']}/{c['strangers']} | {why} | {c['refused']} | {c['failed']} |"
         )
 
 
