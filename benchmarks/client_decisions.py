@@ -73,6 +73,7 @@ def decide(url: str, python: str, train: list[tuple[str, Path]], photos: list[cl
 
 
 def test_set(url: str, data: Path, python: str) -> None:
+    httpx.delete(f"{url}/api/v1/recognition/subjects", timeout=60).raise_for_status()  # the set's 5 people alone
     photos = clients.probes(data)
     print(
         f"photos: {len(clients.train_photos(data))} trained ({len(clients.TRAIN)} people), {len(photos)} probes: "
