@@ -8,7 +8,7 @@ The photo set, from $FACEGATE_TEST_DATA/tests: 5 people trained from face_recogn
 knn_examples/train (9 photos); 15 photos of them not trained on (18 of their faces, and a child
 behind Obama and Biden; the examples' copies of a training photo left out); 19 photos of strangers
 (lin-manuel-miranda.png and CompreFace's 18 samples: 47 faces by its annotations.json, one photo
-without a face). 66 faces: 18 known, 48 strangers'."""
+without a face). 66 faces: 18 known, 48 strangers."""
 
 from __future__ import annotations
 
