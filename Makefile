@@ -71,11 +71,15 @@ clients-venv:
 	$(CLIENTS_VENV)/bin/pip install --quiet --no-deps compreface-sdk==0.6.0
 
 # CompreFace's JavaScript SDK from npm, for the same tests under Node (FACEGATE_CLIENTS_JS points
-# elsewhere). Without npm it says so, and the test skips with its reason (fails under FACEGATE_REQUIRE_CLIENTS=1, as in CI).
+# elsewhere), and the packages Double Take's detector modules require, at its versions (1.13.1's
+# package-lock, the skrashevich fork's package.json), for test_client_decisions.py. Without npm it
+# says so, and the tests skip with their reason (fail under FACEGATE_REQUIRE_CLIENTS=1, as in CI).
 CLIENTS_JS ?= .clients-js
 clients-js:
 	@if command -v npm >/dev/null; then \
-		npm install --quiet --no-audit --no-fund --prefix $(CLIENTS_JS) @exadel/compreface-js-sdk@1.0.0; \
+		npm install --quiet --no-audit --no-fund --prefix $(CLIENTS_JS) @exadel/compreface-js-sdk@1.0.0 && \
+		npm install --quiet --no-audit --no-fund --prefix $(CLIENTS_JS)/double-take axios@0.27.2 form-data@4.0.0 && \
+		npm install --quiet --no-audit --no-fund --prefix $(CLIENTS_JS)/double-take-fork axios@1.4.0 form-data@4.0.0; \
 	else echo "SKIP make clients-js: npm is not installed"; fi
 
 # Every published client the real-client tests drive.

@@ -1,0 +1,4 @@
+const config = require('./config');
+const { objectKeysToUpperCase } = require('../util/object.util');
+
+module.exports = () => objectKeysToUpperCase(config());
