@@ -141,9 +141,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return Collection(name, gallery, GalleryStats(gallery), recall, started)
 
         galleries = Collections(open_collection)
-        for name in sorted(keys.collections):  # the others a reloaded key file names open on their first request
-            galleries.get(name)
-        first = galleries.get(DEFAULT)  # what a caller without a key (/readyz, anonymous mode) sees
+        # off the loop, every one at once; those a reloaded key file names open in the background (Service.reload_keys)
+        galleries.prepare(sorted(keys.collections | {DEFAULT}))
+        first = await asyncio.to_thread(galleries.open, DEFAULT)  # what a caller without a key (/readyz, anonymous mode) sees
+        for name in sorted(keys.collections):
+            await asyncio.to_thread(galleries.open, name)
         workers = ReadyWorkers.for_settings(settings)  # a worker of several: /readyz answers for them all
         service = app.state.service = Service(
             settings,
@@ -164,7 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
-        reload_on_hangup = _on_signal(signal.SIGHUP, keys.reload)  # key rotation without a restart
+        reload_on_hangup = _on_signal(signal.SIGHUP, service.reload_keys)  # key rotation without a restart
         try:
             yield
         finally:

@@ -17,6 +17,9 @@ from pydantic import SecretStr
 
 from service.api.auth import ApiKeys, KeyConfigError
 from tests.conftest import LFW_PEOPLE, aligned_crop_png
+from tests.polling import wait_until
+from tests.service.api.test_event_loop import _on_loop
+from tests.service.api.test_routes import error
 from tests.service.gallery.old_schema import sqlite_at
 
 HOME, OFFICE = {"X-API-Key": "home-key"}, {"X-API-Key": "office-key"}
@@ -92,15 +95,43 @@ def test_reload_moves_a_key_to_another_collection(keyed):
 
 def test_a_reloaded_key_of_a_new_collection_gets_a_gallery_of_its_own(two, keyed):
     """What SIGHUP runs (tests/chaos/test_key_rotation.py sends the signal): the new collection's
-    gallery is opened on its first request, empty, beside the others."""
+    gallery is opened in the background, empty, beside the others."""
     enroll(two, HOME, "ada", 1)
     keyed.api_keys_file.write_text(keyed.api_keys_file.read_text() + "garden-key collection=garden\n")
-    two.app.state.service.keys.reload()
+    two.app.state.service.reload_keys()
     garden = {"X-API-Key": "garden-key"}
+    assert wait_until(lambda: two.get("/subjects", headers=garden).status_code == 200, "the garden collection opened")
     assert two.get("/subjects", headers=garden).json()["total"] == 0
     assert two.post("/subjects", json={"id": "ada", "name": "Ada"}, headers=garden).status_code == 201
     assert two.get("/subjects/ada/faces", headers=garden).json()["faces"] == []
     assert len(two.get("/subjects/ada/faces", headers=HOME).json()["faces"]) == 1
+
+
+def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_meanwhile(keyed, make_client, monkeypatch):
+    """A DeepStack request (its key in a form field) for a collection no key named at start-up: the
+    gallery opens on a thread (migrations, a PostgreSQL pool: seconds), and the request answers 503
+    gallery_loading with Retry-After until it is open."""
+    from service.api import app as app_module
+
+    client = make_client(keyed)
+    release, calls = threading.Event(), []
+    original = app_module.open_gallery
+
+    def held_open(*args, **kwargs):
+        calls.append(_on_loop())
+        assert release.wait(30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(app_module, "open_gallery", held_open)
+    keyed.api_keys_file.write_text(keyed.api_keys_file.read_text() + "garden-key collection=garden\n")
+    client.app.state.service.keys.reload()  # the keys alone, as before the fix: the request is the first to ask
+    listed = client.post("/v1/vision/face/list", data={"api_key": "garden-key"})
+    assert listed.status_code == 503 and listed.headers["retry-after"] == "2", listed.text
+    assert "being opened" in listed.json()["error"]
+    assert error(client.get("/subjects", headers={"X-API-Key": "garden-key"}), 503, "gallery_loading")
+    release.set()
+    assert wait_until(lambda: client.post("/v1/vision/face/list", data={"api_key": "garden-key"}).status_code == 200, "garden open")
+    assert calls == [False]  # opened once, off the loop
 
 
 # facegate's own API
