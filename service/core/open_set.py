@@ -192,15 +192,30 @@ def margin_threshold(table: OpenSetTable, shape: GalleryShape, fpir: float) -> M
     return MarginThreshold(min(max(sim, guard), 2 * sim - loose), sim, guard, extrapolated)
 
 
-def margin_rate(table: OpenSetTable, shape: GalleryShape, score: float) -> float:
-    """The FPIR whose threshold is `score` (the inverse of `margin_threshold` in q, which falls as
-    q rises): the rate of strangers who score this high, between LOWEST_RATE and the table's largest FPIR."""
+def rate_knots(table: OpenSetTable, shape: GalleryShape) -> tuple[list[float], list[float]]:
+    """log10 q at the table's FPIRs (between LOWEST_RATE and its largest, rising) and T there,
+    falling: what `margin_rate` inverts, read once per decision (`Margin.knots`)."""
     low, high = math.log10(LOWEST_RATE), math.log10(table.fpirs[0])
-    if score <= margin_threshold(table, shape, 10**high).threshold:
-        return 10**high
-    if score >= margin_threshold(table, shape, 10**low).threshold:
-        return 10**low
-    for _ in range(60):  # bisection in log q, to 1e-17 decades
+    logs = sorted({low, high, *(lq for lq in (math.log10(q) for q in table.fpirs) if low < lq < high)})
+    return logs, [margin_threshold(table, shape, 10**lq).threshold for lq in logs]
+
+
+def margin_rate(table: OpenSetTable, shape: GalleryShape, score: float, knots: tuple[list[float], list[float]] | None = None) -> float:
+    """The FPIR whose threshold is `score` (the inverse of `margin_threshold` in q, which falls as
+    q rises): the rate of strangers who score this high, between LOWEST_RATE and the table's largest
+    FPIR. The table's T is linear in log10 q between its FPIRs, so without the guard (a cosine
+    decision, no tail) it is inverted exactly on its knots (a search's candidates ask it once each:
+    bisecting cost ~1 ms a call); with the guard, bisected within the knots around `score`."""
+    logs, ts = knots or rate_knots(table, shape)
+    if score <= ts[-1]:
+        return 10 ** logs[-1]
+    if score >= ts[0]:
+        return 10 ** logs[0]
+    i = next(i for i, t in enumerate(ts) if t <= score)  # ts[i - 1] > score >= ts[i]
+    low, high = logs[i - 1], logs[i]
+    if shape.tail is None or on_cosine(table, shape.subjects):
+        return 10 ** (low + (high - low) * (ts[i - 1] - score) / (ts[i - 1] - ts[i]))
+    while high - low > 1e-12:  # bisection in log q
         mid = (low + high) / 2
         if margin_threshold(table, shape, 10**mid).threshold > score:
             low = mid
