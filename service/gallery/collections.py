@@ -18,7 +18,7 @@ from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 
 DEFAULT = "default"  # a key without `collection=`, every FACEGATE_API_KEYS key, anonymous mode
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # not "." or "..": a collection's index folder is named for it
 log = logging.getLogger(__name__)
 COLLECTION = "facegate.collection"  # the ASGI scope key the caller's collection is set under
 

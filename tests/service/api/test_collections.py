@@ -70,7 +70,16 @@ def test_a_key_line_names_its_collection_and_bare_keys_are_defaults(keyed, tmp_p
 
 @pytest.mark.parametrize(
     "line",
-    ["k collection=", "k collection=a/b", "k collection=" + "x" * 65, "k collection=home extra", "k colection=home", "k  collection=home"],
+    [
+        "k collection=",
+        "k collection=a/b",
+        "k collection=" + "x" * 65,
+        "k collection=home extra",
+        "k colection=home",
+        "k  collection=home",
+        "k collection=..",
+        "k collection=.",
+    ],  # `..`: its index folder would be default's (collections/..)
 )
 def test_a_bad_collection_suffix_stops_start_up_with_its_line(settings, tmp_path, line):
     path = tmp_path / "keys"
