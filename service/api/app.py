@@ -90,8 +90,8 @@ def _recall_once_loaded(gallery: SqliteGallery | PostgresGallery, recall: Recall
 
 
 async def _mark_once_ready(service: Service, galleries: Collections, workers: ReadyWorkers) -> None:
-    """Count this worker among those that answer once it can (warmed up, every open collection's index built)."""
-    while not (service.readiness.ready and not any(c.gallery.loading for c in galleries.opened().values())):
+    """Count this worker among those that answer once it can (warmed up, every start-up collection's index built)."""
+    while not (service.readiness.ready and not galleries.loading()):
         await asyncio.sleep(READY_POLL)
     workers.mark_ready()
 

@@ -55,10 +55,13 @@ class Collections:
         self._states: dict[str, Collection] = {}
         self._opening: dict[str, threading.Thread] = {}
         self._failed: dict[str, FacegateError] = {}  # the last try's error, answered once, then tried again
+        self._at_start: set[str] = set()  # opened by `open`: the host is not ready before their indexes are built
         self._lock = threading.Lock()
 
     def open(self, name: str) -> Collection:
-        """`name`'s state, opened here if need be (blocks: never on the event loop)."""
+        """`name`'s state, opened here if need be (blocks: never on the event loop); the host counts
+        as ready only once its index is built (`loading`)."""
+        self._at_start.add(name)
         self._start(name)
         with self._lock:
             opening = self._opening.get(name)
@@ -114,6 +117,12 @@ class Collections:
 
     def opened(self) -> dict[str, Collection]:
         return dict(self._states)
+
+    def loading(self) -> list[str]:
+        """The collections opened at start-up whose index and guard are still being built: until none
+        is, /readyz answers 503 whoever asks and no worker counts as ready. One a reloaded key file
+        adds later answers its own callers 503 gallery_loading meanwhile, and leaves the host ready."""
+        return sorted(name for name, state in self.opened().items() if name in self._at_start and state.gallery.loading)
 
     def close(self) -> None:
         with self._lock:

@@ -143,6 +143,45 @@ def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_mean
     assert calls == [False]  # opened once, off the loop
 
 
+def test_readyz_is_503_for_everyone_until_every_start_up_collection_is_built(keyed, monkeypatch):
+    """One process (no ReadyWorkers): home's index still building keeps /readyz 503 for a caller
+    without a key and for default's key too (a load balancer would send home's callers to 503s), home's
+    key sees its own gallery loading; once built, 200 for all."""
+    import warnings
+
+    from service.gallery import sqlite
+
+    release = threading.Event()
+    build = sqlite.derived_state
+
+    def held(db, path, collection, *args):
+        if collection == "home":
+            release.wait(60)
+        return build(db, path, collection, *args)
+
+    monkeypatch.setattr(sqlite, "derived_state", held)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+        from fastapi.testclient import TestClient
+    from service.api.app import create_app
+
+    try:
+        with TestClient(create_app(keyed)) as api:
+            service = api.app.state.service
+            assert service.readiness.warmed.wait(120) and service.gallery.wait_loaded(60)
+            anonymous, default = api.get("/readyz"), api.get("/readyz", headers={"X-API-Key": "default-key"})
+            assert (anonymous.status_code, anonymous.json()) == (503, {"ready": False})
+            assert default.status_code == 503 and not default.json()["gallery"]["loading"]
+            assert any("home" in p["error"] for p in default.json()["problems"]), default.json()["problems"]
+            home = api.get("/readyz", headers=HOME)
+            assert home.status_code == 503 and home.json()["gallery"]["loading"]
+            release.set()
+            assert wait_until(lambda: api.get("/readyz").status_code == 200, "every collection built")
+            assert api.get("/readyz", headers=HOME).status_code == 200
+    finally:
+        release.set()
+
+
 # facegate's own API
 
 
