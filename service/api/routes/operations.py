@@ -91,11 +91,12 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
 async def metrics(service: ServiceDep) -> Response:
     """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size
     (the last known while the database does not answer: `facegate_gallery_up` 0), the index's measured recall@1."""
-    service.metrics.observe_gallery(await service.gallery_stats.snapshot())
-    service.metrics.observe_recall(service.recall)
+    gallery = await service.gallery_stats.snapshot()
     if service.hosted is not None and service.metrics.model_host is not None:  # the model-run metrics are the host's
         with suppress(Exception):  # a host that does not answer in time: the last ones fetched
             hosted = service.hosted  # asked off the loop (a write to its socket), the whole question bounded
             asked = asyncio.to_thread(lambda: hosted.ask("metrics").result(2.0))
             service.metrics.model_host.families = await asyncio.wait_for(asked, 2.5)
+    # no await from here: another scrape cannot set its collection's gauges in between
+    service.metrics.observe_gallery(gallery, service.recall, service.collection)
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -223,6 +223,17 @@ def test_same_subject_in_two_collections_through_facegate_api(two):
 # CompreFace's API
 
 
+def test_metrics_gallery_gauges_are_the_callers_collection_labelled(two):
+    """/metrics' gallery gauges carry `collection`: the caller's, and no other collection's series."""
+    enroll(two, HOME, "ada", 1)
+    enroll(two, HOME, "bob", 2)
+    enroll(two, OFFICE, "cy", 3)
+    home, office = two.get("/metrics", headers=HOME).text, two.get("/metrics", headers=OFFICE).text
+    assert 'facegate_gallery_subjects{collection="home"} 2.0' in home and 'collection="office"' not in home
+    assert 'facegate_gallery_subjects{collection="office"} 1.0' in office and 'collection="home"' not in office
+    assert 'facegate_gallery_index_recall{collection="office"}' in office
+
+
 def test_same_name_in_two_collections_through_compreface(two):
     recognition = "/api/v1/recognition"
 
