@@ -141,8 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return Collection(name, gallery, GalleryStats(gallery), recall, started)
 
         galleries = Collections(open_collection)
-        # off the loop, every one at once; those a reloaded key file names open in the background (Service.reload_keys)
-        galleries.prepare(sorted(keys.collections | {DEFAULT}))
+        # off the loop, one after another (their migrations too); those a reloaded key file names open in the background
         first = await asyncio.to_thread(galleries.open, DEFAULT)  # what a caller without a key (/readyz, anonymous mode) sees
         for name in sorted(keys.collections):
             await asyncio.to_thread(galleries.open, name)
