@@ -56,6 +56,7 @@ class Collections:
         self._opening: dict[str, threading.Thread] = {}
         self._failed: dict[str, FacegateError] = {}  # the last try's error, answered once, then tried again
         self._at_start: set[str] = set()  # opened by `open`: the host is not ready before their indexes are built
+        self._closed = False  # no opening starts once closing began (a request during shutdown)
         self._lock = threading.Lock()
 
     def open(self, name: str) -> Collection:
@@ -91,7 +92,7 @@ class Collections:
 
     def _start(self, name: str) -> None:
         with self._lock:
-            if name in self._states or name in self._opening:
+            if self._closed or name in self._states or name in self._opening:
                 return
             opening = self._opening[name] = threading.Thread(target=self._run, args=(name,), name=f"facegate-open-{name}", daemon=True)
         opening.start()
@@ -126,6 +127,7 @@ class Collections:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             opening = list(self._opening.values())
         for thread in opening:  # an opening under way ends before its state is closed
             thread.join()
