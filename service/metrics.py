@@ -56,16 +56,17 @@ class Metrics:
         )
         if self.model_host is not None:
             r.register(self.model_host)
-        self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", registry=r)
-        self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["searchable"], registry=r)
+        self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects in the gallery.", ["collection"], registry=r)
+        self.gallery_faces = Gauge("facegate_gallery_faces", "Faces in the gallery.", ["collection", "searchable"], registry=r)
         self.gallery_up = Gauge(
             "facegate_gallery_up",
             "1 when the gallery's database answered this scrape in time, else 0 (the gauges keep their last values).",
+            ["collection"],
             registry=r,
         )
         self.replicated = False  # PostgreSQL: the replication gauges are set
         self.gallery_index_size = Gauge(
-            "facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["backend"], registry=r
+            "facegate_gallery_index_size", "Faces in the vector index searches run on, by backend.", ["collection", "backend"], registry=r
         )
         self.gallery_search = Histogram(
             "facegate_gallery_search_seconds",
@@ -74,21 +75,29 @@ class Metrics:
             registry=r,
         )
         self.gallery_applied = Gauge(
-            "facegate_gallery_applied_sequence", "Last gallery change this replica's index applied (PostgreSQL only).", registry=r
+            "facegate_gallery_applied_sequence",
+            "Last gallery change this replica's index applied (PostgreSQL only).",
+            ["collection"],
+            registry=r,
         )
         self.gallery_lag = Gauge(
             "facegate_gallery_sync_lag",
             "Gallery changes committed that this replica's index has not applied yet (PostgreSQL only).",
+            ["collection"],
             registry=r,
         )
 
         self.index_recall = Gauge(
             "facegate_gallery_index_recall",
             "recall@1 of the vector index the last recall check measured (1 for an exact index; NaN before the first check).",
+            ["collection"],
             registry=r,
         )
         self.index_recall_checked = Gauge(
-            "facegate_gallery_index_recall_checked_timestamp_seconds", "When the index's recall was last measured (Unix time).", registry=r
+            "facegate_gallery_index_recall_checked_timestamp_seconds",
+            "When the index's recall was last measured (Unix time).",
+            ["collection"],
+            registry=r,
         )
 
     def embedder_ran(self, faces: int) -> None:
@@ -106,24 +115,39 @@ class Metrics:
     def waited(self, role: str, seconds: float) -> None:
         (self.queue_wait if role == "embedder" else self.detect_queue_wait).observe(seconds)
 
-    def observe_gallery(self, snapshot) -> None:
-        """Set the gallery gauges from a `service.gallery.stats.Snapshot` (read for each scrape, never
-        waiting on the database for long): the last known values, NaN while none is known."""
+    def observe_gallery(self, snapshot, check, collection: str) -> None:
+        """Set the gallery gauges, labelled `collection`, from a `service.gallery.stats.Snapshot` (read
+        for each scrape, never waiting on the database for long: the last known values, NaN while none
+        is known) and a `service.gallery.recall.RecallCheck` (its last result). The caller's collection
+        only: another's series are dropped first, so a key never reads another collection's counts (the
+        caller renders the registry before the loop runs anything else)."""
+        for gauge in self.gallery_gauges:
+            gauge.clear()
         counts, replication = snapshot.counts or {}, snapshot.replication or {}
-        self.gallery_up.set(1.0 if snapshot.fresh else 0.0)
-        self.gallery_subjects.set(counts.get("subjects", math.nan))
-        self.gallery_faces.labels("true").set(counts.get("searchable_faces", math.nan))
-        self.gallery_faces.labels("false").set(counts.get("incompatible_faces", math.nan))
+        self.gallery_up.labels(collection).set(1.0 if snapshot.fresh else 0.0)
+        self.gallery_subjects.labels(collection).set(counts.get("subjects", math.nan))
+        self.gallery_faces.labels(collection, "true").set(counts.get("searchable_faces", math.nan))
+        self.gallery_faces.labels(collection, "false").set(counts.get("incompatible_faces", math.nan))
         if snapshot.index is not None:
-            self.gallery_index_size.labels(snapshot.index["backend"]).set(
+            self.gallery_index_size.labels(collection, snapshot.index["backend"]).set(
                 snapshot.index.get("size", math.nan) if snapshot.fresh else math.nan
             )
         if snapshot.replication is not None or self.replicated:
             self.replicated = True
-            self.gallery_applied.set(replication.get("applied_sequence", math.nan))
-            self.gallery_lag.set(replication.get("lag", math.nan) if snapshot.fresh else math.nan)
+            self.gallery_applied.labels(collection).set(replication.get("applied_sequence", math.nan))
+            self.gallery_lag.labels(collection).set(replication.get("lag", math.nan) if snapshot.fresh else math.nan)
+        self.index_recall.labels(collection).set(check.recall())
+        self.index_recall_checked.labels(collection).set(check.last.checked_at if check.last else math.nan)
 
-    def observe_recall(self, check) -> None:
-        """Set the recall gauges from a `service.gallery.recall.RecallCheck` (its last result: no waiting)."""
-        self.index_recall.set(check.recall())
-        self.index_recall_checked.set(check.last.checked_at if check.last else math.nan)
+    @property
+    def gallery_gauges(self) -> tuple[Gauge, ...]:
+        return (
+            self.gallery_up,
+            self.gallery_subjects,
+            self.gallery_faces,
+            self.gallery_index_size,
+            self.gallery_applied,
+            self.gallery_lag,
+            self.index_recall,
+            self.index_recall_checked,
+        )

@@ -90,8 +90,8 @@ def _recall_once_loaded(gallery: SqliteGallery | PostgresGallery, recall: Recall
 
 
 async def _mark_once_ready(service: Service, galleries: Collections, workers: ReadyWorkers) -> None:
-    """Count this worker among those that answer once it can (warmed up, every open collection's index built)."""
-    while not (service.readiness.ready and not any(c.gallery.loading for c in galleries.opened().values())):
+    """Count this worker among those that answer once it can (warmed up, every start-up collection's index built)."""
+    while not (service.readiness.ready and not galleries.loading()):
         await asyncio.sleep(READY_POLL)
     workers.mark_ready()
 
@@ -141,9 +141,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return Collection(name, gallery, GalleryStats(gallery), recall, started)
 
         galleries = Collections(open_collection)
-        for name in sorted(keys.collections):  # the others a reloaded key file names open on their first request
-            galleries.get(name)
-        first = galleries.get(DEFAULT)  # what a caller without a key (/readyz, anonymous mode) sees
+        # off the loop, one after another (their migrations too); those a reloaded key file names open in the background
+        first = await asyncio.to_thread(galleries.open, DEFAULT)  # what a caller without a key (/readyz, anonymous mode) sees
+        for name in sorted(keys.collections):
+            await asyncio.to_thread(galleries.open, name)
         workers = ReadyWorkers.for_settings(settings)  # a worker of several: /readyz answers for them all
         service = app.state.service = Service(
             settings,
@@ -164,7 +165,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("facegate models loaded=%s, api keys %s", readiness.loaded, "on" if keys.enabled else "off")
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
-        reload_on_hangup = _on_signal(signal.SIGHUP, keys.reload)  # key rotation without a restart
+        reload_on_hangup = _on_signal(signal.SIGHUP, service.reload_keys)  # key rotation without a restart
         try:
             yield
         finally:

@@ -60,6 +60,13 @@ class Service:
         state = self.collections.get(collection)
         return replace(self, collection=collection, gallery=state.gallery, gallery_stats=state.stats, recall=state.recall)
 
+    def reload_keys(self) -> None:
+        """What SIGHUP runs: the key file read again, and the collections it names first opened in
+        the background (never on the event loop; their requests answer 503 gallery_loading meanwhile)."""
+        self.keys.reload()
+        if self.collections is not None:
+            self.collections.prepare(self.keys.collections)
+
     def ready(self) -> Ready:
         """The engine and the embedder's manifest, or readiness.require()'s 503."""
         self.readiness.require()

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from service.core.errors import InvalidParameters, UnknownFar
 from service.core.models.cohort import Cohort
 from service.core.models.manifest import Manifest, OpenSetTable, far_key
-from service.core.open_set import GalleryShape, K, MarginThreshold, candidate_scores, margin_rate, margin_threshold
+from service.core.open_set import GalleryShape, K, MarginThreshold, candidate_scores, margin_rate, margin_threshold, rate_knots
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ class Margin:
     table: OpenSetTable
     gallery: GalleryShape
     detail: MarginThreshold
+
+    @cached_property
+    def knots(self) -> tuple[list[float], list[float]]:
+        """The thresholds `rate` inverts, read once for all the candidates of a search."""
+        return rate_knots(self.table, self.gallery)
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ class Decision:
         score's calibrated per-comparison FAR over the faces searched, 1 − (1 − FAR)^N; a margin
         score's, the FPIR whose threshold it is."""
         if self.margin:
-            return margin_rate(self.margin.table, self.margin.gallery, score)
+            return margin_rate(self.margin.table, self.margin.gallery, score, self.margin.knots)
         curve = self.cohort or self.curve
         if curve is None:
             raise ValueError("an explicit far or threshold decision has no FPIR curve")

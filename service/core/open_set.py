@@ -192,21 +192,60 @@ def margin_threshold(table: OpenSetTable, shape: GalleryShape, fpir: float) -> M
     return MarginThreshold(min(max(sim, guard), 2 * sim - loose), sim, guard, extrapolated)
 
 
-def margin_rate(table: OpenSetTable, shape: GalleryShape, score: float) -> float:
-    """The FPIR whose threshold is `score` (the inverse of `margin_threshold` in q, which falls as
-    q rises): the rate of strangers who score this high, between LOWEST_RATE and the table's largest FPIR."""
+def rate_knots(table: OpenSetTable, shape: GalleryShape) -> tuple[list[float], list[float]]:
+    """log10 q at the table's FPIRs (with the guard, a decade below each too: where T_sim(N, 10q)
+    bends), between LOWEST_RATE and its largest, rising, and T there, falling: what `margin_rate`
+    inverts, read once per decision (`Margin.knots`)."""
     low, high = math.log10(LOWEST_RATE), math.log10(table.fpirs[0])
-    if score <= margin_threshold(table, shape, 10**high).threshold:
-        return 10**high
-    if score >= margin_threshold(table, shape, 10**low).threshold:
-        return 10**low
-    for _ in range(60):  # bisection in log q, to 1e-17 decades
+    bends = [math.log10(q) for q in table.fpirs]
+    if shape.tail is not None and not on_cosine(table, shape.subjects):
+        bends += [lq - 1 for lq in bends]
+    logs = sorted({low, high, *(lq for lq in bends if low < lq < high)})
+    return logs, [margin_threshold(table, shape, 10**lq).threshold for lq in logs]
+
+
+def margin_rate(table: OpenSetTable, shape: GalleryShape, score: float, knots: tuple[list[float], list[float]] | None = None) -> float:
+    """The FPIR whose threshold is `score` (the inverse of `margin_threshold` in q, which falls as
+    q rises): the rate of strangers who score this high, between LOWEST_RATE and the table's largest
+    FPIR. Between two knots T_sim(N, q) and T_sim(N, 10q) are linear in log10 q, so without the guard
+    (a cosine decision, no tail) T is inverted exactly there, and with it T is one of three curves
+    inverted in closed form (a search's candidates ask it once each: bisecting cost ~2 ms a call)."""
+    logs, ts = knots or rate_knots(table, shape)
+    if score <= ts[-1]:
+        return 10 ** logs[-1]
+    if score >= ts[0]:
+        return 10 ** logs[0]
+    i = next(i for i, t in enumerate(ts) if t <= score)  # ts[i - 1] > score >= ts[i]
+    low, high = logs[i - 1], logs[i]
+    if shape.tail is None or on_cosine(table, shape.subjects):
+        return 10 ** (low + (high - low) * (ts[i - 1] - score) / (ts[i - 1] - ts[i]))
+    for lq in _guarded_roots(table, shape, score, low, high):
+        if low <= lq <= high and abs(margin_threshold(table, shape, 10**lq).threshold - score) <= 1e-9:
+            return 10**lq
+    while high - low > 1e-12:  # not found (rounding at a bend): bisection in log q
         mid = (low + high) / 2
         if margin_threshold(table, shape, 10**mid).threshold > score:
             low = mid
         else:
             high = mid
     return 10 ** ((low + high) / 2)
+
+
+def _guarded_roots(table: OpenSetTable, shape: GalleryShape, score: float, low: float, high: float) -> list[float]:
+    """Where each curve T = min(max(sim, guard), 2 · sim − loose) is made of reaches `score` between
+    two knots (log10 q): sim and loose linear there, the guard's exponential tail in closed form."""
+    f, tail = shape.faces_per_subject, shape.tail
+    assert tail is not None
+    sim = [table_threshold(table, shape.subjects, 10**lq, f)[0] for lq in (low, high)]
+    loose = [table_threshold(table, shape.subjects, min(10 ** (lq + 1), table.fpirs[0]), f)[0] for lq in (low, high)]
+    roots = []
+    for a, b in ((sim[0], sim[1]), (2 * sim[0] - loose[0], 2 * sim[1] - loose[1])):
+        if a != b:
+            roots.append(low + (high - low) * (a - score) / (a - b))
+    per = (tail.m / tail.samples) * math.exp(-(score - tail.u) / tail.beta)  # Tail.threshold read backwards, at 2q
+    if 0 < per < 1:
+        roots.append(math.log10(-math.expm1(tail.subjects / (tail.subjects - 1) * math.log1p(-per)) / 2))
+    return roots
 
 
 class Roster:

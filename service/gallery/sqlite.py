@@ -315,7 +315,9 @@ def derived_state(
             faces = fingerprint(db, collection, embedder.sha256)
             flat = index_kind(config.spec) == "faiss-flat"
             snapshot = files.load(
-                guard, embedder.dim, lambda meta: meta.get("model_sha256") == embedder.sha256 and reaches(db, meta, applied, faces, flat)
+                guard,
+                embedder.dim,
+                lambda meta: ours(meta, collection, embedder) and reaches(db, meta, applied, faces, flat),
             )
             if snapshot is not None and snapshot.applied != applied and not replayed(db, snapshot, collection, embedder):
                 log.warning(
@@ -326,7 +328,7 @@ def derived_state(
                 ids, subjects, vectors = faces_of(db, collection, embedder, None)
                 roster = follow(ids, subjects, vectors, guard)
                 try:
-                    files.save(roster, stamp(db, applied, faces, embedder), (ids, subjects, vectors))
+                    files.save(roster, stamp(db, applied, faces, embedder, collection), (ids, subjects, vectors))
                     snapshot = files.load(guard, embedder.dim, lambda meta: meta.get("applied") == applied)
                 except OSError as exc:  # a full or read-only disk: this process keeps what it built
                     log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
@@ -358,9 +360,15 @@ def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> Snaps
     return SnapshotFiles(directory, f"{embedder.sha256[:16]}-state-{'guard' if guard else 'roster'}")
 
 
-def stamp(db: sqlite3.Connection, applied: int, faces: list[int] | None, embedder: EmbedderKey) -> dict[str, Any]:
-    """What a snapshot as of change `applied` is checked by (`reaches`), read in the snapshot's transaction."""
-    return {"applied": applied, "faces": faces, "change": change_at(db, applied), "model_sha256": embedder.sha256}
+def stamp(db: sqlite3.Connection, applied: int, faces: list[int] | None, embedder: EmbedderKey, collection: str) -> dict[str, Any]:
+    """What a snapshot as of change `applied` is checked by (`ours`, `reaches`), read in the snapshot's transaction."""
+    return {"applied": applied, "faces": faces, "change": change_at(db, applied), "model_sha256": embedder.sha256, "collection": collection}
+
+
+def ours(meta: dict[str, Any], collection: str, embedder: EmbedderKey) -> bool:
+    """A snapshot of this embedder's faces in this collection (one saved before collections: `default`'s),
+    whatever folder it is found in: two empty collections' snapshots are otherwise alike."""
+    return meta.get("model_sha256") == embedder.sha256 and meta.get("collection", DEFAULT) == collection
 
 
 def reaches(db: sqlite3.Connection, meta: dict[str, Any], applied: int, faces: list[int], flat: bool) -> bool:
@@ -510,7 +518,7 @@ class SqliteLog:
                     faces = (
                         fingerprint(db, self.collection, self.embedder.sha256) if applied == state.applied else None
                     )  # else only the log checks it
-                    files.save(state.roster, stamp(db, state.applied, faces, self.embedder))
+                    files.save(state.roster, stamp(db, state.applied, faces, self.embedder, self.collection))
                 finally:
                     db.execute("COMMIT")
             return True
@@ -623,7 +631,7 @@ class SqliteGallery(FollowedStore, GalleryStore):
             save_index(self.index_config, index, key.sha256, {"faces": faces})
             if files is not None and isinstance(state.roster, LeaveOneOut) and files.applied() != applied:
                 try:
-                    files.save(state.roster, stamp(self._db, applied, faces, key))
+                    files.save(state.roster, stamp(self._db, applied, faces, key, self.collection))
                 except OSError as exc:  # the next start builds it
                     log.warning("gallery snapshot not saved: %s", exc)
 

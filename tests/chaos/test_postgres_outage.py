@@ -68,7 +68,7 @@ def test_an_outage_fails_fast_keeps_health_and_metrics_up_and_the_first_request_
             ready = client.get("/readyz", timeout=5)
             answers = [f.result() for f in gallery]
         assert health.status_code == 200
-        assert metrics.status_code == 200 and "facegate_gallery_up 0.0" in metrics.text
+        assert metrics.status_code == 200 and 'facegate_gallery_up{collection="default"} 0.0' in metrics.text
         assert ready.json()["gallery"]["stale"] is True and ready.json()["gallery"]["subjects"] == 1  # the last known
         for response, seconds in answers:
             assert response.status_code == 503 and response.json()["error"]["code"] == "gallery_unavailable", response.text

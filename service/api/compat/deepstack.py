@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 from service.api.admission import ticket
 from service.api.compat import subjects
 from service.api.compat.similarity import search_similarity
-from service.api.deps import Service, ServiceDep, get_service
+from service.api.deps import Service, ServiceDep
 from service.api.requests import MAX_FORM_FIELDS
 from service.api.routes.faces import prepare_face
 from service.api.schemas import EnrollOptions
@@ -60,7 +60,7 @@ class DeepStackRoute(APIRoute):
 
         async def route(request: Request):
             request.state.deepstack_started = time.perf_counter()
-            service = get_service(request)
+            service: Service = request.app.state.service  # settings and keys only: the caller's collection is the handler's (ServiceDep)
             try:
                 max_files = service.settings.max_bulk_images + 8  # more parts are refused before they are read
                 async with request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS) as form:
@@ -75,7 +75,8 @@ class DeepStackRoute(APIRoute):
                     request.state.deepstack_form = form
                     return await handler(request)
             except FacegateError as exc:
-                return _error(request, exc.message, 400 if exc.status == 422 else exc.status)
+                retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+                return _error(request, exc.message, 400 if exc.status == 422 else exc.status, retry)
             except HTTPException as exc:  # the form parser's 400, the body limit's 408 and 413
                 return _error(request, str(exc.detail), exc.status_code, exc.headers)
 

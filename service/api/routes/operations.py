@@ -37,8 +37,10 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     The gallery is the caller's collection (`collection`: its key's; `default` without a key).
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
     loading = service.gallery.loading  # the index and guard still being built at start-up (the port listens meanwhile)
+    # the host's other start-up collections: a load balancer's /readyz (no key: default) answers for every key's
+    others = [name for name in service.collections.loading() if name != service.collection] if service.collections else []
     starting = service.workers.problem() if service.workers is not None else None  # another worker of this host not ready yet
-    ready = service.readiness.ready and not loading and starting is None
+    ready = service.readiness.ready and not loading and not others and starting is None
     status = 200 if ready else 503
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
         return JSONResponse({"ready": ready}, status_code=status)
@@ -52,6 +54,15 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
                 "name": "loading",
                 "error": "loading: the gallery's index and open-set guard are being built; searches answer 503 gallery_loading meanwhile",
                 "fix": "wait: /readyz answers 200 once they are built (docs/sizing.md)",
+            }
+        )
+    if others:
+        report["problems"].append(
+            {
+                "model": "gallery index",
+                "name": "loading",
+                "error": f"loading: the index and open-set guard of collection(s) {', '.join(others)} are being built",
+                "fix": "wait: /readyz answers 200 once every collection the keys named at start-up is built (docs/sizing.md)",
             }
         )
     if starting is not None:
@@ -80,11 +91,12 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
 async def metrics(service: ServiceDep) -> Response:
     """Prometheus text format: requests by route and status, latency, batch sizes, queue wait, gallery size
     (the last known while the database does not answer: `facegate_gallery_up` 0), the index's measured recall@1."""
-    service.metrics.observe_gallery(await service.gallery_stats.snapshot())
-    service.metrics.observe_recall(service.recall)
+    gallery = await service.gallery_stats.snapshot()
     if service.hosted is not None and service.metrics.model_host is not None:  # the model-run metrics are the host's
         with suppress(Exception):  # a host that does not answer in time: the last ones fetched
             hosted = service.hosted  # asked off the loop (a write to its socket), the whole question bounded
             asked = asyncio.to_thread(lambda: hosted.ask("metrics").result(2.0))
             service.metrics.model_host.families = await asyncio.wait_for(asked, 2.5)
+    # no await from here: another scrape cannot set its collection's gauges in between
+    service.metrics.observe_gallery(gallery, service.recall, service.collection)
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

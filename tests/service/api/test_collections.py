@@ -17,6 +17,9 @@ from pydantic import SecretStr
 
 from service.api.auth import ApiKeys, KeyConfigError
 from tests.conftest import LFW_PEOPLE, aligned_crop_png
+from tests.polling import wait_until
+from tests.service.api.test_event_loop import _on_loop
+from tests.service.api.test_routes import error
 from tests.service.gallery.old_schema import sqlite_at
 
 HOME, OFFICE = {"X-API-Key": "home-key"}, {"X-API-Key": "office-key"}
@@ -67,7 +70,16 @@ def test_a_key_line_names_its_collection_and_bare_keys_are_defaults(keyed, tmp_p
 
 @pytest.mark.parametrize(
     "line",
-    ["k collection=", "k collection=a/b", "k collection=" + "x" * 65, "k collection=home extra", "k colection=home", "k  collection=home"],
+    [
+        "k collection=",
+        "k collection=a/b",
+        "k collection=" + "x" * 65,
+        "k collection=home extra",
+        "k colection=home",
+        "k  collection=home",
+        "k collection=..",
+        "k collection=.",
+    ],  # `..`: its index folder would be default's (collections/..)
 )
 def test_a_bad_collection_suffix_stops_start_up_with_its_line(settings, tmp_path, line):
     path = tmp_path / "keys"
@@ -92,15 +104,82 @@ def test_reload_moves_a_key_to_another_collection(keyed):
 
 def test_a_reloaded_key_of_a_new_collection_gets_a_gallery_of_its_own(two, keyed):
     """What SIGHUP runs (tests/chaos/test_key_rotation.py sends the signal): the new collection's
-    gallery is opened on its first request, empty, beside the others."""
+    gallery is opened in the background, empty, beside the others."""
     enroll(two, HOME, "ada", 1)
     keyed.api_keys_file.write_text(keyed.api_keys_file.read_text() + "garden-key collection=garden\n")
-    two.app.state.service.keys.reload()
+    two.app.state.service.reload_keys()
     garden = {"X-API-Key": "garden-key"}
+    assert wait_until(lambda: two.get("/subjects", headers=garden).status_code == 200, "the garden collection opened")
     assert two.get("/subjects", headers=garden).json()["total"] == 0
     assert two.post("/subjects", json={"id": "ada", "name": "Ada"}, headers=garden).status_code == 201
     assert two.get("/subjects/ada/faces", headers=garden).json()["faces"] == []
     assert len(two.get("/subjects/ada/faces", headers=HOME).json()["faces"]) == 1
+
+
+def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_meanwhile(keyed, make_client, monkeypatch):
+    """A DeepStack request (its key in a form field) for a collection no key named at start-up: the
+    gallery opens on a thread (migrations, a PostgreSQL pool: seconds), and the request answers 503
+    gallery_loading with Retry-After until it is open."""
+    from service.api import app as app_module
+
+    client = make_client(keyed)
+    release, calls = threading.Event(), []
+    original = app_module.open_gallery
+
+    def held_open(*args, **kwargs):
+        calls.append(_on_loop())
+        assert release.wait(30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(app_module, "open_gallery", held_open)
+    keyed.api_keys_file.write_text(keyed.api_keys_file.read_text() + "garden-key collection=garden\n")
+    client.app.state.service.keys.reload()  # the keys alone, as before the fix: the request is the first to ask
+    listed = client.post("/v1/vision/face/list", data={"api_key": "garden-key"})
+    assert listed.status_code == 503 and listed.headers["retry-after"] == "2", listed.text
+    assert "being opened" in listed.json()["error"]
+    assert error(client.get("/subjects", headers={"X-API-Key": "garden-key"}), 503, "gallery_loading")
+    release.set()
+    assert wait_until(lambda: client.post("/v1/vision/face/list", data={"api_key": "garden-key"}).status_code == 200, "garden open")
+    assert calls == [False]  # opened once, off the loop
+
+
+def test_readyz_is_503_for_everyone_until_every_start_up_collection_is_built(keyed, monkeypatch):
+    """One process (no ReadyWorkers): home's index still building keeps /readyz 503 for a caller
+    without a key and for default's key too (a load balancer would send home's callers to 503s), home's
+    key sees its own gallery loading; once built, 200 for all."""
+    import warnings
+
+    from service.gallery import sqlite
+
+    release = threading.Event()
+    build = sqlite.derived_state
+
+    def held(db, path, collection, *args):
+        if collection == "home":
+            release.wait(60)
+        return build(db, path, collection, *args)
+
+    monkeypatch.setattr(sqlite, "derived_state", held)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient` is deprecated")
+        from fastapi.testclient import TestClient
+    from service.api.app import create_app
+
+    try:
+        with TestClient(create_app(keyed)) as api:
+            service = api.app.state.service
+            assert service.readiness.warmed.wait(120) and service.gallery.wait_loaded(60)
+            anonymous, default = api.get("/readyz"), api.get("/readyz", headers={"X-API-Key": "default-key"})
+            assert (anonymous.status_code, anonymous.json()) == (503, {"ready": False})
+            assert default.status_code == 503 and not default.json()["gallery"]["loading"]
+            assert any("home" in p["error"] for p in default.json()["problems"]), default.json()["problems"]
+            home = api.get("/readyz", headers=HOME)
+            assert home.status_code == 503 and home.json()["gallery"]["loading"]
+            release.set()
+            assert wait_until(lambda: api.get("/readyz").status_code == 200, "every collection built")
+            assert api.get("/readyz", headers=HOME).status_code == 200
+    finally:
+        release.set()
 
 
 # facegate's own API
@@ -142,6 +221,17 @@ def test_same_subject_in_two_collections_through_facegate_api(two):
 
 
 # CompreFace's API
+
+
+def test_metrics_gallery_gauges_are_the_callers_collection_labelled(two):
+    """/metrics' gallery gauges carry `collection`: the caller's, and no other collection's series."""
+    enroll(two, HOME, "ada", 1)
+    enroll(two, HOME, "bob", 2)
+    enroll(two, OFFICE, "cy", 3)
+    home, office = two.get("/metrics", headers=HOME).text, two.get("/metrics", headers=OFFICE).text
+    assert 'facegate_gallery_subjects{collection="home"} 2.0' in home and 'collection="office"' not in home
+    assert 'facegate_gallery_subjects{collection="office"} 1.0' in office and 'collection="home"' not in office
+    assert 'facegate_gallery_index_recall{collection="office"}' in office
 
 
 def test_same_name_in_two_collections_through_compreface(two):

@@ -92,7 +92,10 @@ def test_two_replicas_act_as_one_service(replicas):
         assert a_status["applied_sequence"] == b_status["applied_sequence"] == b_status["database_sequence"] == 4  # 3 enrollments, 1 delete
         assert a_status["listening"] and b_status["listening"]
         metrics = ca.get("/metrics").text
-        assert "facegate_gallery_sync_lag 0.0" in metrics and "facegate_gallery_applied_sequence 4.0" in metrics
+        assert (
+            'facegate_gallery_sync_lag{collection="default"} 0.0' in metrics
+            and 'facegate_gallery_applied_sequence{collection="default"} 4.0' in metrics
+        )
 
 
 def test_acknowledged_enrollments_survive_kill_9_of_a_replica(replicas):

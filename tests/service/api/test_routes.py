@@ -375,7 +375,10 @@ def test_readyz_metrics_and_docs(api, lfw_faces):
     assert 'facegate_requests_total{method="POST",route="/verify",status="200"} 1.0' in text
     assert 'facegate_requests_total{method="GET",route="/subjects/{subject_id}",status="404"} 1.0' in text
     assert "facegate_embed_batch_size_count" in text and "facegate_faces_embedded_total 2.0" in text
-    assert 'facegate_gallery_faces{searchable="true"} 0.0' in text and 'facegate_gallery_index_size{backend="faiss-flat"} 0.0' in text
+    assert (
+        'facegate_gallery_faces{collection="default",searchable="true"} 0.0' in text
+        and 'facegate_gallery_index_size{backend="faiss-flat",collection="default"} 0.0' in text
+    )
     assert api.get("/docs").status_code == 200
     schema = api.get("/openapi.json").json()
     body = schema["paths"]["/verify"]["post"]["requestBody"]["content"]

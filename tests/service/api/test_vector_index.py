@@ -28,7 +28,7 @@ def test_identify_on_hnsw_answers_as_the_flat_index_does(api_settings, make_clie
         index = api.get("/readyz").json()["gallery"]["index"]
         assert index["backend"] == ("faiss-flat" if spec == "Flat" else "faiss-hnsw") and index["size"] == 3 and index["factory"] == spec
         metrics = api.get("/metrics").text
-        assert f'facegate_gallery_index_size{{backend="{index["backend"]}"}} 3.0' in metrics
+        assert f'facegate_gallery_index_size{{backend="{index["backend"]}",collection="default"}} 3.0' in metrics
         assert "facegate_gallery_search_seconds_count 3.0" in metrics
     assert answers["HNSW16"] == answers["Flat"]
 
@@ -43,7 +43,7 @@ def test_milvus_backend_in_readyz_metrics_and_503_when_unreachable(api_settings,
     assert found["candidates"][0]["subject_id"] == name
     index = api.get("/readyz").json()["gallery"]["index"]
     assert index["backend"] == "milvus" and index["size"] == 1 and index["consistency"] == "Strong"
-    assert 'facegate_gallery_index_size{backend="milvus"} 1.0' in api.get("/metrics").text
+    assert 'facegate_gallery_index_size{backend="milvus",collection="default"} 1.0' in api.get("/metrics").text
     milvus = api.app.state.service.gallery.index
     uri, milvus.uri, milvus._client = milvus.uri, "http://127.0.0.1:1", None  # Milvus goes away
     for response in (
@@ -83,7 +83,7 @@ def test_readyz_and_metrics_report_the_index_recall_and_a_low_one_as_a_problem(a
         recall = index["recall"]
         assert ready.status_code == 200 and recall["queries"] == recall["mated_queries"] == 1000 and recall["minimum"] == minimum
         metrics = api.get("/metrics").text
-        assert f"facegate_gallery_index_recall {recall['recall_at_1']}" in metrics
+        assert f'facegate_gallery_index_recall{{collection="default"}} {recall["recall_at_1"]}' in metrics
         assert recall["search_params"] == index["search_params"] != ""
         if spec.endswith("PQ4x4"):
             assert recall["recall_at_1"] < 1 and recall["answers"] == index["answers"] == "exact" and index["search_params"] == "nprobe=64"

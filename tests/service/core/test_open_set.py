@@ -179,6 +179,29 @@ def test_the_decision_takes_the_guard_only_where_it_is_stricter_and_never_beyond
             assert decide_search(manifest, q, None, None, shape, 0.01).rate(t) == pytest.approx(q, rel=1e-6)
 
 
+def test_a_search_reads_its_rate_curve_once_for_all_its_candidates(monkeypatch):
+    """The compatibility routes ask `Decision.rate` once per candidate: the thresholds it inverts are
+    read once per decision (bisecting read them ~62 times a call, ~2 ms), the guard's curves inverted
+    in closed form, and the inverse stays exact, beyond the table's smallest FPIR too."""
+    from pathlib import Path
+
+    from service.core import open_set
+
+    manifest = Manifest.load(Path(__file__).parents[3] / "models" / "dlib-resnet-v1.json")
+    tail = Tail(samples=3000, subjects=1000, m=100, u=0.93, beta=0.010)
+    reads = []
+    original = open_set.margin_threshold
+    monkeypatch.setattr(open_set, "margin_threshold", lambda *args: reads.append(args) or original(*args))
+    for shape in (GalleryShape(5, 15), GalleryShape(300, 600), GalleryShape(1000, 3000, tail)):
+        decision = decide_search(manifest, 0.01, None, None, shape, 0.01)
+        rates = np.geomspace(0.05, 1e-9, 25).tolist()
+        thresholds = [original(manifest.open_set, shape, q).threshold for q in rates]
+        reads.clear()
+        assert [decision.rate(t) for t in thresholds] == pytest.approx(rates, rel=1e-6)
+        knots = len(manifest.open_set.fpirs) * (2 if shape.tail else 1) + 2
+        assert len(reads) <= knots + (3 * len(rates) if shape.tail else 0), (shape, len(reads))  # the guard's: a check per curve
+
+
 def test_a_small_gallery_is_decided_on_the_best_cosine_held_to_the_cosine_rows():
     """Below the table's cosine_below subjects the best cosine alone decides (score "cosine", no FAR),
     at the cosine rows' threshold for the gallery's size and faces per subject, and its rate is read

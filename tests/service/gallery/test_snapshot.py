@@ -136,6 +136,21 @@ def test_a_damaged_or_foreign_snapshot_is_built_again(tmp_path, builds):
     assert len(builds) == 9  # the snapshot and the log since are not the store
 
 
+def test_a_snapshot_is_mapped_by_its_own_collection_only(tmp_path, builds):
+    """Each collection's snapshot lives in its own folder (`collections/<name>/`, below default's);
+    found in another's folder (a case-insensitive disk), it is not mapped, even where the two look
+    alike (both empty, the same change)."""
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()
+    assert len(builds) == 1
+    SqliteGallery.open(tmp_path, KEY, index=config(tmp_path), collection="home").close()  # default's folder
+    assert len(builds) == 2
+    nested = IndexConfig("Flat", "", tmp_path / "index" / "collections" / "home")
+    for _ in range(2):
+        SqliteGallery.open(tmp_path, KEY, index=nested, collection="home").close()
+        SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()
+    assert len(builds) == 4  # home's built once in its folder, default's again (home overwrote it): each then mapped
+
+
 def write_one(data: Path, seed: int) -> None:
     store = SqliteGallery.open(data, KEY)
     store.create_subject(f"w{seed}", {}, f"w{seed}")

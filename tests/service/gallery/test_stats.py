@@ -126,7 +126,7 @@ def test_readyz_and_metrics_show_the_counts_of_a_gallery_whose_count_takes_secon
     time.sleep(1.2)  # the read under way is done; the next one starts and outlasts the wait, as usual
     body = api.get("/readyz").json()["gallery"]
     assert body["subjects"] == 1 and "stale" not in body, body
-    assert "facegate_gallery_up 1.0" in api.get("/metrics").text
+    assert 'facegate_gallery_up{collection="default"} 1.0' in api.get("/metrics").text
 
 
 def test_a_worker_behind_the_log_reports_no_incompatible_faces(tmp_path):
