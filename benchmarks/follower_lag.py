@@ -50,11 +50,11 @@ def fill(folder: Path, faces: int) -> None:
     vectors = unit(np.random.default_rng(0), faces)
     with sqlite3.connect(folder / sqlite.DATABASE) as db:
         db.executemany(
-            "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+            "INSERT INTO subjects (collection, id, name, metadata, created, updated) VALUES ('default', ?, ?, '{}', 0, 0)",
             ((f"s{i}", f"s{i}") for i in range(faces)),
         )
         db.executemany(
-            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, ?, 0)",
+            "INSERT INTO faces (collection, subject_id, embedding, model_name, model_sha256, created) VALUES ('default', ?, ?, ?, ?, 0)",
             ((f"s{i}", sqlite.embedding_blob(v), KEY.name, KEY.sha256) for i, v in enumerate(vectors)),
         )
 

@@ -335,13 +335,13 @@ def store_restart(vectors: np.ndarray, who: np.ndarray, spec: str, params: str, 
     db = sqlite3.connect(folder / DATABASE)
     # a subject per person (`who`: each distractor its own), so that the check draws as from the run's gallery; a later schema adds columns
     db.executemany(
-        "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+        "INSERT INTO subjects (collection, id, name, metadata, created, updated) VALUES ('default', ?, ?, '{}', 0, 0)",
         ((f"s{w}", f"s{w}") for w in np.unique(who)),
     )
     for start in range(0, len(vectors), 100_000):
         chunk = np.asarray(vectors[start : start + 100_000])
         db.executemany(
-            "INSERT INTO faces (id, subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, 'bench', ?, 0)",
+            "INSERT INTO faces (id, collection, subject_id, embedding, model_name, model_sha256, created) VALUES (?, 'default', ?, ?, 'bench', ?, 0)",
             (
                 (start + i + 1, f"s{w}", v.tobytes(), key.sha256)
                 for i, (w, v) in enumerate(zip(who[start : start + len(chunk)], chunk, strict=True))

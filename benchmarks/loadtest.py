@@ -143,11 +143,11 @@ def fill_gallery(data_dir: Path, embedder: EmbedderKey, faces: int, seed: int = 
     db = sqlite3.connect(data_dir / "gallery.sqlite3")
     with db:
         db.executemany(
-            "INSERT INTO subjects (id, name, metadata, created, updated) VALUES (?, ?, '{}', 0, 0)",
+            "INSERT INTO subjects (collection, id, name, metadata, created, updated) VALUES ('default', ?, ?, '{}', 0, 0)",
             ((f"fill-{i}", f"fill {i}") for i in range(faces)),
         )
         db.executemany(
-            "INSERT INTO faces (subject_id, embedding, model_name, model_sha256, created) VALUES (?, ?, ?, ?, 0)",
+            "INSERT INTO faces (collection, subject_id, embedding, model_name, model_sha256, created) VALUES ('default', ?, ?, ?, ?, 0)",
             ((f"fill-{i}", embedding_blob(v), embedder.name, embedder.sha256) for i, v in enumerate(vectors)),
         )
     db.close()
