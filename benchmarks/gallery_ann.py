@@ -341,7 +341,8 @@ def store_restart(vectors: np.ndarray, who: np.ndarray, spec: str, params: str, 
     for start in range(0, len(vectors), 100_000):
         chunk = np.asarray(vectors[start : start + 100_000])
         db.executemany(
-            "INSERT INTO faces (id, collection, subject_id, embedding, model_name, model_sha256, created) VALUES (?, 'default', ?, ?, 'bench', ?, 0)",
+            "INSERT INTO faces (id, collection, subject_id, embedding, model_name, model_sha256, created) "
+            "VALUES (?, 'default', ?, ?, 'bench', ?, 0)",
             (
                 (start + i + 1, f"s{w}", v.tobytes(), key.sha256)
                 for i, (w, v) in enumerate(zip(who[start : start + len(chunk)], chunk, strict=True))
