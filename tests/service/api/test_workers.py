@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 WORKERS = 3
 # A sitecustomize for every process of a server: the first uvicorn worker to build its gallery's
 # open-set roster (every build does) waits there until the file `release` appears beside it.
-HOLD_ONE_BUILD = """
+HOLD_ONE_WARM_UP = """
 import importlib.abc
 import importlib.util
 import multiprocessing
@@ -34,8 +34,8 @@ from pathlib import Path
 FOLDER = Path(os.environ["FACEGATE_TEST_HOLD"])
 
 
-def held(build):
-    def follow(*args, **kwargs):
+def held(run):
+    def holding(*args, **kwargs):
         if multiprocessing.current_process().name.startswith("SpawnProcess"):  # a uvicorn worker
             try:
                 os.close(os.open(FOLDER / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -44,14 +44,14 @@ def held(build):
             else:
                 while not (FOLDER / "release").exists():
                     time.sleep(0.05)
-        return build(*args, **kwargs)
+        return run(*args, **kwargs)
 
-    return follow
+    return holding
 
 
 class HoldOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "service.core.open_set":
+        if name != "service.readiness":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -59,7 +59,7 @@ class HoldOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            module.follow = held(module.follow)
+            module.Readiness.warmup_done = held(module.Readiness.warmup_done)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -182,12 +182,13 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
 
 def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cache):
     """uvicorn's workers accept once their lifespan start-up returns, before their warm-up and their
-    gallery's first build are done (the port answers meanwhile). One worker's build is held here:
+    gallery's first build are done (the port answers meanwhile). One worker's warm-up is held here
+    (not its gallery's build: the host's first build is shared, the others wait for it, snapshot.py):
     another worker, itself ready, answers /readyz 503 naming the workers still starting, and 200
     only once every one is ready; from then on every connection is answered, whichever worker took it."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(HOLD_ONE_BUILD)
+    (hooks / "sitecustomize.py").write_text(HOLD_ONE_WARM_UP)
     server = WorkersServer(tmp_path / "gallery", embedder_manifest, model_cache, tmp_path / "server.log", model_host=True)
     path = os.pathsep.join(p for p in (str(hooks), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     server.env |= {"PYTHONPATH": path, "FACEGATE_TEST_HOLD": str(hooks)}
@@ -202,7 +203,7 @@ def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cach
 
     server.launch()
     try:
-        wait_until(lambda: (hooks / "held").exists(), "a worker's gallery build is held", timeout=120)
+        wait_until(lambda: (hooks / "held").exists(), "a worker's warm-up is held", timeout=120)
         answer = wait_until(past_its_own_start, "a worker past its own start-up answers /readyz", timeout=120)
         assert answer.status_code == 503, f"a worker answered ready for itself alone while another was starting: {answer.text}"
         assert [p["model"] for p in answer.json()["problems"]] == ["workers"], answer.text
