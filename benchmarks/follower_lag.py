@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import sqlite3
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench import machine_lines  # noqa: E402
+from benchmarks.loadtest import fill_gallery  # noqa: E402
 from service.core.models.manifest import EmbedderKey  # noqa: E402
 from service.gallery import sqlite  # noqa: E402
 from service.gallery.interface import NewFace  # noqa: E402
@@ -42,21 +42,6 @@ KEY = EmbedderKey("bench", "b" * 64, 128)
 def unit(rng: np.random.Generator, rows: int) -> np.ndarray:
     x = rng.standard_normal((rows, KEY.dim), dtype=np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def fill(folder: Path, faces: int) -> None:
-    """`faces` subjects of one face each, inserted in one transaction (the setup, not what is measured)."""
-    SqliteGallery.open(folder, None).close()  # the schema
-    vectors = unit(np.random.default_rng(0), faces)
-    with sqlite3.connect(folder / sqlite.DATABASE) as db:
-        db.executemany(
-            "INSERT INTO subjects (collection, id, name, metadata, created, updated) VALUES ('default', ?, ?, '{}', 0, 0)",
-            ((f"s{i}", f"s{i}") for i in range(faces)),
-        )
-        db.executemany(
-            "INSERT INTO faces (collection, subject_id, embedding, model_name, model_sha256, created) VALUES ('default', ?, ?, ?, ?, 0)",
-            ((f"s{i}", sqlite.embedding_blob(v), KEY.name, KEY.sha256) for i, v in enumerate(vectors)),
-        )
 
 
 def write(folder: str, writes: int, behind, stop) -> None:
@@ -85,7 +70,7 @@ def main() -> None:
     print("\n".join(machine_lines()))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        fill(folder, args.faces)
+        fill_gallery(folder, KEY, args.faces)
         started = time.perf_counter()
         reader = SqliteGallery.open(folder, KEY)
         print(f"{args.faces:,} faces, guard on: the reader opened in {time.perf_counter() - started:.1f} s")

@@ -21,7 +21,6 @@ import base64
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -30,37 +29,18 @@ from contextlib import suppress
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench import machine_lines  # noqa: E402
 from benchmarks.chaos import free_port  # noqa: E402
+from benchmarks.loadtest import fill_gallery  # noqa: E402
 from service.core.models.manifest import EmbedderKey, Manifest  # noqa: E402
-from service.gallery import sqlite  # noqa: E402
-from service.gallery.sqlite import SqliteGallery  # noqa: E402
 from tests.conftest import aligned_crop_png  # noqa: E402
 from tests.onnx_models import write_test_embedder  # noqa: E402
 
 DIM = 128
-
-
-def fill(folder: Path, key: EmbedderKey, faces: int) -> None:
-    """`faces` subjects of one face each, in one transaction (the setup, not what is measured)."""
-    SqliteGallery.open(folder, None).close()  # the schema
-    rng = np.random.default_rng(0)
-    vectors = rng.standard_normal((faces, key.dim), dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    with sqlite3.connect(folder / sqlite.DATABASE) as db:
-        db.executemany(
-            "INSERT INTO subjects (collection, id, name, metadata, created, updated) VALUES ('default', ?, ?, '{}', 0, 0)",
-            ((f"s{i}", f"s{i}") for i in range(faces)),
-        )
-        db.executemany(
-            "INSERT INTO faces (collection, subject_id, embedding, model_name, model_sha256, created) VALUES ('default', ?, ?, ?, ?, 0)",
-            ((f"s{i}", sqlite.embedding_blob(v), key.name, key.sha256) for i, v in enumerate(vectors)),
-        )
 
 
 def tree(root: int) -> list[int]:
@@ -162,7 +142,7 @@ def main() -> None:
         embedder = write_test_embedder(work / "embedder", dim=DIM)
         key = EmbedderKey.of(Manifest.load(embedder))
         gallery = work / "gallery"
-        fill(gallery, key, args.faces)
+        fill_gallery(gallery, key, args.faces)
         print("\n".join(machine_lines()))
         load = os.getloadavg()[0]
         print(f"server of {args.checkout}; {args.faces} synthetic {DIM}-d faces, one per subject, the open-set guard on; load {load:.1f}")

@@ -338,17 +338,7 @@ def derived_state(
                 index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
             else:  # the snapshot is of `applied` (`reaches`): the persisted index, or one built from its faces
                 rows = lambda: iter([(snapshot.ids, snapshot.vectors)])  # noqa: E731
-                index, loaded = open_index(
-                    config,
-                    embedder.dim,
-                    embedder.sha256,
-                    faces[0],
-                    lambda m: m.get("faces") == faces,
-                    sampler(db, collection, embedder, faces),
-                    rows,
-                )
-                if loaded is None:
-                    save_index(config, index, embedder.sha256, {"faces": faces})
+                index = persisted_index(db, collection, embedder, config, faces, rows)
         finally:
             db.execute("COMMIT")
     log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, snapshot.applied)
@@ -429,6 +419,24 @@ def sampler(
     return sample
 
 
+def persisted_index(
+    db: sqlite3.Connection,
+    collection: str,
+    embedder: EmbedderKey,
+    config: IndexConfig,
+    faces: list[int],
+    rows: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
+) -> FaissIndex:
+    """The persisted index where it holds exactly these faces (their fingerprint), else one built
+    from `rows` (trained on the collection's sample) and persisted."""
+    index, loaded = open_index(
+        config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sampler(db, collection, embedder, faces), rows
+    )
+    if loaded is None:
+        save_index(config, index, embedder.sha256, {"faces": faces})
+    return index
+
+
 def built_state(
     db: sqlite3.Connection,
     path: Path,
@@ -452,17 +460,7 @@ def built_state(
             for start in range(0, len(ids), 10_000):
                 yield ids[start : start + 10_000], vectors[start : start + 10_000]
 
-        index, loaded = open_index(
-            config,
-            embedder.dim,
-            embedder.sha256,
-            faces[0],
-            lambda m: m.get("faces") == faces,
-            sampler(db, collection, embedder, faces),
-            batches,
-        )
-        if loaded is None:
-            save_index(config, index, embedder.sha256, {"faces": faces})
+        index = persisted_index(db, collection, embedder, config, faces, batches)
     finally:
         db.execute("COMMIT")
     log.info("gallery %s, collection %s: %d faces searchable (%s) at change %d", path, collection, index.size, index.spec, applied)
