@@ -81,7 +81,8 @@ def test_readyz_and_metrics_report_the_index_recall_and_a_low_one_as_a_problem(a
         ready = api.get("/readyz")
         index, problems = ready.json()["gallery"]["index"], ready.json()["problems"]
         recall = index["recall"]
-        assert ready.status_code == 200 and recall["queries"] == recall["mated_queries"] == 1000 and recall["minimum"] == minimum
+        # mated: the enrolled faces its IVF lists were trained without (one id in 8: 375 of 3,000), the rest near copies
+        assert ready.status_code == 200 and recall["queries"] == 1000 and recall["mated_queries"] == 375 and recall["minimum"] == minimum
         metrics = api.get("/metrics").text
         assert f'facegate_gallery_index_recall{{collection="default"}} {recall["recall_at_1"]}' in metrics
         assert recall["search_params"] == index["search_params"] != ""
