@@ -476,9 +476,7 @@ def gallery_duplicates(
 
 @keys_app.command("add")
 def keys_add(
-    collection: Annotated[
-        str, typer.Option(help="The collection the key sees and changes (1-64 of A-Z a-z 0-9 _ . -, not starting with . or -).")
-    ] = "default",
+    collection: Annotated[str, typer.Option(help="The collection the key sees and changes (1-64 of A-Z a-z 0-9 _ . -).")] = "default",
 ) -> None:
     """Make a key: print it once (only its sha256 is kept) and append `sha256:<hex> collection=NAME` to
     FACEGATE_API_KEYS_FILE (made 0600 if missing). A running server takes it on SIGHUP."""
@@ -492,10 +490,7 @@ def keys_add(
     if path is None:
         fail("FACEGATE_API_KEYS_FILE is not set: name the key file the server reads")
     if not collections.valid(collection):
-        fail(
-            f"{collection[:80]!r} is no collection name: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-', "
-            "not starting with '.' or '-'"
-        )
+        fail(f"{collection[:80]!r} is no collection name: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
     key = secrets.token_urlsafe(32)
     old = path.read_text(encoding="utf-8-sig") if path.exists() else ""
     line = f"sha256:{hashlib.sha256(key.encode()).hexdigest()} collection={collection}\n"

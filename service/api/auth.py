@@ -87,9 +87,7 @@ def _line(line: str, where: str) -> Entry:
     if name == suffix:
         _checked(line, where)  # a space inside a key: refused with the rule's reason
     if not collections.valid(name):
-        raise KeyConfigError(
-            f"{where}: a collection name is 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-', not starting with '.' or '-'"
-        )
+        raise KeyConfigError(f"{where}: a collection name is 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
     return _checked(key, where), name
 
 

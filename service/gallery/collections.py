@@ -18,13 +18,19 @@ from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 
 DEFAULT = "default"  # a key without `collection=`, every FACEGATE_API_KEYS key, anonymous mode
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # not "." or "..": a collection's index folder is named for it
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # the key file's contract (issue 50)
 log = logging.getLogger(__name__)
 COLLECTION = "facegate.collection"  # the ASGI scope key the caller's collection is set under
 
 
 def valid(name: str) -> bool:
     return NAME.fullmatch(name) is not None
+
+
+def folder(name: str) -> str:
+    """The name of a collection's index folder: the collection's own, but for "." and ".." (which
+    would name the folder itself or default's), spelt with `%2E`, which no collection name holds."""
+    return name.replace(".", "%2E") if name in (".", "..") else name
 
 
 @dataclass(frozen=True)

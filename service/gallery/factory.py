@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from service.core.errors import GalleryUnavailable
 from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
-from service.gallery.collections import DEFAULT
+from service.gallery.collections import DEFAULT, folder
 from service.gallery.index import IndexConfig
 
 if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra
@@ -73,7 +73,7 @@ def index_config(settings: Settings, collection: str = DEFAULT) -> IndexConfig:
     return IndexConfig(
         settings.index,
         settings.index_search_params,
-        directory if collection == DEFAULT else directory / "collections" / collection,
+        directory if collection == DEFAULT else directory / "collections" / folder(collection),
         settings.milvus_uri,
         settings.milvus_token.get_secret_value(),
         settings.milvus_index,

@@ -77,15 +77,29 @@ def test_a_key_line_names_its_collection_and_bare_keys_are_defaults(keyed, tmp_p
         "k collection=home extra",
         "k colection=home",
         "k  collection=home",
-        "k collection=..",
-        "k collection=.",
-    ],  # `..`: its index folder would be default's (collections/..)
+    ],
 )
 def test_a_bad_collection_suffix_stops_start_up_with_its_line(settings, tmp_path, line):
     path = tmp_path / "keys"
     path.write_text(f"good-key\n{line}\n")
     with pytest.raises(KeyConfigError, match="line 2"):
         ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path}))
+
+
+def test_every_name_of_the_contract_is_a_collection_with_an_index_folder_of_its_own(settings, tmp_path):
+    """Names are 1-64 of [A-Za-z0-9_.-], dots and dashes first included; "." and ".." (which as a
+    path would be the collections' folder or default's) get folders of their own inside it."""
+    from service.gallery.factory import index_config
+
+    names = [".", "..", "-x", ".hidden", "a" * 64]
+    path = tmp_path / "keys"
+    path.write_text("".join(f"key-{i} collection={name}\n" for i, name in enumerate(names)))
+    keys = ApiKeys.from_settings(settings.model_copy(update={"api_keys": SecretStr(""), "api_keys_file": path}))
+    assert set(keys.collections) >= set(names)
+    folders = {name: index_config(settings, name).directory for name in [*names, "default"]}
+    root = index_config(settings, "default").directory / "collections"
+    assert all(folders[name].parent == root for name in names)  # each inside collections/, none is it or above it
+    assert len({f.resolve() for f in folders.values()}) == len(folders)
 
 
 def test_one_key_for_two_collections_is_refused(settings, tmp_path):
