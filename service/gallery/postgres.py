@@ -181,7 +181,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
                     self.unfollowed = open_milvus(self.index_config, key.dim, key.sha256, collection)
                 else:
                     self._changes = PostgresLog(self.url, self.pool, collection, key, self._derived_state)
-                    self.follower = Follower(self._changes, None, SYNC_POLL_SECONDS)
+                    self.follower = Follower(self._changes, None, SYNC_POLL_SECONDS, f"facegate-gallery-follower-{collection}")
                     if not background:
                         self.follower.rebuild()  # here: built, and brought up to the log
                     self.follower.start()
