@@ -93,7 +93,7 @@ async def _mark_once_ready(service: Service, galleries: Collections, workers: Re
     """Count this worker among those that answer once it can (warmed up, every start-up collection's index built)."""
     while not (service.readiness.ready and not galleries.loading()):
         await asyncio.sleep(READY_POLL)
-    workers.mark_ready()
+    await asyncio.to_thread(workers.mark_ready)  # file operations: off the loop
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -39,7 +39,8 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     loading = service.gallery.loading  # the index and guard still being built at start-up (the port listens meanwhile)
     # the host's other start-up collections: a load balancer's /readyz (no key: default) answers for every key's
     others = [name for name in service.collections.loading() if name != service.collection] if service.collections else []
-    starting = service.workers.problem() if service.workers is not None else None  # another worker of this host not ready yet
+    workers = service.workers  # another worker of this host not ready yet: its lock file, read off the loop
+    starting = await asyncio.to_thread(workers.problem) if workers is not None else None
     ready = service.readiness.ready and not loading and not others and starting is None
     status = 200 if ready else 503
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
