@@ -28,9 +28,13 @@ def valid(name: str) -> bool:
 
 
 def folder(name: str) -> str:
-    """The name of a collection's index folder: the collection's own, but for "." and ".." (which
-    would name the folder itself or default's), spelt with `%2E`, which no collection name holds."""
-    return name.replace(".", "%2E") if name in (".", "..") else name
+    """The name of a collection's index folder, which no other name's folds to on a case-insensitive
+    disk (macOS, Windows: `Home` and `home` would share one and overwrite each other's snapshot): an
+    upper-case letter is spelt `%` and its code in lower-case hex (`Home`: `%48ome`), and "." and ".."
+    (the folder itself, default's) `%2E`; no name holds `%`, so lower-case names keep their folders."""
+    if name in (".", ".."):
+        return name.replace(".", "%2E")
+    return re.sub("[A-Z]", lambda letter: f"%{ord(letter[0]):02x}", name)
 
 
 @dataclass(frozen=True)

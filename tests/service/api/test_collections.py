@@ -102,6 +102,19 @@ def test_every_name_of_the_contract_is_a_collection_with_an_index_folder_of_its_
     assert len({f.resolve() for f in folders.values()}) == len(folders)
 
 
+def test_names_differing_in_case_never_share_a_folder_on_a_case_insensitive_disk(settings):
+    """`Home` and `home` are two collections: on macOS's or Windows' disks, folders that differ in
+    case only are one, and each would overwrite the other's snapshot. Lower-case names keep the
+    folders they had (nothing to move)."""
+    from service.gallery.factory import index_config
+
+    names = ["home", "Home", "HOME", "hOmE", "J", "j", "Z" * 64, "a.B-c_9"]
+    folders = {name: index_config(settings, name).directory.name for name in names}
+    assert len({f.casefold() for f in folders.values()}) == len(folders), folders
+    assert folders["home"] == "home" and folders["j"] == "j"  # where they were
+    assert folders["Home"] == "%48ome" and all(len(f) <= 255 for f in folders.values())
+
+
 def test_one_key_for_two_collections_is_refused(settings, tmp_path):
     path = tmp_path / "keys"
     path.write_text(f"k collection=home\nsha256:{hashlib.sha256(b'k').hexdigest()} collection=office\n")
