@@ -13,7 +13,7 @@ from fastapi.dependencies.models import Dependant
 
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
-from service.core.errors import InvalidParameters, SubjectNotFound
+from service.core.errors import GalleryLoading, InvalidParameters, SubjectNotFound
 from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
@@ -87,6 +87,18 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def get_service_if_open(request: Request) -> Service | None:
+    """/readyz's: the caller's service, or None while its collection is still being opened (a
+    readiness report says so, where every other route answers 503 gallery_loading)."""
+    try:
+        return get_service(request)
+    except GalleryLoading:
+        return None
+
+
+ServiceIfOpenDep = Annotated[Service | None, Depends(get_service_if_open)]
 
 
 def subject_id_path(subject_id: str) -> str:

@@ -165,6 +165,10 @@ def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_mean
     assert listed.status_code == 503 and listed.headers["retry-after"] == "2", listed.text
     assert "being opened" in listed.json()["error"]
     assert error(client.get("/subjects", headers={"X-API-Key": "garden-key"}), 503, "gallery_loading")
+    ready = client.get("/readyz", headers={"X-API-Key": "garden-key"})  # the readiness report, not the error body
+    assert ready.status_code == 503 and ready.json()["collection"] == "garden" and not ready.json()["ready"], ready.text
+    assert ready.json()["gallery"]["loading"] and ready.json()["gallery"]["faces"] is None and ready.json()["models"]
+    assert any(p["name"] == "loading" for p in ready.json()["problems"])
     release.set()
     assert wait_until(lambda: client.post("/v1/vision/face/list", data={"api_key": "garden-key"}).status_code == 200, "garden open")
     assert calls == [False]  # opened once, off the loop
