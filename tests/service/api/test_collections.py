@@ -443,6 +443,37 @@ def test_postgres_replicas_follow_each_collection_by_notify(database_url):
             gallery.close()
 
 
+def test_postgres_collections_of_one_process_share_one_pool_and_one_listener(api_settings, database_url, tmp_path, make_client):
+    """5 collections in one worker: one LISTEN connection and one pool (FACEGATE_DATABASE_POOL_SIZE in
+    all), not one of each per collection (5 collections x 4 workers passed max_connections 100).
+    Another replica's write in `home` reaches this process's `home` through the shared listener."""
+    from benchmarks.pg_connections import sessions
+    from service.gallery.pg_connections import LISTENER_NAME, POOL_NAME
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import NewFace
+
+    settings = with_keys(api_settings, tmp_path).model_copy(update={"database_url": SecretStr(database_url), "database_pool_size": 2})
+    settings.api_keys_file.write_text(settings.api_keys_file.read_text() + "garden-key collection=garden\nattic-key collection=attic\n")
+    client = make_client(settings)
+    service = client.app.state.service
+    assert sorted(service.collections.opened()) == ["attic", "default", "garden", "home", "office"]
+
+    def settled() -> dict[str, int] | None:  # the indexes' builds' own connections closed
+        found = sessions(database_url)
+        return found if set(found) <= {LISTENER_NAME, POOL_NAME} else None
+
+    found = wait_until(settled, "only the pool's and the listener's connections left")
+    assert found[LISTENER_NAME] == 1 and found[POOL_NAME] <= 2, found
+    replica = PostgresGallery(database_url, service.gallery.embedder, collection="home")  # another process's, its own connections
+    try:
+        replica.create_subject("Ada", {}, subject_id="ada")
+        replica.add_faces("ada", [NewFace(np.ones(replica.embedder.dim, np.float32) / np.sqrt(replica.embedder.dim))])
+    finally:
+        replica.close()
+    wait_until(lambda: service.collections.get("home").gallery.index.size == 1, "home followed the other replica's write")
+    assert service.gallery.index.size == 0 and service.collections.get("office").gallery.index.size == 0
+
+
 # the commands
 
 
