@@ -143,6 +143,20 @@ def test_a_reloaded_key_of_a_new_collection_gets_a_gallery_of_its_own(two, keyed
     assert len(two.get("/subjects/ada/faces", headers=HOME).json()["faces"]) == 1
 
 
+def test_a_reload_closes_the_collections_no_key_names_any_more(two, keyed):
+    """What SIGHUP runs: office's key removed, office's gallery is closed (its follower stopped, its
+    handles released) once no request uses it; the requests made before released their lease."""
+    enroll(two, OFFICE, "ada", 1)
+    service = two.app.state.service
+    office = service.collections.get("office")
+    keyed.api_keys_file.write_text("home-key collection=home\ndefault-key\n")
+    service.reload_keys()
+    wait_until(lambda: office.gallery.follower._closed, "office's follower stopped, its handles released")
+    assert "office" not in service.collections.opened()
+    assert two.get("/subjects", headers=OFFICE).status_code == 401
+    assert two.get("/subjects", headers=HOME).status_code == 200
+
+
 def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_meanwhile(keyed, make_client, monkeypatch):
     """A DeepStack request (its key in a form field) for a collection no key named at start-up: the
     gallery opens on a thread (migrations, a PostgreSQL pool: seconds), and the request answers 503
