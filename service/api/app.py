@@ -28,7 +28,7 @@ from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.engine import Engine
 from service.gallery.collections import DEFAULT, Collection, Collections
-from service.gallery.factory import open_gallery
+from service.gallery.factory import open_gallery, shared_connections
 from service.gallery.index import set_search_threads
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
@@ -93,7 +93,7 @@ async def _mark_once_ready(service: Service, galleries: Collections, workers: Re
     """Count this worker among those that answer once it can (warmed up, every start-up collection's index built)."""
     while not (service.readiness.ready and not galleries.loading()):
         await asyncio.sleep(READY_POLL)
-    workers.mark_ready()
+    await asyncio.to_thread(workers.mark_ready)  # file operations: off the loop
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -127,11 +127,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else:
                 engine.start_warm_up(readiness.warmup_done)
         embedder = engine.pipeline.embedder if engine else None
+        connections = shared_connections(settings)  # PostgreSQL: one pool and one LISTEN connection for every collection
 
         def open_collection(name: str) -> Collection:
             # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading"),
             # unless a process that accepts a connection must be ready (FACEGATE_WARM_UP_BEFORE_LISTENING)
-            gallery = open_gallery(settings, models.embedder_key, background=not settings.warm_up_before_listening, collection=name)
+            background = not settings.warm_up_before_listening
+            gallery = open_gallery(settings, models.embedder_key, background=background, collection=name, connections=connections)
             recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, embedder)
             # the recall check measures the index once there is one
             started = threading.Thread(
@@ -180,6 +182,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             elif hosted:
                 hosted.close()
             await asyncio.to_thread(galleries.close)
+            if connections is not None:  # once every collection is closed
+                await asyncio.to_thread(connections.close)
             del app.state.service  # models, index, pools: freed now, whoever still holds the app object
 
     app = FacegateApp(title="facegate", version=__version__, description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)

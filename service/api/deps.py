@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Annotated
 
@@ -13,7 +15,7 @@ from fastapi.dependencies.models import Dependant
 
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
-from service.core.errors import InvalidParameters, SubjectNotFound
+from service.core.errors import GalleryLoading, InvalidParameters, SubjectNotFound
 from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
@@ -53,19 +55,23 @@ class Service:
     collection: str = DEFAULT  # whose gallery, gallery_stats and recall these are: the caller's (get_service)
     collections: Collections | None = None  # every collection's, opened on first use
 
-    def scoped(self, collection: str) -> Service:
-        """This service as a caller of `collection` sees it: that collection's gallery, counts and recall."""
+    @contextmanager
+    def scoped(self, collection: str) -> Iterator[Service]:
+        """This service as a caller of `collection` sees it: that collection's gallery, counts and
+        recall, kept open while the block runs (a reload that retires it closes it after)."""
         if collection == self.collection or self.collections is None:
-            return self
-        state = self.collections.get(collection)
-        return replace(self, collection=collection, gallery=state.gallery, gallery_stats=state.stats, recall=state.recall)
+            yield self
+            return
+        with self.collections.lease(collection) as state:
+            yield replace(self, collection=collection, gallery=state.gallery, gallery_stats=state.stats, recall=state.recall)
 
     def reload_keys(self) -> None:
-        """What SIGHUP runs: the key file read again, and the collections it names first opened in
-        the background (never on the event loop; their requests answer 503 gallery_loading meanwhile)."""
+        """What SIGHUP runs: the key file read again, the collections it names first opened in the
+        background (never on the event loop; their requests answer 503 gallery_loading meanwhile),
+        and those it no longer names closed once no request uses them."""
         self.keys.reload()
         if self.collections is not None:
-            self.collections.prepare(self.keys.collections)
+            self.collections.retain(self.keys.collections)
 
     def ready(self) -> Ready:
         """The engine and the embedder's manifest, or readiness.require()'s 503."""
@@ -80,13 +86,33 @@ class Service:
             return self.gallery.search(embedding, top_k)
 
 
-def get_service(request: Request) -> Service:
-    """The service scoped to the caller's collection (its key's, set by ApiKeyAuth or the DeepStack
-    route; `default` for a caller without a key): every route sees and changes that gallery only."""
+def _scoped(request: Request) -> AbstractContextManager[Service]:
     return request.app.state.service.scoped(request.scope.get(COLLECTION) or DEFAULT)
 
 
+async def get_service(request: Request) -> AsyncIterator[Service]:
+    """The service scoped to the caller's collection (its key's, set by ApiKeyAuth or the DeepStack
+    route; `default` for a caller without a key): every route sees and changes that gallery only,
+    leased until the request ends. On the loop: no thread hop per request (the lease takes a lock only)."""
+    with _scoped(request) as service:
+        yield service
+
+
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+async def get_service_if_open(request: Request) -> AsyncIterator[Service | None]:
+    """/readyz's: the caller's service, or None while its collection is still being opened (a
+    readiness report says so, where every other route answers 503 gallery_loading)."""
+    with ExitStack() as lease:
+        try:
+            service: Service | None = lease.enter_context(_scoped(request))
+        except GalleryLoading:
+            service = None
+        yield service
+
+
+ServiceIfOpenDep = Annotated[Service | None, Depends(get_service_if_open)]
 
 
 def subject_id_path(subject_id: str) -> str:

@@ -168,7 +168,9 @@ class Settings(BaseSettings):
         None,
         description="File holding the PostgreSQL password (a compose secret), so the URL carries none; one line, trailing newline ignored.",
     )
-    database_pool_size: int = Field(8, ge=2, description="Connections each replica keeps to PostgreSQL at most (FACEGATE_DATABASE_URL).")
+    database_pool_size: int = Field(
+        8, ge=2, description="Connections each replica keeps to PostgreSQL at most, all its collections together (FACEGATE_DATABASE_URL)."
+    )
     database_pool_timeout: float = Field(
         1.0,
         gt=0,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from service.core.errors import FacegateError, GalleryLoading, GalleryUnavailable
@@ -28,9 +29,13 @@ def valid(name: str) -> bool:
 
 
 def folder(name: str) -> str:
-    """The name of a collection's index folder: the collection's own, but for "." and ".." (which
-    would name the folder itself or default's), spelt with `%2E`, which no collection name holds."""
-    return name.replace(".", "%2E") if name in (".", "..") else name
+    """The name of a collection's index folder, which no other name's folds to on a case-insensitive
+    disk (macOS, Windows: `Home` and `home` would share one and overwrite each other's snapshot): an
+    upper-case letter is spelt `%` and its code in lower-case hex (`Home`: `%48ome`), and "." and ".."
+    (the folder itself, default's) `%2E`; no name holds `%`, so lower-case names keep their folders."""
+    if name in (".", ".."):
+        return name.replace(".", "%2E")
+    return re.sub("[A-Z]", lambda letter: f"%{ord(letter[0]):02x}", name)
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,10 @@ class Collection:
 
 class Collections:
     """The per-collection states, each made by `open_one` once. `open` (start-up, on a thread) waits
-    for it; `get` (a request, maybe on the event loop) never does: a collection not yet open starts
-    opening on a thread of its own and `get` answers 503 gallery_loading meanwhile (migrations and a
-    PostgreSQL pool take seconds); `prepare` starts opening those a reloaded key file names."""
+    for it; `get` and `lease` (a request, maybe on the event loop) never do: a collection not yet open
+    starts opening on a thread of its own and they answer 503 gallery_loading meanwhile (migrations and
+    a PostgreSQL pool take seconds). `retain` (SIGHUP) starts opening those a reloaded key file names
+    and closes those it no longer names, each once the last request that leased it has ended."""
 
     def __init__(self, open_one: Callable[[str], Collection]):
         self._open = open_one
@@ -62,6 +68,10 @@ class Collections:
         self._opening: dict[str, threading.Thread] = {}
         self._failed: dict[str, FacegateError] = {}  # the last try's error, answered once, then tried again
         self._at_start: set[str] = set()  # opened by `open`: the host is not ready before their indexes are built
+        self._wanted: set[str] | None = None  # what the keys name since the last `retain` (None: whatever is asked)
+        self._users: dict[int, int] = {}  # requests under way per state (by id), leased
+        self._retired: dict[int, Collection] = {}  # states no key names any more, closed once their last request ends
+        self._closing: dict[str, threading.Thread] = {}  # a retired state's close under way, by name
         self._closed = False  # no opening starts once closing began (a request during shutdown)
         self._lock = threading.Lock()
 
@@ -83,27 +93,78 @@ class Collections:
             return state
         with self._lock:
             failed = self._failed.pop(name, None)
+            unwanted = self._wanted is not None and name not in self._wanted
         if failed is not None:
             raise failed
+        if unwanted:  # a request authenticated before the reload that removed its key: retried, it is answered as the keys are now
+            raise GalleryLoading(f"collection {name!r} is no longer served (its key was removed); retry")
         self._start(name)
         state = self._states.get(name)
         if state is not None:  # opened meanwhile
             return state
         raise GalleryLoading(f"collection {name!r} is being opened; retry shortly")
 
-    def prepare(self, names: Iterable[str]) -> None:
-        """Start opening every collection of `names` not open yet, each on its own thread (SIGHUP)."""
-        for name in names:
+    @contextmanager
+    def lease(self, name: str) -> Iterator[Collection]:
+        """`name`'s state, as `get`, kept open until the block ends (a request's), even if a reload retires it meanwhile."""
+        while True:
+            state = self.get(name)
+            with self._lock:
+                if self._states.get(name) is state:  # not retired between `get` and here
+                    self._users[id(state)] = self._users.get(id(state), 0) + 1
+                    break
+        try:
+            yield state
+        finally:
+            with self._lock:
+                left = self._users[id(state)] = self._users[id(state)] - 1
+                if left == 0:
+                    del self._users[id(state)]
+                retired = self._retired.pop(id(state)) if left == 0 and id(state) in self._retired else None
+            if retired is not None:
+                self._close_later(retired)
+
+    def retain(self, names: Iterable[str]) -> None:
+        """What SIGHUP runs: every collection of `names` (and default, what callers without a key see)
+        starts opening if it is not open, each on its own thread; one no longer named stops being
+        served, and is closed (its follower stopped, its handles released) once no request uses it."""
+        wanted = {*names, DEFAULT}
+        idle = []
+        with self._lock:
+            self._wanted = wanted
+            for name in [name for name in self._states if name not in wanted]:
+                state = self._states.pop(name)
+                self._at_start.discard(name)
+                if self._users.get(id(state)):
+                    self._retired[id(state)] = state
+                else:
+                    idle.append(state)
+        for state in idle:
+            self._close_later(state)
+        for name in sorted(wanted):
             self._start(name)
+
+    def _close_later(self, state: Collection) -> None:
+        """Close a retired state on a thread of its own (its follower's last save and join take seconds)."""
+        log.info("collection %r is no longer named by any key: closed", state.name)
+        with self._lock:
+            closing = self._closing[state.name] = threading.Thread(target=state.close, name=f"facegate-close-{state.name}", daemon=True)
+        closing.start()
 
     def _start(self, name: str) -> None:
         with self._lock:
             if self._closed or name in self._states or name in self._opening:
                 return
+            if self._wanted is not None and name not in self._wanted:
+                return
             opening = self._opening[name] = threading.Thread(target=self._run, args=(name,), name=f"facegate-open-{name}", daemon=True)
         opening.start()
 
     def _run(self, name: str) -> None:
+        with self._lock:
+            closing = self._closing.pop(name, None)
+        if closing is not None:  # named again while its previous state closes: its files and handles released first
+            closing.join()
         try:
             state = self._open(name)
         except FacegateError as exc:
@@ -119,8 +180,12 @@ class Collections:
                 del self._opening[name]
             return
         with self._lock:
-            self._states[name] = state
             del self._opening[name]
+            unwanted = self._wanted is not None and name not in self._wanted
+            if not unwanted:
+                self._states[name] = state
+        if unwanted:  # a reload removed its key while it opened
+            self._close_later(state)
 
     def opened(self) -> dict[str, Collection]:
         return dict(self._states)
@@ -139,5 +204,9 @@ class Collections:
             thread.join()
         with self._lock:
             states, self._states = self._states, {}
-        for state in states.values():
+            retired, self._retired = list(self._retired.values()), {}
+            closing = list(self._closing.values())
+        for thread in closing:
+            thread.join()
+        for state in [*states.values(), *retired]:
             state.close()

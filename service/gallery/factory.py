@@ -14,6 +14,7 @@ from service.gallery.collections import DEFAULT, folder
 from service.gallery.index import IndexConfig
 
 if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra
+    from service.gallery.pg_connections import Connections
     from service.gallery.postgres import PostgresGallery
     from service.gallery.sqlite import SqliteGallery
 
@@ -25,15 +26,21 @@ MILVUS_EXTRA_MISSING = (
 
 
 def open_gallery(
-    settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False, collection: str = DEFAULT
+    settings: Settings,
+    embedder: EmbedderKey | None,
+    searchable: bool = True,
+    background: bool = False,
+    collection: str = DEFAULT,
+    connections: Connections | None = None,
 ) -> SqliteGallery | PostgresGallery:
     """The gallery of one collection (collections.py). `searchable=False` for maintenance commands:
     no index is loaded and no changes followed. `background` (the server): the index and guard are
-    built after it returns (searches 503 gallery_loading meanwhile)."""
+    built after it returns (searches 503 gallery_loading meanwhile). `connections`: PostgreSQL's pool
+    and listener every collection of the server shares (`shared_connections`)."""
     if settings.milvus_uri and find_spec("pymilvus") is None:
         raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
     if settings.database_url.get_secret_value():
-        return open_postgres(settings, embedder, searchable, background, collection)
+        return open_postgres(settings, embedder, searchable, background, collection, connections)
     from service.gallery.sqlite import SqliteGallery
 
     config = index_config(settings, collection)
@@ -41,18 +48,17 @@ def open_gallery(
 
 
 def open_postgres(
-    settings: Settings, embedder: EmbedderKey | None, searchable: bool = True, background: bool = False, collection: str = DEFAULT
+    settings: Settings,
+    embedder: EmbedderKey | None,
+    searchable: bool = True,
+    background: bool = False,
+    collection: str = DEFAULT,
+    connections: Connections | None = None,
 ) -> PostgresGallery:
     """The PostgreSQL gallery FACEGATE_DATABASE_URL names (the caller checked it is set)."""
-    try:
-        from psycopg.conninfo import make_conninfo  # psycopg is needed only here
-    except ImportError:
-        raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
+    url = database_url(settings)
     from service.gallery.postgres import PostgresGallery
 
-    url = settings.database_url.get_secret_value()
-    if settings.database_password_file is not None:
-        url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
     return PostgresGallery(
         url,
         embedder,
@@ -63,7 +69,31 @@ def open_postgres(
         settings.open_set_guard,
         background,
         collection,
+        connections,
     )
+
+
+def shared_connections(settings: Settings) -> Connections | None:
+    """With PostgreSQL, the one pool and listener the server's collections share, connected by the
+    first collection opened (pg_connections.py); None with SQLite."""
+    if not settings.database_url.get_secret_value():
+        return None
+    url = database_url(settings)
+    from service.gallery.pg_connections import Connections
+
+    return Connections(url, settings.database_pool_size, settings.database_pool_timeout)
+
+
+def database_url(settings: Settings) -> str:
+    """FACEGATE_DATABASE_URL with the password of FACEGATE_DATABASE_PASSWORD_FILE, if set."""
+    try:
+        from psycopg.conninfo import make_conninfo  # psycopg is needed only here
+    except ImportError:
+        raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
+    url = settings.database_url.get_secret_value()
+    if settings.database_password_file is not None:
+        url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))
+    return url
 
 
 def index_config(settings: Settings, collection: str = DEFAULT) -> IndexConfig:

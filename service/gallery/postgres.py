@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,8 +30,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import make_conninfo
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
@@ -44,6 +42,7 @@ from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_i
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
+from service.gallery.pg_connections import Connections
 from service.gallery.sqlite import (
     COLLECTION_COUNTS,
     FACE_INSERT_COLUMNS,
@@ -134,6 +133,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
         guard: bool = True,
         background: bool = False,
         collection: str = DEFAULT,
+        connections: Connections | None = None,
     ):
         """Connect, migrate, and (with an embedder and `searchable`) build the index and start following
         changes. A persisted index (a non-flat FACEGATE_INDEX) is loaded and brought up to date from
@@ -141,32 +141,18 @@ class PostgresGallery(FollowedStore, GalleryStore):
         `guard`: keep the open-set guard's leave-one-out scores (FACEGATE_OPEN_SET_GUARD), else only the roster.
         `background`: return once the database is migrated, the index and guard built by the
         follower's thread (the server listens meanwhile; `loading`), as SqliteGallery does.
-        `collection`: the one collection this handle sees and changes (collections.py), with a pool of its own."""
-        # Text as UTF-8 whatever the database's encoding: on a SQL_ASCII database psycopg would
-        # otherwise return text columns as bytes (a model name b'dlib-resnet-v1' is then "another embedder").
-        self.url = make_conninfo(url, client_encoding="UTF8")
+        `collection`: the one collection this handle sees and changes (collections.py). `connections`: the pool and
+        listener the server's collections share (pg_connections.py); None: a pool and listener of its own."""
+        self._own_connections = connections is None  # a store opened alone closes the connections it made
+        self.connections = connections or Connections(url, pool_size, pool_timeout)
+        self.url = self.connections.url
         self.embedder = embedder
         self.guard = guard
         self.collection = collection
         self._counts: tuple[float, GalleryShape] | None = None  # with Milvus: (when read, what)
         config = index or IndexConfig()
         self.index_config = config if embedder and (searchable or config.shared) else None
-        # `timeout`: a request waits this long for a connection, then 503 gallery_unavailable (an outage
-        # must not hold worker threads for the default 30 s). `check`: a pooled connection is tested
-        # before use, so after a database restart a stale one is replaced rather than failing a request.
-        self.pool = ConnectionPool(
-            self.url,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            name="facegate-gallery",
-            timeout=pool_timeout,
-            check=ConnectionPool.check_connection,
-            kwargs={"connect_timeout": max(1, round(pool_timeout))},
-        )
-        self._connect_timeout = max(1, round(pool_timeout))
-        self._direct = threading.BoundedSemaphore(pool_size)
-        self.pool.open(wait=True, timeout=30)
+        self.pool = self.connections.open()
         try:
             with self.pool.connection() as conn:
                 migrate(conn)
@@ -180,13 +166,13 @@ class PostgresGallery(FollowedStore, GalleryStore):
                 if self.index_config.shared:  # Milvus: shared, nothing to build or keep in step
                     self.unfollowed = open_milvus(self.index_config, key.dim, key.sha256, collection)
                 else:
-                    self._changes = PostgresLog(self.url, self.pool, collection, key, self._derived_state)
+                    self._changes = PostgresLog(self.pool, self.connections.listener, collection, key, self._derived_state)
                     self.follower = Follower(self._changes, None, SYNC_POLL_SECONDS, f"facegate-gallery-follower-{collection}")
                     if not background:
                         self.follower.rebuild()  # here: built, and brought up to the log
                     self.follower.start()
         except BaseException:
-            self.pool.close()
+            self._close_connections()
             raise
 
     def close(self) -> None:
@@ -198,7 +184,12 @@ class PostgresGallery(FollowedStore, GalleryStore):
             except (psycopg.Error, PoolTimeout, OSError) as exc:  # the next start replays from the older file, or rebuilds
                 log.warning("gallery index not saved: %s", exc)
             self.follower.close()
-        self.pool.close()
+        self._close_connections()
+
+    def _close_connections(self) -> None:
+        """The pool and listener, if this store made them (the server's outlive each collection)."""
+        if self._own_connections:
+            self.connections.close()
 
     def _save_index(self, follower: Follower) -> None:
         """Persist the index `follower` keeps in step with the change it reflects (a no-op for flat,
@@ -232,15 +223,15 @@ class PostgresGallery(FollowedStore, GalleryStore):
             # After an outage the pool reconnects with a growing backoff (seconds): while it has no
             # connection, a direct one (at most pool_size at once) serves the request if the
             # database is back, so the first request after a restart succeeds.
-            if not self._direct.acquire(blocking=False):
+            if not self.connections.direct.acquire(blocking=False):
                 raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
             try:
-                with psycopg.connect(self.url, connect_timeout=self._connect_timeout) as conn:
+                with psycopg.connect(self.url, connect_timeout=self.connections.connect_timeout) as conn:
                     yield conn
             except psycopg.OperationalError as direct:
                 raise GalleryUnavailable(f"the gallery database is unavailable: {direct}") from direct
             finally:
-                self._direct.release()
+                self.connections.direct.release()
         except pg_errors.DiskFull as exc:  # SQLSTATE 53100: the transaction was rolled back
             raise StorageFull(
                 f"the gallery database's disk is full: nothing was written; free space on the server and retry ({exc})"

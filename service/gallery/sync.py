@@ -1,8 +1,9 @@
 """The shared PostgreSQL gallery's change log, as a replica's follower (follower.py) reads it.
 
 Every write that changes the searchable faces commits a numbered row in `changes` (numbers without
-gaps, in commit order) and a NOTIFY in the same transaction. The follower's thread LISTENs and, on
-each notification, on reconnect, and every `poll` seconds in case one was missed, applies the
+gaps, in commit order) and a NOTIFY naming its collection in the same transaction. The process's
+listener (pg_connections.py) wakes that collection's followers; each, on a notification, on the
+listener's reconnect, and every `poll` seconds in case one was missed, applies the
 changes after the last one it applied, in order: no change is ever skipped (the log is never
 pruned). The replica that made a write applies it itself before answering (`Follower.wrote`), so
 its own 2xx is already visible to its searches. Each change goes to the index and to the open-set
@@ -21,9 +22,7 @@ from psycopg_pool import ConnectionPool
 
 from service.core.models.manifest import EmbedderKey
 from service.gallery.follower import Change, Derived
-
-CHANNEL = "facegate_gallery"
-LISTENER_NAME = "facegate-gallery-sync"  # application_name of each replica's listening connection (pg_stat_activity)
+from service.gallery.pg_connections import CHANNEL, Listener
 
 
 def one_row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
@@ -39,7 +38,7 @@ def record_change(conn: psycopg.Connection, collection: str, op: str, face_ids: 
     row lock on the counter is then held only while committing). Returns its sequence number."""
     (seq,) = one_row(conn.execute("UPDATE change_sequence SET seq = seq + 1 RETURNING seq"))
     conn.execute("INSERT INTO changes (seq, op, face_ids, collection) VALUES (%s, %s, %s, %s)", (seq, op, face_ids, collection))
-    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(seq)))
+    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, collection))  # its collection's followers are woken (pg_connections.py)
     return seq
 
 
@@ -48,14 +47,17 @@ def database_sequence(conn: psycopg.Connection) -> int:
 
 
 class PostgresLog:
-    """follower.ChangeLog over the pool (reads) and a LISTEN connection of its own (`wait`), which the
-    follower's thread alone uses and opens again after an error (the follower backs off). `build`:
+    """follower.ChangeLog over the pool (reads) and the process's listener (`wait`: woken by its
+    collection's notifications, pg_connections.py), which the follower's thread alone waits on. `build`:
     the state as of one snapshot (PostgresGallery's), the follower's first build."""
 
-    def __init__(self, url: str, pool: ConnectionPool, collection: str, embedder: EmbedderKey, build: Callable[[], Derived]):
-        self.url, self.pool, self.collection, self.embedder, self.build = url, pool, collection, embedder, build
-        self.listening = False
-        self._listener: psycopg.Connection | None = None
+    def __init__(self, pool: ConnectionPool, listener: Listener, collection: str, embedder: EmbedderKey, build: Callable[[], Derived]):
+        self.pool, self.collection, self.embedder, self.build = pool, collection, embedder, build
+        self._subscription = listener.subscribe(collection)
+
+    @property
+    def listening(self) -> bool:
+        return self._subscription.listening
 
     def changes(self, after: int, limit: int) -> list[Change] | None:
         with self.pool.connection() as conn:
@@ -88,33 +90,15 @@ class PostgresLog:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")
 
     def wait(self, timeout: float) -> None:
-        """Until a notification or `timeout`; on a new LISTEN, at once (what was committed before it
-        took effect is caught up next)."""
-        try:
-            if self._listener is None:
-                self._listener = psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME)
-                self._listener.execute(f"LISTEN {CHANNEL}")
-                self.listening = True
-                return
-            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.Error:
-            self.close()
-            raise
+        """Until a notification of this collection, the listener's reconnection, or `timeout`; at once the first time."""
+        self._subscription.wait(timeout)
 
     def wake(self) -> None:
-        """Wake the listener now rather than at its next poll (other replicas just catch up: nothing new)."""
-        try:
-            with self.pool.connection(timeout=2) as conn:
-                conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
-        except psycopg.Error:
-            pass
+        """End a `wait` under way (the follower is closing)."""
+        self._subscription.wake()
 
     def close(self) -> None:
-        self.listening = False
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
+        self._subscription.close()
 
 
 def replication_status(pool: ConnectionPool, applied: int, listening: bool) -> dict[str, int | bool]:

@@ -10,8 +10,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from service.api.deps import ServiceDep
+from service.api.deps import Service, ServiceDep, ServiceIfOpenDep
 from service.api.schemas import error_responses
+from service.gallery.collections import COLLECTION, DEFAULT
 
 router = APIRouter(tags=["operations"])
 
@@ -29,24 +30,29 @@ async def healthz() -> dict:
     "/readyz",
     responses={503: {"description": "Not ready: `problems` names each missing model (or the gallery index still loading) and the fix."}},
 )
-async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
+async def readyz(request: Request, scoped: ServiceIfOpenDep) -> JSONResponse:
     """Models loaded (names, sha256, active onnxruntime providers), gallery size, the vector index (`gallery.index`:
     backend such as faiss-flat, faiss-hnsw, faiss-ivf or milvus, its parameters, size and measured recall@1, with a
     problem listed while that is under FACEGATE_MIN_INDEX_RECALL) and, on PostgreSQL, the change this
     replica applied last vs the database's (`gallery.replication`); 503 until the embedder is usable.
-    The gallery is the caller's collection (`collection`: its key's; `default` without a key).
+    The gallery is the caller's collection (`collection`: its key's; `default` without a key); one still
+    being opened (a reloaded key file's) is reported loading, with no counts yet.
     With API keys configured, a caller without a valid X-API-Key gets `{"ready": …}` only (no counts, no model)."""
-    loading = service.gallery.loading  # the index and guard still being built at start-up (the port listens meanwhile)
+    service: Service = scoped or request.app.state.service  # the host's models and workers; the caller's gallery once open
+    collection = scoped.collection if scoped is not None else request.scope.get(COLLECTION) or DEFAULT
+    # the index and guard still being built at start-up (the port listens meanwhile), or the collection still opening
+    loading = scoped is None or scoped.gallery.loading
     # the host's other start-up collections: a load balancer's /readyz (no key: default) answers for every key's
-    others = [name for name in service.collections.loading() if name != service.collection] if service.collections else []
-    starting = service.workers.problem() if service.workers is not None else None  # another worker of this host not ready yet
+    others = [name for name in service.collections.loading() if name != collection] if service.collections else []
+    workers = service.workers  # another worker of this host not ready yet: its lock file, read off the loop
+    starting = await asyncio.to_thread(workers.problem) if workers is not None else None
     ready = service.readiness.ready and not loading and not others and starting is None
     status = 200 if ready else 503
     if service.keys.enabled and not service.keys.check(request.headers.get("x-api-key")):
         return JSONResponse({"ready": ready}, status_code=status)
     report = service.readiness.report()
     report["ready"] = ready
-    report["collection"] = service.collection  # the caller's key's: the gallery counted below
+    report["collection"] = collection  # the caller's key's: the gallery counted below
     if loading:
         report["problems"].append(
             {
@@ -74,17 +80,26 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
                 "fix": "wait: /readyz answers 200 once every worker is ready; if one never is, its log says why",
             }
         )
-    stats = await service.gallery_stats.snapshot()  # never waits long on the database
-    report["gallery"] = dict(stats.counts or dict.fromkeys(("subjects", "faces", "searchable_faces", "incompatible_faces")))
-    report["gallery"]["incompatible_models"] = service.gallery.incompatible
-    report["gallery"]["loading"] = loading
-    report["gallery"]["index"] = stats.index and {**stats.index, "recall": service.recall.report()}  # backend, parameters, size, recall@1
-    report["problems"] += service.recall.problems()  # a low recall is reported, not made unready: answers stay exact
-    if stats.replication is not None:  # PostgreSQL: this replica's applied change vs the database's
-        report["gallery"]["replication"] = stats.replication
-    if not stats.fresh:  # the database did not answer in time: the last known counts (null if none)
-        report["gallery"]["stale"] = True
+    report["gallery"] = await _gallery_report(scoped) if scoped is not None else {**dict.fromkeys(GALLERY_KEYS), "loading": True}
+    report["problems"] += scoped.recall.problems() if scoped is not None else []  # a low recall is reported, not made unready
     return JSONResponse(report, status_code=status)
+
+
+GALLERY_KEYS = ("subjects", "faces", "searchable_faces", "incompatible_faces", "incompatible_models", "index")
+
+
+async def _gallery_report(service: Service) -> dict:
+    """The caller's gallery in /readyz: its counts, the index and its recall, and replication."""
+    stats = await service.gallery_stats.snapshot()  # never waits long on the database
+    report = dict(stats.counts or dict.fromkeys(GALLERY_KEYS[:4]))
+    report["incompatible_models"] = service.gallery.incompatible
+    report["loading"] = service.gallery.loading
+    report["index"] = stats.index and {**stats.index, "recall": service.recall.report()}  # backend, parameters, size, recall@1
+    if stats.replication is not None:  # PostgreSQL: this replica's applied change vs the database's
+        report["replication"] = stats.replication
+    if not stats.fresh:  # the database did not answer in time: the last known counts (null if none)
+        report["stale"] = True
+    return report
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **error_responses(401)})

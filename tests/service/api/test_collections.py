@@ -102,6 +102,19 @@ def test_every_name_of_the_contract_is_a_collection_with_an_index_folder_of_its_
     assert len({f.resolve() for f in folders.values()}) == len(folders)
 
 
+def test_names_differing_in_case_never_share_a_folder_on_a_case_insensitive_disk(settings):
+    """`Home` and `home` are two collections: on macOS's or Windows' disks, folders that differ in
+    case only are one, and each would overwrite the other's snapshot. Lower-case names keep the
+    folders they had (nothing to move)."""
+    from service.gallery.factory import index_config
+
+    names = ["home", "Home", "HOME", "hOmE", "J", "j", "Z" * 64, "a.B-c_9"]
+    folders = {name: index_config(settings, name).directory.name for name in names}
+    assert len({f.casefold() for f in folders.values()}) == len(folders), folders
+    assert folders["home"] == "home" and folders["j"] == "j"  # where they were
+    assert folders["Home"] == "%48ome" and all(len(f) <= 255 for f in folders.values())
+
+
 def test_one_key_for_two_collections_is_refused(settings, tmp_path):
     path = tmp_path / "keys"
     path.write_text(f"k collection=home\nsha256:{hashlib.sha256(b'k').hexdigest()} collection=office\n")
@@ -130,6 +143,20 @@ def test_a_reloaded_key_of_a_new_collection_gets_a_gallery_of_its_own(two, keyed
     assert len(two.get("/subjects/ada/faces", headers=HOME).json()["faces"]) == 1
 
 
+def test_a_reload_closes_the_collections_no_key_names_any_more(two, keyed):
+    """What SIGHUP runs: office's key removed, office's gallery is closed (its follower stopped, its
+    handles released) once no request uses it; the requests made before released their lease."""
+    enroll(two, OFFICE, "ada", 1)
+    service = two.app.state.service
+    office = service.collections.get("office")
+    keyed.api_keys_file.write_text("home-key collection=home\ndefault-key\n")
+    service.reload_keys()
+    wait_until(lambda: office.gallery.follower._closed, "office's follower stopped, its handles released")
+    assert "office" not in service.collections.opened()
+    assert two.get("/subjects", headers=OFFICE).status_code == 401
+    assert two.get("/subjects", headers=HOME).status_code == 200
+
+
 def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_meanwhile(keyed, make_client, monkeypatch):
     """A DeepStack request (its key in a form field) for a collection no key named at start-up: the
     gallery opens on a thread (migrations, a PostgreSQL pool: seconds), and the request answers 503
@@ -152,6 +179,10 @@ def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_mean
     assert listed.status_code == 503 and listed.headers["retry-after"] == "2", listed.text
     assert "being opened" in listed.json()["error"]
     assert error(client.get("/subjects", headers={"X-API-Key": "garden-key"}), 503, "gallery_loading")
+    ready = client.get("/readyz", headers={"X-API-Key": "garden-key"})  # the readiness report, not the error body
+    assert ready.status_code == 503 and ready.json()["collection"] == "garden" and not ready.json()["ready"], ready.text
+    assert ready.json()["gallery"]["loading"] and ready.json()["gallery"]["faces"] is None and ready.json()["models"]
+    assert any(p["name"] == "loading" for p in ready.json()["problems"])
     release.set()
     assert wait_until(lambda: client.post("/v1/vision/face/list", data={"api_key": "garden-key"}).status_code == 200, "garden open")
     assert calls == [False]  # opened once, off the loop
@@ -424,6 +455,37 @@ def test_postgres_replicas_follow_each_collection_by_notify(database_url):
     finally:
         for gallery in (writer, reader, office):
             gallery.close()
+
+
+def test_postgres_collections_of_one_process_share_one_pool_and_one_listener(api_settings, database_url, tmp_path, make_client):
+    """5 collections in one worker: one LISTEN connection and one pool (FACEGATE_DATABASE_POOL_SIZE in
+    all), not one of each per collection (5 collections x 4 workers passed max_connections 100).
+    Another replica's write in `home` reaches this process's `home` through the shared listener."""
+    from benchmarks.pg_connections import sessions
+    from service.gallery.pg_connections import LISTENER_NAME, POOL_NAME
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import NewFace
+
+    settings = with_keys(api_settings, tmp_path).model_copy(update={"database_url": SecretStr(database_url), "database_pool_size": 2})
+    settings.api_keys_file.write_text(settings.api_keys_file.read_text() + "garden-key collection=garden\nattic-key collection=attic\n")
+    client = make_client(settings)
+    service = client.app.state.service
+    assert sorted(service.collections.opened()) == ["attic", "default", "garden", "home", "office"]
+
+    def settled() -> dict[str, int] | None:  # the indexes' builds' own connections closed
+        found = sessions(database_url)
+        return found if set(found) <= {LISTENER_NAME, POOL_NAME} else None
+
+    found = wait_until(settled, "only the pool's and the listener's connections left")
+    assert found[LISTENER_NAME] == 1 and found[POOL_NAME] <= 2, found
+    replica = PostgresGallery(database_url, service.gallery.embedder, collection="home")  # another process's, its own connections
+    try:
+        replica.create_subject("Ada", {}, subject_id="ada")
+        replica.add_faces("ada", [NewFace(np.ones(replica.embedder.dim, np.float32) / np.sqrt(replica.embedder.dim))])
+    finally:
+        replica.close()
+    wait_until(lambda: service.collections.get("home").gallery.index.size == 1, "home followed the other replica's write")
+    assert service.gallery.index.size == 0 and service.collections.get("office").gallery.index.size == 0
 
 
 # the commands

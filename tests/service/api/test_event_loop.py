@@ -151,3 +151,18 @@ def test_hosted_model_runs_and_the_hosts_metrics_are_asked_off_the_loop_and_an_o
     assert ready.status_code == 503 and any("model host is down" in p["error"] for p in ready.json()["problems"]), ready.text
     assert client.get("/metrics").status_code == 200  # the host's last metrics, at once
     assert not any(on_loop for _, on_loop in seen), seen
+
+
+def test_ready_workers_files_are_read_and_locked_off_the_loop(api_settings, make_client, loop_calls, tmp_path):
+    """A worker of `facegate serve --workers N`: /readyz counts the ready workers' locked files, and the
+    worker marks itself ready by locking its own; neither on the loop (a slow disk would stall every request)."""
+    from service.runtime.ready_workers import ReadyWorkers
+
+    watch, seen = loop_calls
+    watch(ReadyWorkers, "count")
+    watch(ReadyWorkers, "mark_ready")
+    client = make_client(api_settings.model_copy(update={"ready_workers_dir": tmp_path, "workers": 2}))
+    wait_until(lambda: any(name == "mark_ready" for name, _ in seen), "the worker marked itself ready")
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and "1 of 2 workers ready" in ready.text, ready.text  # the other worker never started
+    assert {"count", "mark_ready"} <= {name for name, _ in seen} and not any(on_loop for _, on_loop in seen), seen

@@ -61,8 +61,46 @@ def test_nothing_opens_once_closing_began():
     opener = Opener()
     opener.release.set()
     states = Collections(opener)
-    states.prepare(["a", "b"])
-    states.close()  # waits for both openings, closes their states
+    states.retain(["a", "b"])
+    states.close()  # waits for the openings (default's too: what callers without a key see), closes their states
     with pytest.raises(GalleryLoading):
         states.get("c")
-    assert sorted(name for name, _ in opener.calls) == ["a", "b"] and states.opened() == {}
+    assert sorted(name for name, _ in opener.calls) == ["a", "b", "default"] and states.opened() == {}
+
+
+class Closable:
+    """A stand-in state that records its close."""
+
+    def __init__(self, name: str):
+        self.name, self.gallery, self.closed = name, SimpleNamespace(loading=False), threading.Event()
+
+    def close(self) -> None:
+        assert not self.closed.is_set(), "closed twice"
+        self.closed.set()
+
+
+def test_a_reload_closes_a_collection_no_key_names_once_its_last_request_ends():
+    made: dict[str, list[Closable]] = {}
+
+    def open_one(name: str) -> Closable:
+        made.setdefault(name, []).append(Closable(name))
+        return made[name][-1]
+
+    states = Collections(open_one)
+    for name in ("default", "home", "office"):
+        states.open(name)
+    home, office = made["home"][0], made["office"][0]
+    with states.lease("home") as leased:  # a request under way in home
+        assert leased is home
+        states.retain(["default"])  # the key file no longer names home nor office
+        wait_until(office.closed.is_set, "office, which no request used, closed")
+        assert not home.closed.is_set()  # still used
+        with pytest.raises(GalleryLoading, match="no longer served"):  # a request keyed before the reload
+            states.get("home")
+    wait_until(home.closed.is_set, "home closed once its request ended")
+    assert sorted(states.opened()) == ["default"] and not made["default"][0].closed.is_set()
+    states.retain(["home"])  # named again: a fresh state
+    wait_until(lambda: "home" in states.opened(), "home opened again")
+    assert states.get("home") is made["home"][1]
+    states.close()
+    assert all(state.closed.is_set() for same in made.values() for state in same)

@@ -19,8 +19,8 @@ from service.core.fileio import write_atomically
 from service.core.models.manifest import EmbedderKey
 from service.gallery.index import IndexConfig, read_meta
 from service.gallery.interface import NewFace
+from service.gallery.pg_connections import LISTENER_NAME
 from service.gallery.postgres import PostgresGallery, migrations
-from service.gallery.sync import LISTENER_NAME
 from tests.requirements import importorskip
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
