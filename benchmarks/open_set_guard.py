@@ -113,6 +113,11 @@ def measure(size: int, args: argparse.Namespace) -> str:
     )
     if args.search != "exact":
         row += f"   ({exact_cost(vectors[:size], args)})"
+    if args.vs_exact and shape.tail and state.share < 1:
+        truth = LeaveOneOut.build(np.arange(size), subjects[:size], vectors[:size], sample=False).shape().tail
+        assert truth is not None
+        row += "; the exact guard's T: " + ", ".join(f"{truth.threshold(2 * q):.4f}" for q in FPIRS)
+        row += " (sampled − exact: " + ", ".join(f"{shape.tail.threshold(2 * q) - truth.threshold(2 * q):+.4f}" for q in FPIRS) + ")"
     return row
 
 
@@ -271,6 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--exact", action="store_true", help="The exact guard at every size (else sampled from open_set.SAMPLE_FROM faces)."
     )
+    parser.add_argument("--vs-exact", action="store_true", help="A sampled guard's thresholds against the exact guard's, built after it.")
     parser.add_argument("--seeds", type=int, default=5, help="`--search shares`: seeds of the sample's hash per share.")
     parser.add_argument(
         "--probed", type=float, default=0.1, help="The share of lists or clusters an approximate search scans (HNSW: efSearch / 1,000)."
