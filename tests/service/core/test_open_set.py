@@ -91,7 +91,7 @@ def test_a_large_gallery_lists_a_seeded_sample_and_its_threshold_stays_near_the_
     """From SAMPLE_FROM faces up the guard searches the lists of a hashed sample of them only (the build
     costs the sample × N products, not N²), and the tail of the sample's scores gives the guard's
     threshold near the exact guard's: within 0.02 at 2,000 listed faces here, the strangers' rate within
-    a factor 1.7 (this gallery's tail: β = 0.039; docs/benchmarks.md: within 0.005 at 12,500 of 100,000)."""
+    a factor 1.7 (this gallery's tail: β = 0.039; docs/benchmarks.md: within 0.005 at 20,000, LISTED)."""
     rng = np.random.default_rng(11)
     n = 8000
     owner = np.repeat(np.arange(n), rng.integers(1, 11, n))[:n]  # subjects of 1 to 10 faces around a centre each
