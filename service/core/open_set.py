@@ -458,9 +458,10 @@ class LeaveOneOut:
                     continue
                 self._append(np.array([face_id], np.int64), [subject], vector[None])
                 row, code = self._n - 1, self._subject[self._n - 1]
-                cosines = self._vectors[: self._n] @ vector
-                changed = self._enter(cosines, code)
-                if self._on[row]:  # in the sample: its own list
+                kept = np.flatnonzero(self._on[:row])  # the lists it may enter: a sampled guard's, a product with those faces only
+                cosines = self._vectors[: self._n] @ vector if self._on[row] else None
+                changed = self._enter(kept, self._vectors[kept] @ vector if cosines is None else cosines[kept], code)
+                if cosines is not None:  # in the sample: its own list, from every face
                     own = self._subject[: self._n] == code
                     self._top[row], self._top_subject[row] = _nearest_subjects(
                         np.where(own, -np.inf, cosines), self._subject[: self._n], self.width
@@ -533,26 +534,25 @@ class LeaveOneOut:
                 self._counts = _grown(self._counts, max(64, 2 * len(self._counts)), 0)
         return code
 
-    def _enter(self, cosines: np.ndarray, code: int) -> np.ndarray:
-        """Put subject `code`, whose new face has these cosines with every face, into the lists it
-        now belongs to (as a new entry, or raising its entry); the rows changed."""
-        n = self._n
-        top, top_subject = self._top[:n], self._top_subject[:n]
+    def _enter(self, rows: np.ndarray, cosines: np.ndarray, code: int) -> np.ndarray:
+        """Put subject `code`, whose new face has `cosines` with the faces of `rows` (lists kept),
+        into those of their lists it now belongs to (as a new entry, or raising its entry); the rows changed."""
+        top, top_subject = self._top[rows], self._top_subject[rows]
         listed = top_subject == code
         has = listed.any(axis=1)
         current = np.where(listed, top, -np.inf).max(axis=1)
-        other = (self._subject[:n] != code) & self._on[:n]  # a list kept, of another subject
-        raise_rows = np.flatnonzero(other & has & (cosines > current))
-        enter_rows = np.flatnonzero(other & ~has & (cosines > top[:, -1]))
-        for row in raise_rows:
-            top[row, listed[row]] = cosines[row]
-        top[enter_rows, -1], top_subject[enter_rows, -1] = cosines[enter_rows], code
-        changed = np.concatenate([raise_rows, enter_rows])
+        other = self._subject[rows] != code
+        raised = np.flatnonzero(other & has & (cosines > current))
+        entered = np.flatnonzero(other & ~has & (cosines > top[:, -1]))
+        for i in raised:
+            top[i, listed[i]] = cosines[i]
+        top[entered, -1], top_subject[entered, -1] = cosines[entered], code
+        changed = np.concatenate([raised, entered])
         if len(changed):
             order = np.argsort(-top[changed], axis=1, kind="stable")
-            top[changed] = np.take_along_axis(top[changed], order, axis=1)
-            top_subject[changed] = np.take_along_axis(top_subject[changed], order, axis=1)
-        return changed
+            self._top[rows[changed]] = np.take_along_axis(top[changed], order, axis=1)
+            self._top_subject[rows[changed]] = np.take_along_axis(top_subject[changed], order, axis=1)
+        return rows[changed]
 
     def _relist(self, rows: np.ndarray) -> None:
         self._top[rows], self._top_subject[rows] = self._lists(rows)
