@@ -1,10 +1,11 @@
-"""What the open-set guard costs a gallery (service/core/open_set.py, LeaveOneOut): building it from
-every face (at start-up: an exact search of each face's nearest faces, n² products), one enrollment
-(one product with every face, the lists it enters), one delete (the lists that named its subject,
-searched again), and reading the tail a decision needs. With the machine, the CPU time of the build
-and of an enrollment beside their wall time, which a shared machine inflates, and the peak memory
-of the process that built it (each size is built in a process of its own: its ru_maxrss, and what
-it held before the build).
+"""What the open-set guard costs a gallery (service/core/open_set.py, LeaveOneOut): building it (at
+start-up: an exact search of each listed face's nearest faces, n² products, or from
+open_set.SAMPLE_FROM faces the sample's × n), one enrollment (a product with the listed faces, the
+lists it enters), one delete (the lists that named its subject, searched again), reading the tail
+a decision needs, and scoring one subject's faces exactly (GET /gallery/duplicates?subject_id=,
+wall, the mean of five subjects). With the machine, the CPU time of the build and of an enrollment
+beside their wall time, which a shared machine inflates, and the peak memory of the process that
+built it (each size is built in a process of its own: its ru_maxrss, and what it held before the build).
 
 Synthetic L2-normalized 128-d embeddings. `--layout one`: one face per subject (the cost depends on
 size and dimension, hardly on the data); `--layout realistic`: subjects of 1 to 10 faces, each
@@ -104,12 +105,17 @@ def measure(size: int, args: argparse.Namespace) -> str:
     for i in range(size, size + args.writes):
         state.remove(np.array([i]))
     delete = (time.perf_counter() - started) / args.writes
+    started = time.perf_counter()
+    for subject in subjects[size // 2 : size // 2 + 50 : 10]:  # one subject's faces scored exactly (GET /gallery/duplicates?subject_id=)
+        state.nearest_others(subject=subject)
+    per_subject = (time.perf_counter() - started) / 5
     shape = state.shape()
     listed = len(state.nearest_others())
     thresholds = ", ".join(f"{shape.tail.threshold(2 * q):.4f}" for q in FPIRS) if shape.tail else "none"
     row = (
         f"{size:>9,} {shape.subjects:>9,} {listed:>9,} {wall:>8.1f} {built_cpu:>8.1f} {1000 * enroll:>7.1f} "
-        f"{1000 * enroll_cpu:>7.1f} {1000 * delete:>9.1f} {1000 * tail:>7.1f} {before:>7.0f} {grew:>7.0f} {peak:>7.0f}   T {thresholds}"
+        f"{1000 * enroll_cpu:>7.1f} {1000 * delete:>9.1f} {1000 * tail:>7.1f} {before:>7.0f} {grew:>7.0f} {peak:>7.0f} "
+        f"{1000 * per_subject:>9.1f}   T {thresholds}"
     )
     if args.search != "exact":
         row += f"   ({exact_cost(vectors[:size], args)})"
@@ -293,7 +299,8 @@ def main() -> None:
     if args.search not in ("compare", "sample", "shares"):
         print(
             f"{'faces':>9} {'subjects':>9} {'listed':>9} {'build s':>8} {'CPU s':>8} {'add ms':>7} {'CPU ms':>7} "
-            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7}   T_LOSO(2q) at q = " + ", ".join(f"{q:g}" for q in FPIRS)
+            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7} {'subject ms':>9}   T_LOSO(2q) at q = "
+            + ", ".join(f"{q:g}" for q in FPIRS)
         )
     context = multiprocessing.get_context("spawn")
     for size in args.sizes:
