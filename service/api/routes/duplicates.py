@@ -49,17 +49,21 @@ def list_duplicates(
     With `subject_id`, the pairs of that subject's faces, each searched against every face (any gallery
     size); without it, every pair, from a guard that lists every face."""
     manifest = service.ready().manifest
+    faces = service.gallery.shape().faces
     if subject_id is not None:
-        service.gallery.get_subject(subject_id_path(subject_id))  # 404 subject_not_found
+        own = service.gallery.get_subject(subject_id_path(subject_id)).face_count  # 404 subject_not_found
+        if own * faces > duplicates.MAX_SUBJECT_PRODUCTS:  # searched under the guard's lock: searches wait meanwhile
+            raise DuplicatesUnavailable(
+                f"subject {subject_id!r} holds {own:,} faces, too many to search against the gallery's {faces:,} per request: "
+                "run `facegate gallery duplicates`"
+            )
     state = service.gallery.leave_one_out()
     if state is not None and not state.complete and subject_id is None:
-        faces = service.gallery.shape().faces
         raise DuplicatesUnavailable(
             f"the gallery holds {faces:,} faces and its open-set guard lists a sample of them ({state.share:.2%}): ask for one "
             "subject's pairs (?subject_id=), or run `facegate gallery duplicates` for all of them"
         )
     if state is None:  # no guard kept (FACEGATE_OPEN_SET_GUARD=false, Milvus on PostgreSQL): built here, bounded
-        faces = service.gallery.shape().faces
         if faces > duplicates.MAX_BUILT_FACES:
             raise DuplicatesUnavailable(
                 f"the gallery keeps no open-set guard (FACEGATE_OPEN_SET_GUARD=false, or Milvus on PostgreSQL) and holds {faces:,} faces, "
