@@ -106,7 +106,10 @@ def measure(size: int, args: argparse.Namespace) -> str:
         state.remove(np.array([i]))
     delete = (time.perf_counter() - started) / args.writes
     started = time.perf_counter()
-    for subject in subjects[size // 2 : size // 2 + 50 : 10]:  # one subject's faces scored exactly (GET /gallery/duplicates?subject_id=)
+    rest = subjects[args.largest : size]  # five subjects of 1–10 faces, not the largest
+    for subject in list(dict.fromkeys(rest[len(rest) // 2 :]))[
+        :5
+    ]:  # one subject's faces scored exactly (GET /gallery/duplicates?subject_id=)
         state.nearest_others(subject=subject)
     per_subject = (time.perf_counter() - started) / 5
     shape = state.shape()
