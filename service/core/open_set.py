@@ -267,9 +267,10 @@ def sampled(ids: np.ndarray, share: float) -> np.ndarray:
     """Which of these face ids a guard keeping `share` of the faces lists: a seeded hash of each id
     (splitmix64) below the share, so that the sample is the faces', whatever order they came in,
     and a face keeps its place in it as others come and go."""
-    z = np.asarray(ids, np.int64).reshape(-1).astype(np.uint64) + np.uint64(SEED)
+    z = np.asarray(ids, np.int64).reshape(-1).astype(np.uint64)
     if share >= 1:
         return np.ones(len(z), bool)
+    z = z + np.uint64(SEED)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)
@@ -316,7 +317,8 @@ class LeaveOneOut:
     and removed, and the tail the guard reads from them.
 
     Per face it keeps the cosines to the best face of its K + 1 most similar other subjects. A new
-    face costs one product with every face (its own list, and the lists it enters); a removed face
+    face costs one product with every listed face (the lists it enters) and, listed itself, with
+    every face (its own list); a removed face
     recomputes the lists that named its subject. The state depends only on the set of faces (and,
     sampled, the largest size since its build), not on the order they came in: every replica that
     applied the same changes holds the same.
