@@ -352,13 +352,17 @@ class LeaveOneOut:
         self._tail_current = True
 
     @classmethod
-    def build(cls, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, sample: bool = True) -> LeaveOneOut:
-        """The state of these faces, computed a block of faces at a time (`sample` False: every face listed, at any size)."""
+    def build(
+        cls, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, sample: bool = True, share: float | None = None
+    ) -> LeaveOneOut:
+        """The state of these faces, computed a block of faces at a time (`sample` False: every face
+        listed, at any size; `share`: that share listed, not the size's: 0 for none, the faces kept for
+        `nearest_others(subject=…)` alone)."""
         vectors = np.asarray(vectors, np.float32)
         ids = np.asarray(ids, np.int64).reshape(-1)
         state = cls(vectors.shape[1], sample)
         with state._lock:
-            state.share = sample_share(len(ids)) if sample else 1.0
+            state.share = share if share is not None else sample_share(len(ids)) if sample else 1.0
             state._append(ids, list(subjects), vectors)
             rows = np.flatnonzero(state._on[: state._n])
             state._relist(rows)

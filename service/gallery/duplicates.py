@@ -46,8 +46,9 @@ class Duplicates:
     shape: GalleryShape  # the gallery the scores describe
 
 
-def build(gallery: GalleryStore) -> LeaveOneOut:
-    """The leave-one-out state of the active embedder's faces as the store holds them."""
+def build(gallery: GalleryStore, listed: bool = True) -> LeaveOneOut:
+    """The leave-one-out state of the active embedder's faces as the store holds them: every face
+    listed (an exact search of each), or with `listed` False none (for one subject's, `find`'s `subject`)."""
     ids: list[int] = []
     subjects: list[str] = []
     vectors: list[np.ndarray] = []
@@ -60,7 +61,7 @@ def build(gallery: GalleryStore) -> LeaveOneOut:
         after = int(page[-1])
     if not ids:
         return LeaveOneOut(0)
-    return LeaveOneOut.build(np.array(ids, np.int64), subjects, np.stack(vectors), sample=False)
+    return LeaveOneOut.build(np.array(ids, np.int64), subjects, np.stack(vectors), sample=False, share=None if listed else 0.0)
 
 
 def find(state: LeaveOneOut, manifest: Manifest, fpir: float | None, default_fpir: float, subject: str | None = None) -> Duplicates:
