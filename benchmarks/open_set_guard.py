@@ -1,10 +1,11 @@
-"""What the open-set guard costs a gallery (service/core/open_set.py, LeaveOneOut): building it from
-every face (at start-up: an exact search of each face's nearest faces, n² products), one enrollment
-(one product with every face, the lists it enters), one delete (the lists that named its subject,
-searched again), and reading the tail a decision needs. With the machine, the CPU time of the build
-and of an enrollment beside their wall time, which a shared machine inflates, and the peak memory
-of the process that built it (each size is built in a process of its own: its ru_maxrss, and what
-it held before the build).
+"""What the open-set guard costs a gallery (service/core/open_set.py, LeaveOneOut): building it (at
+start-up: an exact search of each listed face's nearest faces, n² products, or from
+open_set.SAMPLE_FROM faces the sample's × n), one enrollment (a product with the listed faces, the
+lists it enters), one delete (the lists that named its subject, searched again), reading the tail
+a decision needs, and scoring one subject's faces exactly (GET /gallery/duplicates?subject_id=,
+wall, the mean of five subjects). With the machine, the CPU time of the build and of an enrollment
+beside their wall time, which a shared machine inflates, and the peak memory of the process that
+built it (each size is built in a process of its own: its ru_maxrss, and what it held before the build).
 
 Synthetic L2-normalized 128-d embeddings. `--layout one`: one face per subject (the cost depends on
 size and dimension, hardly on the data); `--layout realistic`: subjects of 1 to 10 faces, each
@@ -27,6 +28,13 @@ nothing: it times the exact search of 4,096 faces against all and scales it to t
     .venv/bin/python benchmarks/open_set_guard.py --layout realistic --sizes 100000 1000000 --search sample
     .venv/bin/python benchmarks/open_set_guard.py --layout realistic --sizes 100000 --search compare
     .venv/bin/python benchmarks/open_set_guard.py --sizes 20000 --largest 10000
+    .venv/bin/python benchmarks/open_set_guard.py --layout realistic --sizes 100000 --search shares
+
+The guard lists a seeded sample of the faces from open_set.SAMPLE_FROM faces up (`sample_share`); `--exact`
+builds the exact guard at every size. `--search shares` builds the exact
+guard once and reads the tail of the faces a guard sampling 1/2, 1/4, ... of them would list, under
+`--seeds` seeds of the hash each (the sampled faces' lists are the exact build's: each is searched
+against every face), against the exact tail: the error of a sampled guard's threshold by its size.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from service.core.open_set import LeaveOneOut, Tail  # noqa: E402
 from service.gallery.index import set_search_threads  # noqa: E402
 
 FPIRS = (1e-2, 1e-3, 1e-4)  # the guard's thresholds compared, T_LOSO(2q)
+SHARES = (1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64)  # `--search shares`
 SAMPLE = 4096  # faces whose exact search is timed where the build is approximate
 SAMPLED = 0.1  # the share of the exact scores whose tail `--search compare` reads too
 NEAREST = open_set._nearest  # the service's exact search
@@ -96,12 +105,28 @@ def measure(size: int, args: argparse.Namespace) -> str:
     for i in range(size, size + args.writes):
         state.remove(np.array([i]))
     delete = (time.perf_counter() - started) / args.writes
+    started = time.perf_counter()
+    rest = subjects[args.largest : size]  # five subjects of 1–10 faces, not the largest
+    for subject in list(dict.fromkeys(rest[len(rest) // 2 :]))[
+        :5
+    ]:  # one subject's faces scored exactly (GET /gallery/duplicates?subject_id=)
+        state.nearest_others(subject=subject)
+    per_subject = (time.perf_counter() - started) / 5
+    shape = state.shape()
+    listed = len(state.nearest_others())
+    thresholds = ", ".join(f"{shape.tail.threshold(2 * q):.4f}" for q in FPIRS) if shape.tail else "none"
     row = (
-        f"{size:>9,} {state.shape().subjects:>9,} {wall:>8.1f} {built_cpu:>8.1f} {1000 * enroll:>7.1f} "
-        f"{1000 * enroll_cpu:>7.1f} {1000 * delete:>9.1f} {1000 * tail:>7.1f} {before:>7.0f} {grew:>7.0f} {peak:>7.0f}"
+        f"{size:>9,} {shape.subjects:>9,} {listed:>9,} {wall:>8.1f} {built_cpu:>8.1f} {1000 * enroll:>7.1f} "
+        f"{1000 * enroll_cpu:>7.1f} {1000 * delete:>9.1f} {1000 * tail:>7.1f} {before:>7.0f} {grew:>7.0f} {peak:>7.0f} "
+        f"{1000 * per_subject:>9.1f}   T {thresholds}"
     )
     if args.search != "exact":
         row += f"   ({exact_cost(vectors[:size], args)})"
+    if args.vs_exact and shape.tail and state.share < 1:
+        truth = LeaveOneOut.build(np.arange(size), subjects[:size], vectors[:size], sample=False).shape().tail
+        assert truth is not None
+        row += "; the exact guard's T: " + ", ".join(f"{truth.threshold(2 * q):.4f}" for q in FPIRS)
+        row += " (sampled − exact: " + ", ".join(f"{shape.tail.threshold(2 * q) - truth.threshold(2 * q):+.4f}" for q in FPIRS) + ")"
     return row
 
 
@@ -126,6 +151,7 @@ def compare(size: int, args: argparse.Namespace) -> str:
     """Each approximate guard's scores and thresholds against the exact guard's, at one size."""
     set_search_threads(args.threads)
     vectors, subjects = gallery(size, args.dim, args.layout, args.largest)
+    args.exact = True  # every guard here lists every face
     truth, seconds = built(size, args, "exact", vectors, subjects)
     scores = {face: score for face, *_, score in truth.nearest_others()}
     tail = truth.shape().tail
@@ -147,6 +173,38 @@ def compare(size: int, args: argparse.Namespace) -> str:
             f"  {search} ({args.probed:g}): {seconds:.1f} s CPU, {np.mean(delta < -1e-6):.1%} of faces scored lower, "
             f"{np.mean(delta > 1e-6):.1%} higher; thresholds "
             + (", ".join(f"{other.threshold(2 * q) - tail.threshold(2 * q):+.4f}" for q in FPIRS) if other else "none")
+        )
+    return "\n".join(lines)
+
+
+def shares(size: int, args: argparse.Namespace) -> str:
+    """`--search shares`: the exact guard's tail against those of the faces a sampled guard lists."""
+    set_search_threads(args.threads)
+    vectors, subjects = gallery(size, args.dim, args.layout, args.largest)
+    args.exact = True
+    truth, seconds = built(size, args, "exact", vectors, subjects)
+    listed = truth.nearest_others()
+    ids, scores = np.array([face for face, *_ in listed]), np.array([score for *_, score in listed])
+    tail = truth.shape().tail
+    assert tail is not None
+    exact_t = np.array([tail.threshold(2 * q) for q in FPIRS])
+    lines = [
+        f"{size:,} faces: exact build {seconds:.1f} s CPU; T_LOSO(2q) at q = " + ", ".join(f"{q:g}" for q in FPIRS),
+        "  exact: " + ", ".join(f"{t:.4f}" for t in exact_t),
+        f"  {'share':>6} {'listed':>8}  worst |error| over {args.seeds} seeds (mean error), per q",
+    ]
+    for share in SHARES:
+        errors, counts = [], []
+        for seed in range(args.seeds):  # another seed: the ids shifted before the hash
+            picked = open_set.sampled(ids + seed * 2**40, share)
+            sample = Tail.of(scores[picked], tail.subjects)
+            assert sample is not None
+            errors.append([sample.threshold(2 * q) for q in FPIRS] - exact_t)
+            counts.append(int(picked.sum()))
+        e = np.array(errors)
+        lines.append(
+            f"  1/{round(1 / share):<4} {round(np.mean(counts)):>8,}  "
+            + ", ".join(f"{np.abs(e[:, i]).max():.4f} ({e[:, i].mean():+.4f})" for i in range(len(FPIRS)))
         )
     return "\n".join(lines)
 
@@ -210,7 +268,7 @@ def built(size: int, args: argparse.Namespace, search: str, vectors: np.ndarray,
     """The guard of the first `size` faces, its build's search replaced by `search`; and its CPU seconds."""
     open_set._nearest = functools.partial(SEARCHES[search], probed=args.probed)  # type: ignore[assignment]
     cpu = time.process_time()
-    state = LeaveOneOut.build(np.arange(size), subjects[:size], vectors[:size])
+    state = LeaveOneOut.build(np.arange(size), subjects[:size], vectors[:size], sample=not args.exact)
     open_set._nearest = NEAREST
     return state, time.process_time() - cpu
 
@@ -223,7 +281,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="FAISS threads (the service's FACEGATE_SEARCH_THREADS).")
     parser.add_argument("--layout", choices=("one", "realistic"), default="one", help="One face per subject, or 1–10 (see above).")
     parser.add_argument("--largest", type=int, default=0, help="Faces of one subject among each size's.")
-    parser.add_argument("--search", choices=(*SEARCHES, "compare", "sample"), default="exact")
+    parser.add_argument("--search", choices=(*SEARCHES, "compare", "sample", "shares"), default="exact")
+    parser.add_argument(
+        "--exact", action="store_true", help="The exact guard at every size (else sampled from open_set.SAMPLE_FROM faces)."
+    )
+    parser.add_argument("--vs-exact", action="store_true", help="A sampled guard's thresholds against the exact guard's, built after it.")
+    parser.add_argument("--seeds", type=int, default=5, help="`--search shares`: seeds of the sample's hash per share.")
     parser.add_argument(
         "--probed", type=float, default=0.1, help="The share of lists or clusters an approximate search scans (HNSW: efSearch / 1,000)."
     )
@@ -231,17 +294,21 @@ def main() -> None:
     print("\n".join(machine_lines()))
     print(
         f"dim {args.dim}, layout {args.layout}, {args.largest:,} faces in one subject, {args.threads} FAISS thread(s), "
-        f"the build's search {args.search}" + ("" if args.search == "exact" else f" ({args.probed:g} probed)") + "; one process per size"
+        f"the build's search {args.search}"
+        + ("" if args.search == "exact" else f" ({args.probed:g} probed)")
+        + "; one process per size; "
+        + ("exact at every size" if args.exact else f"sampled from {open_set.SAMPLE_FROM:,} faces up, {open_set.LISTED:,} listed at least")
     )
-    if args.search not in ("compare", "sample"):
+    if args.search not in ("compare", "sample", "shares"):
         print(
-            f"{'faces':>9} {'subjects':>9} {'build s':>8} {'CPU s':>8} {'add ms':>7} {'CPU ms':>7} "
-            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7}"
+            f"{'faces':>9} {'subjects':>9} {'listed':>9} {'build s':>8} {'CPU s':>8} {'add ms':>7} {'CPU ms':>7} "
+            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7} {'subject ms':>9}   T_LOSO(2q) at q = "
+            + ", ".join(f"{q:g}" for q in FPIRS)
         )
     context = multiprocessing.get_context("spawn")
     for size in args.sizes:
         with context.Pool(1) as pool:  # a process per size: its peak memory is this size's
-            print(pool.apply({"compare": compare, "sample": sample}.get(args.search, measure), (size, args)), flush=True)
+            print(pool.apply({"compare": compare, "sample": sample, "shares": shares}.get(args.search, measure), (size, args)), flush=True)
 
 
 if __name__ == "__main__":

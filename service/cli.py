@@ -412,12 +412,19 @@ def gallery_duplicates(
     limit: Annotated[int, typer.Option(min=1, help="List at most this many pairs, highest score first.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per pair instead of a table.")] = False,
     collection: Annotated[str, typer.Option(help="The collection whose subjects are compared (each is a gallery of its own).")] = "default",
+    subject: Annotated[
+        str | None,
+        typer.Option(
+            help="Only the pairs in which one of this subject's faces is answered as another (its faces searched, not every face)."
+        ),
+    ] = None,
 ) -> None:
     """Pairs of subjects that may be one person under two ids: a face of one that /identify, at
     `fpir`, would answer as the other were its own subject not enrolled. Every enrolled face is
-    scored against the other subjects (the open-set guard's leave-one-out scores), as enrollment's
-    `possible_duplicate_of` scores a new face. Such pairs also make the guard stricter for everyone:
-    merge them (enroll the faces under one subject, delete the other)."""
+    scored against the other subjects (the open-set guard's leave-one-out scores, an exact search of
+    each: about an hour of CPU at 1M faces), as enrollment's `possible_duplicate_of` scores a new
+    face; with `--subject`, that subject's faces only. Such pairs also make the guard stricter for
+    everyone: merge them (enroll the faces under one subject, delete the other)."""
     from service.core.models.model_set import load_models
     from service.gallery import duplicates
     from service.gallery.factory import open_gallery
@@ -429,10 +436,12 @@ def gallery_duplicates(
         assert models.embedder is not None and models.embedder_key is not None  # require() passed
         gallery = open_gallery(settings, models.embedder_key, searchable=False, collection=collection)
         try:
-            state = duplicates.build(gallery)
+            if subject is not None:
+                gallery.get_subject(subject)  # SubjectNotFound
+            state = duplicates.build(gallery, listed=subject is None)
             if not state.shape().faces:
                 fail("the gallery holds no faces of the active embedder")
-            found = duplicates.find(state, models.embedder.manifest, fpir, settings.default_fpir)
+            found = duplicates.find(state, models.embedder.manifest, fpir, settings.default_fpir, subject)
             ranked, names = duplicates.names(gallery, found.pairs[:limit])
         finally:
             gallery.close()

@@ -245,7 +245,8 @@ class GalleryUnavailable(FacegateError):
 
 class DuplicatesUnavailable(FacegateError):
     """GET /gallery/duplicates on a gallery that keeps no open-set guard and is too large to score
-    per request: `facegate gallery duplicates` lists its pairs."""
+    per request, or whose guard lists a sample of its faces asked for every pair, or for a subject of
+    too many faces to search per request: `facegate gallery duplicates` lists its pairs."""
 
     code, status = "duplicates_unavailable", 503
 

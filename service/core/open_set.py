@@ -47,9 +47,12 @@ TAIL_MIN = 10  # the guard's tail is fitted to the max(TAIL_MIN, ⌈TAIL_SHARE �
 TAIL_SHARE = 0.1
 LOWEST_RATE = 1e-12  # a score's rate is searched down to here (a calibrated similarity of 1)
 BLOCK = 4096  # faces whose leave-one-out lists are searched at once
-OWN_FACES = 64  # a subject's faces a leave-one-out search asks for beyond 4 × (K + 1); more: listed by `_relist_exactly`
-EXACT_BLOCK = 1024  # rows `_relist_exactly` lists at once
+OWN_FACES = 64  # a subject's faces a leave-one-out search asks for beyond 4 × (K + 1); more: listed by `_lists_exactly`
+EXACT_BLOCK = 1024  # rows `_lists_exactly` lists at once
 SLICE = 4096  # faces a block of rows is multiplied with at once there (EXACT_BLOCK × SLICE float32: 16 MiB)
+SAMPLE_FROM = 50_000  # faces from which the guard lists a seeded sample of them (`sample_share`): below, its exact build costs ≤ 10 s CPU
+LISTED = 20_000  # a sampled guard lists LISTED to 2 × LISTED faces: its threshold within 0.005 of the exact one (docs/benchmarks.md)
+SEED = 0x5EED_F00D_CAFE_D00D  # which faces a sampled guard lists: a hash of the id, the same in every process
 
 
 def margin_scores(top: np.ndarray, subjects: int) -> np.ndarray:
@@ -248,6 +251,32 @@ def _guarded_roots(table: OpenSetTable, shape: GalleryShape, score: float, low: 
     return roots
 
 
+def sample_share(faces: int) -> float:
+    """The share of a gallery's faces whose leave-one-out lists the guard keeps: all below
+    SAMPLE_FROM faces, else 2^-k, the largest keeping at least LISTED of them (a power of two: a
+    gallery grown past the next halving drops half its sampled faces, and nothing is listed anew).
+    The sample's tail reads the threshold within 0.005 of the exact one down to q = 1e-4 (80k and
+    100k synthetic faces, 8 seeds; 10,000 listed: 0.009), for the sample × N products where the exact
+    guard costs N² (docs/benchmarks.md, "A sampled guard"; module constants read at each call: tests lower them)."""
+    if faces < SAMPLE_FROM:
+        return 1.0
+    return 2.0 ** -max(0, math.floor(math.log2(faces / LISTED)))
+
+
+def sampled(ids: np.ndarray, share: float) -> np.ndarray:
+    """Which of these face ids a guard keeping `share` of the faces lists: a seeded hash of each id
+    (splitmix64) below the share, so that the sample is the faces', whatever order they came in,
+    and a face keeps its place in it as others come and go."""
+    z = np.asarray(ids, np.int64).reshape(-1).astype(np.uint64)
+    if share >= 1:
+        return np.ones(len(z), bool)
+    z = z + np.uint64(SEED)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) < share * 2.0**53
+
+
 class Roster:
     """Which subject each searchable face belongs to, kept in step with the gallery's index: the
     N and faces a decision is read for, without the guard (FACEGATE_OPEN_SET_GUARD=false)."""
@@ -288,14 +317,23 @@ class LeaveOneOut:
     and removed, and the tail the guard reads from them.
 
     Per face it keeps the cosines to the best face of its K + 1 most similar other subjects. A new
-    face costs one product with every face (its own list, and the lists it enters); a removed face
-    recomputes the lists that named its subject. The state depends only on the set of faces, not
-    on the order they came in: every replica that applied the same changes holds the same.
+    face costs one product with every listed face (the lists it enters) and, listed itself, with
+    every face (its own list); a removed face
+    recomputes the lists that named its subject. The state depends only on the set of faces (and,
+    sampled, the largest size since its build), not on the order they came in: every replica that
+    applied the same changes holds the same.
+
+    From SAMPLE_FROM faces (with `sample`) it keeps the lists of a seeded sample of the faces only
+    (`sample_share`, `sampled`), each searched against every face: the build costs the sample × N
+    products, not N², and the tail is read from the sample's scores. The share is the build's,
+    lowered as the gallery grows (never raised before the next build: a gallery grown and shrunk
+    again keeps the smaller share); `nearest_others(subject=…)` lists any subject's faces exactly.
     Thread-safe: writes and reads take its lock.
     """
 
-    def __init__(self, dim: int):
-        self.dim, self.width = dim, K + 1
+    def __init__(self, dim: int, sample: bool = True):
+        self.dim, self.width, self.sample = dim, K + 1, sample
+        self.share = 1.0  # of the faces whose lists are kept (`sampled`)
         self._lock = threading.Lock()
         self._n = 0
         self._vectors = np.empty((0, dim), np.float32)
@@ -304,6 +342,7 @@ class LeaveOneOut:
         self._top = np.empty((0, self.width), np.float32)  # cosines to the best face of the nearest other subjects, highest first
         self._top_subject = np.empty((0, self.width), np.int32)  # their codes (-1: none)
         self._score = np.empty(0, np.float64)
+        self._on = np.empty(0, bool)  # the row's face is in the sample: its list is kept (derived from the ids, never saved)
         self._row: dict[int, int] = {}
         self._codes: dict[str, int] = {}
         self._names: list[str] = []
@@ -313,14 +352,21 @@ class LeaveOneOut:
         self._tail_current = True
 
     @classmethod
-    def build(cls, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray) -> LeaveOneOut:
-        """The state of these faces, computed a block of faces at a time."""
+    def build(
+        cls, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, sample: bool = True, share: float | None = None
+    ) -> LeaveOneOut:
+        """The state of these faces, computed a block of faces at a time (`sample` False: every face
+        listed, at any size; `share`: that share listed, not the size's: 0 for none, the faces kept for
+        `nearest_others(subject=…)` alone)."""
         vectors = np.asarray(vectors, np.float32)
-        state = cls(vectors.shape[1])
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        state = cls(vectors.shape[1], sample)
         with state._lock:
-            state._append(np.asarray(ids, np.int64).reshape(-1), list(subjects), vectors)
-            state._relist(np.arange(state._n))
-            state._rescore(np.arange(state._n))
+            state.share = share if share is not None else sample_share(len(ids)) if sample else 1.0
+            state._append(ids, list(subjects), vectors)
+            rows = np.flatnonzero(state._on[: state._n])
+            state._relist(rows)
+            state._rescore(rows)
         return state
 
     def arrays(self, capacity: int) -> dict[str, np.ndarray]:
@@ -335,15 +381,17 @@ class LeaveOneOut:
             return list(self._names)
 
     @classmethod
-    def restore(cls, n: int, names: list[str], arrays: dict[str, np.ndarray]) -> LeaveOneOut:
-        """The state `arrays` (of a first `n` faces, by `arrays()`) hold, in place: arrays mapped
-        copy-on-write stay shared with the other processes mapping them until a change writes a page."""
-        state = cls(arrays["vectors"].shape[1])
+    def restore(cls, n: int, names: list[str], arrays: dict[str, np.ndarray], share: float = 1.0, sample: bool = True) -> LeaveOneOut:
+        """The state `arrays` (of a first `n` faces, by `arrays()`, listing `share` of them) hold, in
+        place: arrays mapped copy-on-write stay shared with the other processes mapping them until a
+        change writes a page."""
+        state = cls(arrays["vectors"].shape[1], sample)
         if arrays["top"].shape[1:] != (state.width,):
             raise ValueError(f"the arrays list {arrays['top'].shape[1:]} other subjects a face, this guard {state.width}")
         for name in (*_ROWS, "counts"):
             setattr(state, f"_{name}", arrays[name])
-        state._n, state._names = n, list(names)
+        state._n, state._names, state.share = n, list(names), share
+        state._on = _grown(sampled(arrays["ids"][:n], share), len(arrays["ids"]), False)
         state._codes = {subject: code for code, subject in enumerate(names)}
         state._row = dict(zip(arrays["ids"][:n].tolist(), range(n), strict=True))
         state._subjects = int(np.count_nonzero(arrays["counts"][: len(names)]))
@@ -353,8 +401,8 @@ class LeaveOneOut:
     def copy(self) -> LeaveOneOut:
         """Its state now, in arrays of its own (what is saved while this one goes on changing)."""
         with self._lock:
-            n, names, arrays = self._n, list(self._names), self._arrays(self._n)
-        return LeaveOneOut.restore(n, names, arrays)
+            n, names, arrays, share = self._n, list(self._names), self._arrays(self._n), self.share
+        return LeaveOneOut.restore(n, names, arrays, share, self.sample)
 
     def ids(self) -> np.ndarray:
         with self._lock:
@@ -367,22 +415,38 @@ class LeaveOneOut:
                 self._tail_current = True
             return GalleryShape(self._subjects, self._n, self._tail)
 
-    def nearest_others(self, at_least: float = -np.inf, by_cosine: bool = False) -> list[tuple[int, str, str, float, float]]:
+    @property
+    def complete(self) -> bool:
+        """Every face's list is kept (not a sample): `nearest_others` reads them all."""
+        return self.share >= 1
+
+    def nearest_others(
+        self, at_least: float = -np.inf, by_cosine: bool = False, subject: str | None = None
+    ) -> list[tuple[int, str, str, float, float]]:
         """Per face whose score (`by_cosine`: whose cosine with the most similar other subject) is at
         least `at_least`: (face id, its subject, that other subject, its best face's cosine, the face's
         score). The faces are picked in one vectorized pass over the arrays, so the lock is held for
         Python work on the faces kept only (what `facegate gallery duplicates` and GET
-        /gallery/duplicates list, at their threshold)."""
+        /gallery/duplicates list, at their threshold). Of every listed face (a sampled guard's: the
+        sample's), or (`subject`) of that subject's faces, listed here and now by an exact search of
+        each against every face, sampled or not."""
         with self._lock:
             n = self._n
-            held = self._top[:n, 0].astype(np.float64) if by_cosine else self._score[:n]
-            rows = np.flatnonzero((held >= at_least) & (self._top_subject[:n, 0] >= 0))
+            if subject is None:
+                rows, top, top_subject, score = np.arange(n), self._top[:n], self._top_subject[:n], self._score[:n]
+            else:
+                code = self._codes.get(subject, -1)
+                rows = np.flatnonzero(self._subject[:n] == code)
+                top, top_subject = self._lists(rows)
+                score = self._scores(top)
+            held = top[:, 0].astype(np.float64) if by_cosine else score
+            kept = np.flatnonzero((held >= at_least) & (top_subject[:, 0] >= 0))
             picked = zip(
-                self._ids[rows].tolist(),
-                self._subject[rows].tolist(),
-                self._top_subject[rows, 0].tolist(),
-                self._top[rows, 0].tolist(),
-                self._score[rows].tolist(),
+                self._ids[rows[kept]].tolist(),
+                self._subject[rows[kept]].tolist(),
+                top_subject[kept, 0].tolist(),
+                top[kept, 0].tolist(),
+                score[kept].tolist(),
                 strict=True,
             )
             return [(face, self._names[own], self._names[other], cosine, score) for face, own, other, cosine, score in picked]
@@ -400,13 +464,16 @@ class LeaveOneOut:
                     continue
                 self._append(np.array([face_id], np.int64), [subject], vector[None])
                 row, code = self._n - 1, self._subject[self._n - 1]
-                cosines = self._vectors[: self._n] @ vector
-                changed = self._enter(cosines, code)
-                own = self._subject[: self._n] == code
-                self._top[row], self._top_subject[row] = _nearest_subjects(
-                    np.where(own, -np.inf, cosines), self._subject[: self._n], self.width
-                )
-                self._rescore(np.append(changed, row))
+                kept = np.flatnonzero(self._on[:row])  # the lists it may enter: a sampled guard's, a product with those faces only
+                cosines = self._vectors[: self._n] @ vector if self._on[row] else None
+                changed = self._enter(kept, self._vectors[kept] @ vector if cosines is None else cosines[kept], code)
+                if cosines is not None:  # in the sample: its own list, from every face
+                    own = self._subject[: self._n] == code
+                    self._top[row], self._top_subject[row] = _nearest_subjects(
+                        np.where(own, -np.inf, cosines), self._subject[: self._n], self.width
+                    )
+                    changed = np.append(changed, row)
+                self._rescore(changed)
             self._after(before)
 
     def remove(self, ids: np.ndarray) -> None:
@@ -423,7 +490,7 @@ class LeaveOneOut:
                 self._subjects -= int(self._counts[code] == 0)
                 last = self._n - 1
                 if row != last:
-                    for array in (self._vectors, self._ids, self._subject, self._top, self._top_subject, self._score):
+                    for array in (self._vectors, self._ids, self._subject, self._top, self._top_subject, self._score, self._on):
                         array[row] = array[last]
                     self._row[int(self._ids[row])] = row
                 self._n = last
@@ -450,10 +517,13 @@ class LeaveOneOut:
             self._top = _grown(self._top, capacity, -np.inf)
             self._top_subject = _grown(self._top_subject, capacity, -1)
             self._score = _grown(self._score, capacity, -np.inf)
+        if needed > len(self._on):
+            self._on = _grown(self._on, len(self._ids), False)
         codes = np.array([self._code(s) for s in subjects], np.int32)
         new = slice(self._n, needed)
         self._vectors[new], self._ids[new], self._subject[new] = vectors, ids, codes
         self._top[new], self._top_subject[new], self._score[new] = -np.inf, -1, -np.inf
+        self._on[new] = sampled(ids, self.share)
         for i, face_id in enumerate(ids.tolist()):
             self._row[face_id] = self._n + i
         for code in codes.tolist():
@@ -470,51 +540,62 @@ class LeaveOneOut:
                 self._counts = _grown(self._counts, max(64, 2 * len(self._counts)), 0)
         return code
 
-    def _enter(self, cosines: np.ndarray, code: int) -> np.ndarray:
-        """Put subject `code`, whose new face has these cosines with every face, into the lists it
-        now belongs to (as a new entry, or raising its entry); the rows changed."""
-        n = self._n
-        top, top_subject = self._top[:n], self._top_subject[:n]
+    def _enter(self, rows: np.ndarray, cosines: np.ndarray, code: int) -> np.ndarray:
+        """Put subject `code`, whose new face has `cosines` with the faces of `rows` (lists kept),
+        into those of their lists it now belongs to (as a new entry, or raising its entry); the rows changed."""
+        top, top_subject = self._top[rows], self._top_subject[rows]
         listed = top_subject == code
         has = listed.any(axis=1)
         current = np.where(listed, top, -np.inf).max(axis=1)
-        other = self._subject[:n] != code
-        raise_rows = np.flatnonzero(other & has & (cosines > current))
-        enter_rows = np.flatnonzero(other & ~has & (cosines > top[:, -1]))
-        for row in raise_rows:
-            top[row, listed[row]] = cosines[row]
-        top[enter_rows, -1], top_subject[enter_rows, -1] = cosines[enter_rows], code
-        changed = np.concatenate([raise_rows, enter_rows])
+        other = self._subject[rows] != code
+        raised = np.flatnonzero(other & has & (cosines > current))
+        entered = np.flatnonzero(other & ~has & (cosines > top[:, -1]))
+        for i in raised:
+            top[i, listed[i]] = cosines[i]
+        top[entered, -1], top_subject[entered, -1] = cosines[entered], code
+        changed = np.concatenate([raised, entered])
         if len(changed):
             order = np.argsort(-top[changed], axis=1, kind="stable")
-            top[changed] = np.take_along_axis(top[changed], order, axis=1)
-            top_subject[changed] = np.take_along_axis(top_subject[changed], order, axis=1)
-        return changed
+            self._top[rows[changed]] = np.take_along_axis(top[changed], order, axis=1)
+            self._top_subject[rows[changed]] = np.take_along_axis(top_subject[changed], order, axis=1)
+        return rows[changed]
 
     def _relist(self, rows: np.ndarray) -> None:
-        """The lists of `rows` computed from every face: FAISS's exact search for each row's nearest
-        faces, a block at a time, then their subjects. The faces asked for per row are bounded
-        (4 × width + at most OWN_FACES of its own subject's), whatever the subjects' sizes: the rows
-        whose nearest faces held too few subjects are listed again by `_relist_exactly`."""
+        self._top[rows], self._top_subject[rows] = self._lists(rows)
+
+    def _lists(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The lists of `rows` (cosines and codes, a row each) computed from every face: FAISS's exact
+        search for each row's nearest faces, a block at a time, then their subjects. The faces asked
+        for per row are bounded (4 × width + at most OWN_FACES of its own subject's), whatever the
+        subjects' sizes: the rows whose nearest faces held too few subjects are listed again by
+        `_lists_exactly`."""
         n = self._n
         vectors, subject = self._vectors[:n], self._subject[:n]
         take = min(n, 4 * self.width + min(int(self._counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
+        top = np.full((len(rows), self.width), -np.inf, np.float32)
+        top_subject = np.full((len(rows), self.width), -1, np.int32)
+        where = np.zeros(n, np.int64)  # a row's place in `rows` (a search may yield its blocks in any order)
+        where[rows] = np.arange(len(rows))
         short: list[np.ndarray] = []
         for block, values, faces in _nearest(vectors, rows, take):
             values[subject[faces] == subject[block][:, None]] = -np.inf  # the face's own subject
-            self._top[block], self._top_subject[block] = _best_subjects(values, subject[faces], self.width)
+            top[where[block]], top_subject[where[block]] = _best_subjects(values, subject[faces], self.width)
             if take < n:  # fewer than `width` subjects among the faces asked for: more faces may hold more
-                short.append(block[(self._top_subject[block] < 0).any(axis=1)])
-        self._relist_exactly(np.concatenate([np.empty(0, np.int64), *short]))
+                short.append(block[(top_subject[where[block]] < 0).any(axis=1)])
+        again = np.concatenate([np.empty(0, np.int64), *short])
+        top[where[again]], top_subject[where[again]] = self._lists_exactly(again)
+        return top, top_subject
 
-    def _relist_exactly(self, rows: np.ndarray) -> None:
+    def _lists_exactly(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The lists of rows whose nearest faces were crowded by a few subjects' many faces, exact in
         bounded memory: the subjects with more than OWN_FACES faces ("large") by their best face
         each, from products a block of rows by a slice of their faces at a time; the others from
         FAISS's search of their faces only, for (width + 1) × OWN_FACES faces, which holds the best
         face of the `width` nearest of them (each has at most OWN_FACES, its own subject too)."""
+        top = np.full((len(rows), self.width), -np.inf, np.float32)
+        top_subject = np.full((len(rows), self.width), -1, np.int32)
         if not len(rows):
-            return
+            return top, top_subject
         n = self._n
         vectors, subject = self._vectors[:n], self._subject[:n]
         large = np.flatnonzero(self._counts > OWN_FACES)
@@ -523,9 +604,9 @@ class LeaveOneOut:
         members = np.flatnonzero(in_large)
         members = members[np.argsort(subject[members], kind="stable")]  # the large subjects' faces, a subject after another
         take = min(len(small), (self.width + 1) * OWN_FACES)
-        rows = rows[np.argsort(subject[rows], kind="stable")]  # a block holds one subject's rows, mostly: its own faces are skipped
+        order = np.argsort(subject[rows], kind="stable")  # a block holds one subject's rows, mostly: its own faces are skipped
         for start in range(0, len(rows), EXACT_BLOCK):
-            block = rows[start : start + EXACT_BLOCK]
+            block = rows[order[start : start + EXACT_BLOCK]]
             own = subject[block][:, None]
             alone = int(own[0, 0]) if (own == own[0, 0]).all() else -1  # the one subject of the block's rows
             values = np.empty((len(block), 0), np.float32)
@@ -552,18 +633,33 @@ class LeaveOneOut:
                 best[large[None, :] == own] = -np.inf
                 values = np.concatenate([values, best], axis=1)
                 codes = np.concatenate([codes, np.broadcast_to(large.astype(np.int32), best.shape)], axis=1)
-            self._top[block], self._top_subject[block] = _best_subjects(values, codes, self.width)
+            top[order[start : start + EXACT_BLOCK]], top_subject[order[start : start + EXACT_BLOCK]] = _best_subjects(
+                values, codes, self.width
+            )
+        return top, top_subject
+
+    def _scores(self, top: np.ndarray) -> np.ndarray:
+        """The leave-one-out scores of these lists (−inf for a list naming no other subject: no sample)."""
+        scores = np.full(len(top), -np.inf)
+        found = np.isfinite(top[:, 0])
+        scores[found] = margin_scores(top[found], self._subjects - 1)
+        return scores
 
     def _rescore(self, rows: np.ndarray) -> None:
         if len(rows):
-            self._score[rows] = margin_scores(self._top[rows], self._subjects - 1)
-            self._score[rows[~np.isfinite(self._top[rows, 0])]] = -np.inf  # no other subject: no sample
+            self._score[rows] = self._scores(self._top[rows])
         self._tail_current = False
 
     def _after(self, before: int) -> None:
-        """k = min(K, N − 2) for a leave-one-out score changes with N in small galleries: score every face again."""
+        """k = min(K, N − 2) for a leave-one-out score changes with N in small galleries: score every
+        listed face again. A gallery grown past twice its sample: half the sample's lists dropped."""
+        share = min(self.share, sample_share(self._n)) if self.sample else 1.0
+        if share < self.share:
+            self.share = share
+            dropped = np.flatnonzero(self._on[: self._n] & ~sampled(self._ids[: self._n], share))
+            self._on[dropped], self._top[dropped], self._top_subject[dropped], self._score[dropped] = False, -np.inf, -1, -np.inf
         if self._subjects != before and min(self._subjects, before) <= K + 2:
-            self._rescore(np.arange(self._n))
+            self._rescore(np.flatnonzero(self._on[: self._n]))
         self._tail_current = False
 
 

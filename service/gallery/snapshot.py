@@ -84,7 +84,7 @@ class SnapshotFiles:
             arrays = {name: np.load(files[name], mmap_mode="c") for name in (GUARD_ARRAYS if guard else ROSTER_ARRAYS)}
             ids, vectors = (np.load(files[name], mmap_mode="r")[:n] for name in ("ids", "vectors"))
             if guard:
-                roster: Roster | LeaveOneOut = LeaveOneOut.restore(n, names, arrays)
+                roster: Roster | LeaveOneOut = LeaveOneOut.restore(n, names, arrays, float(meta.get("share", 1.0)))
             else:
                 roster = Roster()
                 roster.add(arrays["ids"][:n], np.array(names, object)[arrays["subject"][:n]].tolist())
@@ -133,6 +133,8 @@ class SnapshotFiles:
         write_atomically(path, json.dumps(names).encode(), durable=False)
         files["names"] = [path.name, sha256_file(path)]
         meta = {**stamp, "format": FORMAT, "guard": isinstance(roster, LeaveOneOut), "dim": int(arrays["vectors"].shape[1]), "n": n}
+        if isinstance(roster, LeaveOneOut):
+            meta["share"] = roster.share  # of the faces it lists (open_set.sampled)
         write_atomically(self.meta, json.dumps({**meta, "files": files}).encode())
         for orphan in (*self.directory.glob(f"{self.name}.*.*"), *self.directory.glob(f".{self.name}.*")):
             if not orphan.name.startswith(stem) and orphan != self.meta and orphan.suffix != ".lock":

@@ -8,6 +8,7 @@ import pytest
 from pydantic import SecretStr
 
 from service.api.routes import duplicates as routes_duplicates
+from service.core import open_set
 from service.gallery import duplicates
 from tests.conftest import aligned_crop_png
 
@@ -46,6 +47,32 @@ def test_one_person_under_two_ids_is_listed_from_the_guard(store_settings, make_
 
     assert api.delete("/subjects/again").status_code == 204  # the guard follows the gallery
     assert api.get("/gallery/duplicates").json()["total"] == 0
+
+
+def test_a_sampled_guard_answers_for_one_subject_at_a_time(store_settings, make_client, monkeypatch):
+    """A large gallery's guard lists a sample of its faces (lowered here to 8 faces, 4 listed): every
+    pair is then asked for per subject, that subject's faces searched exactly whether sampled or not;
+    all the pairs at once are a 503 that says so."""
+    monkeypatch.setattr(open_set, "SAMPLE_FROM", 8)
+    monkeypatch.setattr(open_set, "LISTED", 4)
+    api = make_client(store_settings)
+    enroll_people(api)
+    enroll(api, "again", 103)  # p3's face under a second id
+    refused = api.get("/gallery/duplicates")
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "duplicates_unavailable", refused.text
+    assert "subject_id" in refused.json()["error"]["message"]
+    for subject, other in (("again", "p3"), ("p3", "again")):
+        answer = api.get("/gallery/duplicates", params={"subject_id": subject}).json()
+        (pair,) = answer["pairs"]
+        assert (pair["subject_id"], pair["other_subject_id"], answer["total"]) == (subject, other, 1)
+        assert pair["similarity"] > 0.999 and pair["score"] >= answer["threshold"]
+        assert (answer["subjects"], answer["faces"]) == (PEOPLE + 1, PEOPLE + 1)
+    assert api.get("/gallery/duplicates", params={"subject_id": "p5"}).json()["total"] == 0
+    missing = api.get("/gallery/duplicates", params={"subject_id": "ghost"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "subject_not_found"
+    monkeypatch.setattr(duplicates, "MAX_SUBJECT_PRODUCTS", PEOPLE)  # 1 face × 13: searched under the guard's lock, bounded
+    bounded = api.get("/gallery/duplicates", params={"subject_id": "again"})
+    assert bounded.status_code == 503 and bounded.json()["error"]["code"] == "duplicates_unavailable", bounded.text
 
 
 def test_merging_a_pair_moves_the_faces_and_clears_it(store_settings, make_client):

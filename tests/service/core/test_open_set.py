@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from service.core import open_set
 from service.core.decision import decide_search
 from service.core.models.manifest import Manifest, OpenSetRows, OpenSetTable
 from service.core.open_set import (
@@ -20,6 +21,7 @@ from service.core.open_set import (
     candidate_scores,
     margin_scores,
     margin_threshold,
+    sampled,
     table_threshold,
 )
 
@@ -83,6 +85,76 @@ def test_leave_one_out_scores_stay_exact_as_faces_come_and_go():
     assert (state.shape().subjects, state.shape().faces) == (len(set(left)), int(keep.sum()))
     rebuilt = {face: score for face, _, _, _, score in LeaveOneOut.build(ids[keep], left, vectors[keep]).nearest_others()}
     assert rebuilt == pytest.approx(got, abs=1e-6)  # the state is the faces', whatever order they came in
+
+
+def test_a_large_gallery_lists_a_seeded_sample_and_its_threshold_stays_near_the_exact_one(monkeypatch):
+    """From SAMPLE_FROM faces up the guard searches the lists of a hashed sample of them only (the build
+    costs the sample × N products, not N²), and the tail of the sample's scores gives the guard's
+    threshold near the exact guard's: within 0.02 at 2,000 listed faces here, the strangers' rate within
+    a factor 1.7 (this gallery's tail: β = 0.039; docs/benchmarks.md: within 0.005 at 20,000, LISTED)."""
+    rng = np.random.default_rng(11)
+    n = 8000
+    owner = np.repeat(np.arange(n), rng.integers(1, 11, n))[:n]  # subjects of 1 to 10 faces around a centre each
+    vectors = unit(rng.normal(size=(int(owner[-1]) + 1, 32))[owner] + 0.8 * rng.normal(size=(n, 32)))
+    ids, subjects = np.arange(1, n + 1), [str(s) for s in owner.tolist()]
+    exact = LeaveOneOut.build(ids, subjects, vectors, sample=False).shape().tail
+    monkeypatch.setattr(open_set, "SAMPLE_FROM", 4000)
+    monkeypatch.setattr(open_set, "LISTED", 2000)
+    searched: list[np.ndarray] = []
+    nearest = open_set._nearest
+
+    def recorded(vectors, rows, take):
+        searched.append(np.array(rows))
+        yield from nearest(vectors, rows, take)
+
+    monkeypatch.setattr(open_set, "_nearest", recorded)
+    state = LeaveOneOut.build(ids, subjects, vectors)
+    in_sample = sampled(ids, 1 / 4)
+    assert state.share == 1 / 4 and 1800 < in_sample.sum() < 2200  # 8,000 faces: 2^-2 keeps at least 2,000 of them, about
+    assert np.array_equal(np.sort(ids[np.concatenate(searched)]), ids[in_sample])  # only the sample's lists were searched
+    assert {face for face, *_ in state.nearest_others()} == set(ids[in_sample].tolist())
+    tail = state.shape().tail
+    assert (tail.samples, state.shape().faces) == (in_sample.sum(), n)
+    for q in (1e-2, 1e-3):
+        assert tail.threshold(2 * q) == pytest.approx(exact.threshold(2 * q), abs=0.02)
+
+
+def test_a_sampled_guard_keeps_its_sample_exact_as_faces_come_and_go(monkeypatch):
+    """A face's place in the sample is its id's: added faces join it or not, the lists of the sample
+    stay exact through adds and deletes, a gallery grown past twice its sample drops half of it, and
+    any subject's faces are scored exactly on demand, in the sample or not."""
+    monkeypatch.setattr(open_set, "SAMPLE_FROM", 20)
+    monkeypatch.setattr(open_set, "LISTED", 10)
+    rng = np.random.default_rng(5)
+    n = 240
+    subjects = [f"s{rng.integers(0, 80)}" for _ in range(n)]
+    vectors = unit(rng.normal(size=(n, 12)))
+    ids = np.arange(1, n + 1)
+
+    def check(state, keep):
+        expected = brute_leave_one_out(ids[keep], [s for s, k in zip(subjects, keep, strict=True) if k], vectors[keep])
+        got = {face: score for face, _, _, _, score in state.nearest_others()}
+        assert got.keys() == {f for f in expected if sampled(np.array([f]), state.share)[0]}
+        assert all(got[f] == pytest.approx(expected[f], abs=1e-5) for f in got)
+        unsampled = next(s for s, f, k in zip(subjects, ids, keep, strict=True) if k and f not in got and subjects.count(s) == 1)
+        ((face, own, _, _, score),) = state.nearest_others(subject=unsampled)
+        assert own == unsampled and score == pytest.approx(expected[face], abs=1e-5)
+
+    state = LeaveOneOut.build(ids[:100], subjects[:100], vectors[:100])
+    assert state.share == 1 / 8  # 100 faces: at least 10 of them
+    for chunk in np.array_split(np.arange(100, n), 7):
+        state.add(ids[chunk], [subjects[i] for i in chunk], vectors[chunk])
+    assert state.share == 1 / 16  # 240 faces: half the sample dropped
+    check(state, np.ones(n, bool))
+    gone = rng.choice(ids, 60, replace=False)
+    state.remove(gone)
+    keep = ~np.isin(ids, gone)
+    assert state.share == 1 / 16
+    check(state, keep)
+    rebuilt = LeaveOneOut.build(ids[keep], [s for s, k in zip(subjects, keep, strict=True) if k], vectors[keep])
+    assert rebuilt.share == 1 / 16 and {f: s for f, *_, s in rebuilt.nearest_others()} == pytest.approx(
+        {f: s for f, *_, s in state.nearest_others()}, abs=1e-6
+    )
 
 
 def test_a_roster_counts_subjects_and_faces():

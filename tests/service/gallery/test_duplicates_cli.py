@@ -59,3 +59,13 @@ def test_duplicates_lists_the_pairs_identify_would_confuse(tmp_path, embedder_ma
     listed = {tuple(sorted((p["subject_id"], p["other_subject_id"]))): p["score"] for p in pairs}
     assert listed.keys() == expected.keys() and all(abs(listed[k] - expected[k]) < 1e-5 for k in listed)
     assert [p["score"] for p in pairs] == sorted((p["score"] for p in pairs), reverse=True)
+    for i in (3, 7, 20):  # one subject's pairs: its face's own (the listing above keeps one face per pair, of either side)
+        result = cli_env(cli.app, "gallery", "duplicates", "--json", "--limit", "1000", "--subject", f"p{i}")
+        assert result.exit_code == 0, result.output
+        own = {(p["subject_id"], p["other_subject_id"]): p["score"] for p in map(json.loads, result.stdout.splitlines())}
+        score = margin([cosines[i, j] for j in range(120) if j != i])
+        best = int(np.argmax([cosines[i, j] if j != i else -2 for j in range(120)]))
+        assert own.keys() == ({(f"p{i}", f"p{best}")} if score >= threshold else set()), own
+        assert all(abs(v - score) < 1e-5 for v in own.values())
+    assert len({(p["subject_id"], p["other_subject_id"]) for p in pairs} & {("p3", "p7"), ("p7", "p3")}) == 1
+    assert cli_env(cli.app, "gallery", "duplicates", "--subject", "ghost").exit_code != 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.core import open_set
 from service.gallery import follower, sqlite
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
@@ -69,6 +70,30 @@ def test_the_second_process_maps_what_the_first_built(tmp_path, builds):
             assert found(mapped, seed) == found(alone, seed)
     finally:
         for store in (built, mapped, alone):
+            store.close()
+
+
+def test_a_sampled_guard_is_mapped_with_its_share(tmp_path, builds, monkeypatch):
+    """A guard that lists a sample of the faces (its sizes lowered here) is mapped listing the same
+    sample: the share is saved with it, so a face added later joins the sample in every process alike."""
+    monkeypatch.setattr(open_set, "SAMPLE_FROM", 100)
+    monkeypatch.setattr(open_set, "LISTED", 40)
+    first = SqliteGallery.open(tmp_path, KEY)
+    fill(first)  # 240 faces: a quarter of them listed
+    first.close()
+    built = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    mapped = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    try:
+        assert len(builds) == 2  # first, built: `mapped` built nothing
+        guards = [store.leave_one_out() for store in (built, mapped)]
+        assert [g.share for g in guards if g is not None] == [1 / 4, 1 / 4]
+        assert state(mapped) == state(built)
+        built.create_subject("new", {}, "new")
+        built.add_faces("new", [NewFace(unit(7 + i)) for i in range(8)])  # `mapped` applies them from the log
+        listed = [{face for face, *_ in store.leave_one_out().nearest_others()} for store in (built, mapped)]  # type: ignore[union-attr]
+        assert listed[0] == listed[1] and 40 <= len(listed[0]) < 120
+    finally:
+        for store in (built, mapped):
             store.close()
 
 
