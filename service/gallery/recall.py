@@ -450,14 +450,21 @@ def live_probe(store: GalleryStore, queries: np.ndarray, decisions: list[Decisio
     answer is no match whatever the index finds, its recall does not matter."""
     if not decisions:
         return Probe(np.zeros((0, 0), np.float32), np.zeros(0, np.int64), 0, np.zeros(0, np.float32), live=True)
+    mated, best = passing(store, queries, decisions)
+    kept = queries[mated]
+    return Probe(kept, np.full(len(kept), -1, np.int64), 0, best[mated], live=True, sampled=len(queries))
+
+
+def passing(store: GalleryStore, queries: np.ndarray, decisions: list[Decision]) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each query's exact answer passes its decision (its best subject's score, ranked as
+    /identify ranks them, at or above the threshold), and its exact best similarity."""
     scores, ids = exact_top(store, queries, LIVE_TOP)
     stored = store.lookup_faces(sorted(set(ids[ids >= 0].tolist())))
     mated = np.zeros(len(queries), bool)
     for row, (query, decision) in enumerate(zip(queries, decisions, strict=True)):
         candidates = ranked(query, {int(i): stored[int(i)] for i in ids[row] if int(i) in stored})[: max(decision.candidates_needed, 1)]
         mated[row] = bool(candidates) and float(decision.scores(query, candidates)[0]) >= decision.threshold
-    kept = queries[mated]
-    return Probe(kept, np.full(len(kept), -1, np.int64), 0, scores[mated, 0], live=True, sampled=len(queries))
+    return mated, scores[:, 0]
 
 
 def perturbed(vectors: np.ndarray, rng: np.random.Generator, cosine: float = PERTURBED_COSINE) -> np.ndarray:
