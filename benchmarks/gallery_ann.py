@@ -501,14 +501,18 @@ def main() -> None:
         shape = GalleryShape(len(np.unique(held.who)), args.size)
         decision = decide_search(pipeline.require_embedder().manifest, None, None, None, shape, settings.default_fpir)
         live = LiveQueries(args.live_share, 2 * RECALL_SAMPLE, seed=0)
+        started = time.perf_counter()
         for query in queries:
             live.offer(query, decision)
+        offer_us = (time.perf_counter() - started) / len(queries) * 1e6
+        started = time.perf_counter()
         shadowed = live_probe(held, *live.taken())
+        exact_s = time.perf_counter() - started
         passes = passing(held, queries, [decision] * len(queries))[0]
         print(
             f"live: {shadowed.sampled} of {len(queries)} queries kept (share {args.live_share}), {len(shadowed.queries)} of them mated "
             f"(their exact best passes /identify's decision: {decision.score} >= {decision.threshold}, FPIR {decision.fpir}); "
-            f"{passes.sum()} of all {len(queries)} pass it (R@1 ok)"
+            f"{passes.sum()} of all {len(queries)} pass it (R@1 ok); an offer {offer_us:.1f} µs, the kept ones' exact pass {exact_s:.1f} s"
         )
         print(
             f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "

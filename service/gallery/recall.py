@@ -67,7 +67,10 @@ POLL_SECONDS = 5.0  # how often the thread looks at the index's change count
 # is nearer (cosine 0.99 with dlib-resnet-v1; two LFW photos of one person: 0.95).
 PERTURBED_COSINE = 0.97
 TIE = 1e-5  # float32 dot products of one pair differ in the last bits between FAISS and numpy
-LIVE_INTERVAL = 60.0  # seconds at least between two checks that live queries alone make due: bounded CPU
+LIVE_INTERVAL = 60.0  # seconds at least between two checks that live queries alone make due
+# ... and at least the last check's own seconds / LIVE_DUTY: such checks take a tenth of one core at most
+# (726 live queries' exact pass over 1M faces: 18.6 s on the shared 2-core VM, docs/benchmarks.md)
+LIVE_DUTY = 0.1
 LIVE_TOP = max(4 * (K + 1), CANDIDATES)  # exact faces per live query, to rank the subjects its decision reads (the margin's K next)
 
 
@@ -155,7 +158,8 @@ class RecallCheck:
         `embed` and `template`: the active embedder and its alignment, to embed mirrored chips
         (None: every near copy is a perturbed embedding). `sample` 0 turns the check off. `live`: the
         share of /identify's queries kept (the last 2 × `sample`), 0: none; a check is due once
-        `sample` / 2 more were kept, `live_interval` seconds after the last at the soonest."""
+        `sample` / 2 more were kept, `live_interval` seconds after the last at the soonest, and ten
+        times as long as the last took (LIVE_DUTY)."""
         self.store, self.follow, self.sample, self.every, self.minimum = store, index, sample, every, minimum
         self.embed, self.template, self.poll = embed, template, poll
         self.live, self.live_interval = LiveQueries(live, 2 * sample), live_interval
@@ -215,11 +219,13 @@ class RecallCheck:
 
     def due(self) -> bool:
         """Never checked, the store replaced its index since, enough changes to this one, or enough
-        live queries kept since the last check (and `live_interval` passed)."""
+        live queries kept since the last check (and `live_interval` passed, and the last check's
+        seconds / LIVE_DUTY)."""
         index, changes = self._checked
         now = self.index
         seen, at = self._live_at
-        fresh = self.live.seen - seen >= max(self.sample // 2, 1) and time.monotonic() - at >= self.live_interval
+        wait = max(self.live_interval, (self.last.seconds if self.last else 0.0) / LIVE_DUTY)
+        fresh = self.live.seen - seen >= max(self.sample // 2, 1) and time.monotonic() - at >= wait
         return self.enabled and (now is not index or now is not None and (now.changes - changes >= self.every or fresh))
 
     def run(self) -> RecallResult | None:
