@@ -243,6 +243,24 @@ def test_live_queries_under_the_minimum_widen_where_the_held_out_sample_did_not(
         store.close()
 
 
+def test_the_check_s_thread_takes_up_live_queries_once_enough_were_kept(one_face_each):
+    """Started as the service starts it: the held-out sample at first, the live one once half the
+    sample was kept, with no change to the gallery."""
+    folder, offered = one_face_each
+    store = open_with(folder, "IVF32,Flat")
+    check = RecallCheck(store, lambda: store.index, sample=300, every=10**6, minimum=0.5, live=1.0, poll=0.01, live_interval=0)
+    try:
+        check.start()
+        assert wait_for(lambda: check.last is not None) and check.last is not None and check.last.source == "held-out"
+        for query in offered:
+            check.offer(query, Decision(0.9, None))
+        assert wait_for(lambda: check.last is not None and check.last.source == "live")
+        assert check.last is not None and check.last.live_sampled == len(offered) and check.report()["live_share"] == 1.0
+    finally:
+        check.close()
+        store.close()
+
+
 def test_a_deliberately_bad_ef_search_widened_on_live_queries_answers_them_as_flat_does(one_face_each):
     """An HNSW graph at efSearch 4, a minimum of 1: widened until every live mated query's best face
     is found, each is then answered as the flat index answers it."""
