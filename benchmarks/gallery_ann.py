@@ -22,7 +22,10 @@ Prints the machine, then per index and search parameters (FACEGATE_INDEX_SEARCH_
 facegate's default for that index at that size, printed as resolved): build time, index size (its
 file's; in memory it is the same), restart (read the persisted file), search p50/p99 at concurrency
 1 and 8 (16 candidates from the index + exact re-scoring, as /identify top_k=1 asks), recall@1 and
-recall@10 against the exact search, and mate@1. Run from the checkout after `make test`, with
+recall@10 against the exact search, mate@1, and the service's recall check on the run's gallery: its
+held-out sample (`check`) and its live one (`live`: a seeded share of the queries offered as /identify
+offers them, those whose exact best passes the default decision; beside it `R@1 ok`, R@1 of every
+query whose exact best passes it). Run from the checkout after `make test`, with
 FACEGATE_TEST_DATA and FACEGATE_MODEL_CACHE set as for the tests (docs/benchmarks.md gives every
 command and how long it takes on 2 cores):
 
@@ -48,11 +51,13 @@ import cv2
 import faiss
 import numpy as np
 
+from service.core.decision import decide_search
 from service.core.errors import FacegateError
+from service.core.open_set import GalleryShape
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.gallery.index import CANDIDATES, MAX_TRAIN_PER_LIST, FaissIndex, IndexConfig, read_meta, set_search_threads, train_size
-from service.gallery.recall import Probe, held_out, measured
+from service.gallery.recall import LiveQueries, Probe, held_out, live_probe, measured, passing
 
 PHOTOS = {".jpg", ".jpeg", ".png"}
 RECALL_SAMPLE = Settings.model_fields["index_recall_sample"].default  # the service's recall check, as configured by default
@@ -438,6 +443,9 @@ def main() -> None:
         help="Also build each index without the recall check's held-out faces and search them as new photos (the 'new' column).",
     )
     parser.add_argument(
+        "--live-share", type=float, default=0.5, help="Share of the queries the recall check keeps as live /identify traffic (seeded)."
+    )
+    parser.add_argument(
         "--store", help="Also time a SQLite store's start and restart with this index (factory string), and run the service's recall check."
     )
     parser.add_argument("--store-params", default="", help="The store's search parameters, a|b: a restart and a recall check each.")
@@ -483,14 +491,33 @@ def main() -> None:
         genuine = np.array([t < len(enrolled) and enrolled_who[t] == who for t, who in zip(truth[:, 0], query_who, strict=True)])
         best = np.einsum("qd,qd->q", np.asarray(vectors[truth[:, 0]]), queries)  # the exact top-1 similarity
         print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
-        print(
-            f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
-            f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6} {'check':>6}" + (f" {'new':>6}" if args.check_truth else "")
-        )
         # The service's recall check (service/gallery/recall.py) on this gallery, beside R@1: its held-out
-        # queries (enrolled faces of people with another, each left out) and their exact answer, drawn per index.
+        # queries (enrolled faces of people with another, each left out) and their exact answer, drawn per index;
+        # and its live ones: a seeded share of the queries, kept as /identify keeps them, those whose exact best passes the decision.
         held = ArrayGallery(
             vectors, np.concatenate([np.unique(enrolled_who, return_inverse=True)[1], np.arange(len(enrolled), args.size) + len(enrolled)])
+        )
+        # /identify's default decision for this gallery (FACEGATE_DEFAULT_FPIR; no open-set guard's tail)
+        shape = GalleryShape(len(np.unique(held.who)), args.size)
+        decision = decide_search(pipeline.require_embedder().manifest, None, None, None, shape, settings.default_fpir)
+        live = LiveQueries(args.live_share, 2 * RECALL_SAMPLE, seed=0)
+        started = time.perf_counter()
+        for query in queries:
+            live.offer(query, decision)
+        offer_us = (time.perf_counter() - started) / len(queries) * 1e6
+        started = time.perf_counter()
+        shadowed = live_probe(held, *live.taken())
+        exact_s = time.perf_counter() - started
+        passes = passing(held, queries, [decision] * len(queries))[0]
+        print(
+            f"live: {shadowed.sampled} of {len(queries)} queries kept (share {args.live_share}), {len(shadowed.queries)} of them mated "
+            f"(their exact best passes /identify's decision: {decision.score} >= {decision.threshold}, FPIR {decision.fpir}); "
+            f"{passes.sum()} of all {len(queries)} pass it (R@1 ok); an offer {offer_us:.1f} µs, the kept ones' exact pass {exact_s:.1f} s"
+        )
+        print(
+            f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
+            f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6} {'R@1 ok':>6} {'live':>6} {'check':>6}"
+            + (f" {'new':>6}" if args.check_truth else "")
         )
         params = args.params + [""] * (len(args.indexes) - len(args.params))
         for spec, param in zip(args.indexes, params, strict=True):
@@ -524,6 +551,7 @@ def main() -> None:
                     probe = held_out(held, index, RECALL_SAMPLE, seed=0)
                     truth_of = new_photos_found(spec, vectors, probe) if args.check_truth else None
                 check = measured(held, index, probe, time.monotonic())
+                shadow = f"{measured(held, index, shadowed).recall_at_1:>6.3f}" if len(shadowed.queries) else f"{'-':>6}"
                 new = f" {truth_of(index.search_params):>6.3f}" if truth_of else ""
                 c1 = latencies(index, vectors, queries, 1) if not args.recall_only else np.full(1, np.nan)
                 c8 = latencies(index, vectors, np.tile(queries, (2, 1)), 8) if not args.recall_only else np.full(1, np.nan)
@@ -531,7 +559,8 @@ def main() -> None:
                     f"{spec:<16} {index.search_params or '-':<14} {build_s:>8.1f} {ram:>8.0f} {load_s:>7.2f} "
                     f"{np.percentile(c1, 50):>7.2f} {np.percentile(c1, 99):>7.2f} "
                     f"{np.percentile(c8, 50):>7.2f} {np.percentile(c8, 99):>7.2f} "
-                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f} {check.recall_at_1:>6.3f}{new}"
+                    f"{hit.mean():>6.3f} {r10:>6.3f} {hit[genuine].mean():>6.3f} {hit[passes].mean():>6.3f} {shadow} "
+                    f"{check.recall_at_1:>6.3f}{new}"
                     + (" (HNSW: face hidden {:.3f}, kept {:.3f})".format(*check.mated_bounds) if check.mated_bounds else ""),
                     flush=True,
                 )

@@ -15,6 +15,7 @@ from fastapi.dependencies.models import Dependant
 
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
+from service.core.decision import Decision
 from service.core.errors import GalleryLoading, InvalidParameters, SubjectNotFound
 from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet
@@ -80,10 +81,14 @@ class Service:
         assert self.engine is not None and self.models.embedder is not None
         return Ready(self.engine, self.models.embedder.manifest)
 
-    def search(self, embedding: np.ndarray, top_k: int) -> list[Candidate]:
-        """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds."""
+    def search(self, embedding: np.ndarray, top_k: int, decision: Decision | None = None) -> list[Candidate]:
+        """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds. With
+        the identification's `decision`, the face is offered to the recall check's live sample."""
         with self.metrics.gallery_search.time():
-            return self.gallery.search(embedding, top_k)
+            found = self.gallery.search(embedding, top_k)
+        if decision is not None:
+            self.recall.offer(embedding, decision)  # a seeded share, searched again exactly on the check's thread
+        return found
 
 
 def _scoped(request: Request) -> AbstractContextManager[Service]:

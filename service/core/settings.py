@@ -212,6 +212,16 @@ class Settings(BaseSettings):
             "near copies where too few); 0 = no check."
         ),
     )
+    index_recall_live: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Share of /identify's query embeddings the recall check keeps (in memory, the last 2 x the sample) and searches "
+            "again exactly on its own thread; those whose exact best passes their decision are its sample once there are "
+            "half the sample of them; 0 = the held-out sample only."
+        ),
+    )
     index_recall_every: int = Field(
         10_000, ge=1, description="Faces added or removed between two recall checks of the index (one also runs at start-up)."
     )

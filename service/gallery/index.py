@@ -720,14 +720,20 @@ def best_subjects(
     while True:
         size = index.size
         _, ids = index.search(query[None], min(k, size))
-        found = faces(list(dict.fromkeys(int(i) for i in ids[0] if i >= 0)))
-        scored = sorted(
-            ((float(np.dot(v, query)), face_id, owner, name) for face_id, (owner, name, v) in found.items()), key=lambda t: (-t[0], t[1])
-        )
-        best: dict[str, Candidate] = {}
-        for score, face_id, owner, name in scored:
-            if owner not in best:
-                best[owner] = Candidate(owner, name, score, face_id, found[face_id][2])
+        best = ranked(query, faces(list(dict.fromkeys(int(i) for i in ids[0] if i >= 0))))
         if len(best) >= top_k or k >= size:
-            return list(best.values())[:top_k]
+            return best[:top_k]
         k *= 4
+
+
+def ranked(query: np.ndarray, found: dict[int, tuple[str, str, np.ndarray]]) -> list[Candidate]:
+    """Each subject once, by its best face among `found` (face id: subject id, name, stored embedding),
+    scored against `query` from the stored embedding, best first (a tie: the lower face id)."""
+    scored = sorted(
+        ((float(np.dot(v, query)), face_id, owner, name) for face_id, (owner, name, v) in found.items()), key=lambda t: (-t[0], t[1])
+    )
+    best: dict[str, Candidate] = {}
+    for score, face_id, owner, name in scored:
+        if owner not in best:
+            best[owner] = Candidate(owner, name, score, face_id, found[face_id][2])
+    return list(best.values())

@@ -15,6 +15,16 @@ the gallery has too few such faces, near copies make up the sample: a face's sto
 and embedded again where chips are kept, else its embedding moved slightly along the directions in
 which faces differ.
 
+That synthetic sample only stands in for what the goal names, /identify's own mated searches: an
+HNSW graph still holds a left-out face's links (it under-reported by 0.03 at small efSearch), and
+the gallery's people are not its callers'. So the check also shadows live traffic: a seeded share
+(FACEGATE_INDEX_RECALL_LIVE) of /identify's query embeddings, with the decision each was made with,
+is kept in a bounded window (`LiveQueries`: `offer` is a draw and an append, nothing else on the
+request path), and each check searches them again, exactly and through the index, on its own
+thread. Those whose exact best passes their decision (mated: a face /identify should have matched)
+are the sample once there are FACEGATE_INDEX_RECALL_SAMPLE / 2 of them: recall@1 of new photos
+itself, its only error the sampling. /readyz says which sample it is (`source`: live or held-out).
+
 Under FACEGATE_MIN_INDEX_RECALL the check widens the search (twice the efSearch or nprobe, measured
 again on the same queries) until the minimum is met; where it cannot, the index's searches are
 answered from an exact flat copy of the faces until a later check meets it. Both are logged and
@@ -31,6 +41,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -38,10 +49,12 @@ from typing import Any
 import faiss
 import numpy as np
 
+from service.core.decision import Decision
 from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
+from service.core.open_set import K
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, held_back
+from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, held_back, ranked
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -54,6 +67,11 @@ POLL_SECONDS = 5.0  # how often the thread looks at the index's change count
 # is nearer (cosine 0.99 with dlib-resnet-v1; two LFW photos of one person: 0.95).
 PERTURBED_COSINE = 0.97
 TIE = 1e-5  # float32 dot products of one pair differ in the last bits between FAISS and numpy
+LIVE_INTERVAL = 60.0  # seconds at least between two checks that live queries alone make due
+# ... and at least the last check's own seconds / LIVE_DUTY: such checks take a tenth of one core at most
+# (726 live queries' exact pass over 1M faces: 18.6 s on the shared 2-core VM, docs/benchmarks.md)
+LIVE_DUTY = 0.1
+LIVE_TOP = max(4 * (K + 1), CANDIDATES)  # exact faces per live query, to rank the subjects its decision reads (the margin's K next)
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,8 @@ class Probe:
     left_out: np.ndarray  # the face each query is (searched with it left out); -1 for a near copy
     mirrored: int  # near copies made from a stored chip; the other near copies are perturbed embeddings
     best: np.ndarray  # the exact best similarity over the store, the left-out face excluded
+    live: bool = False  # /identify's own queries whose exact best passed their decision (left_out all -1)
+    sampled: int = 0  # live queries kept, the mated and the others
 
     @property
     def mated(self) -> int:
@@ -85,6 +105,37 @@ class RecallResult:
     answers: str  # "index", or "exact": searches answered from a flat copy (the minimum unmet at the widest search)
     checked_at: float  # time.time()
     seconds: float
+    source: str = "held-out"  # the sample: "live" (/identify's mated queries, searched again) or "held-out" (the gallery's own faces)
+    live_sampled: int = 0  # live queries kept when checked (the mated among them are the sample where source is live)
+
+
+class LiveQueries:
+    """A seeded share of /identify's query embeddings and the decision each was searched for, the
+    last `window` kept for the check to search again (never written anywhere: memory only)."""
+
+    def __init__(self, share: float, window: int, seed: int = 0):
+        self.share, self.window = share, window
+        self.seen = 0  # kept since start
+        self._rng = np.random.default_rng(seed)
+        self._kept: deque[tuple[np.ndarray, Decision]] = deque(maxlen=max(window, 1))
+        self._lock = threading.Lock()
+
+    def offer(self, embedding: np.ndarray, decision: Decision) -> None:
+        """On the request's path: a draw, and a copy of 4 × dim bytes appended when drawn."""
+        if self.share <= 0 or self.window <= 0:
+            return
+        with self._lock:
+            if self._rng.random() < self.share:
+                self._kept.append((np.array(embedding, np.float32).reshape(-1), decision))
+                self.seen += 1
+
+    def taken(self) -> tuple[np.ndarray, list[Decision]]:
+        """The queries kept now and their decisions."""
+        with self._lock:
+            kept = list(self._kept)
+        if not kept:
+            return np.zeros((0, 0), np.float32), []
+        return np.stack([q for q, _ in kept]), [d for _, d in kept]
 
 
 class RecallCheck:
@@ -100,12 +151,19 @@ class RecallCheck:
         embed: Callable[[np.ndarray], np.ndarray] | None = None,
         template: str | None = None,
         poll: float = POLL_SECONDS,
+        live: float = 0.0,
+        live_interval: float = LIVE_INTERVAL,
     ):
         """`index`: the store's index now (a store replaces it when it rebuilds; the check follows).
         `embed` and `template`: the active embedder and its alignment, to embed mirrored chips
-        (None: every near copy is a perturbed embedding). `sample` 0 turns the check off."""
+        (None: every near copy is a perturbed embedding). `sample` 0 turns the check off. `live`: the
+        share of /identify's queries kept (the last 2 × `sample`), 0: none; a check is due once
+        `sample` / 2 more were kept, `live_interval` seconds after the last at the soonest, and ten
+        times as long as the last took (LIVE_DUTY)."""
         self.store, self.follow, self.sample, self.every, self.minimum = store, index, sample, every, minimum
         self.embed, self.template, self.poll = embed, template, poll
+        self.live, self.live_interval = LiveQueries(live, 2 * sample), live_interval
+        self._live_at = (0, -math.inf)  # live queries kept, and time.monotonic(), at the last check
         self.last: RecallResult | None = None
         self.error: str | None = None
         self.running = False
@@ -126,7 +184,13 @@ class RecallCheck:
             settings.min_index_recall,
             embedder.embed if embedder else None,
             embedder.manifest.alignment if embedder else None,
+            live=settings.index_recall_live,
         )
+
+    def offer(self, embedding: np.ndarray, decision: Decision) -> None:
+        """An /identify query and its decision, kept or not by the seeded draw (the request's path)."""
+        if self.enabled:
+            self.live.offer(embedding, decision)
 
     @property
     def index(self) -> VectorIndex | None:
@@ -154,10 +218,15 @@ class RecallCheck:
                 return
 
     def due(self) -> bool:
-        """Never checked, the store replaced its index since, or enough changes to this one."""
+        """Never checked, the store replaced its index since, enough changes to this one, or enough
+        live queries kept since the last check (and `live_interval` passed, and the last check's
+        seconds / LIVE_DUTY)."""
         index, changes = self._checked
         now = self.index
-        return self.enabled and (now is not index or now is not None and now.changes - changes >= self.every)
+        seen, at = self._live_at
+        wait = max(self.live_interval, (self.last.seconds if self.last else 0.0) / LIVE_DUTY)
+        fresh = self.live.seen - seen >= max(self.sample // 2, 1) and time.monotonic() - at >= wait
+        return self.enabled and (now is not index or now is not None and (now.changes - changes >= self.every or fresh))
 
     def run(self) -> RecallResult | None:
         """One check now, on the calling thread (the daemon's, or a test's); None when it failed (logged)."""
@@ -170,7 +239,10 @@ class RecallCheck:
             if (params := index.tune()) is not None:  # the gallery grew or shrank: the default for its size
                 log.info("gallery index: search parameters now %s (facegate's default for %d faces)", params, index.size)
             started = time.monotonic()
-            probe = held_out(self.store, index, self.sample, self.embed, self.template)
+            self._live_at = (self.live.seen, started)
+            probe = live_probe(self.store, *self.live.taken())
+            if len(probe.queries) < max(self.sample // 2, 1):  # too few live mated queries yet: the gallery's own faces stand in
+                probe = replace(held_out(self.store, index, self.sample, self.embed, self.template), sampled=probe.sampled)
             result = measured(self.store, index, probe, started)
             if result.recall_at_1 < self.minimum:
                 result = self._raise_recall(index, probe, result, started)
@@ -239,7 +311,7 @@ class RecallCheck:
             return {"recall_at_1": 1.0, "exact": True}
         if self.sample <= 0:
             return {"recall_at_1": None, "disabled": "FACEGATE_INDEX_RECALL_SAMPLE=0"}
-        out: dict[str, Any] = {"minimum": self.minimum, "running": self.running, "every_changes": self.every}
+        out: dict[str, Any] = {"minimum": self.minimum, "running": self.running, "every_changes": self.every, "live_share": self.live.share}
         out |= asdict(self.last) if self.last else {"recall_at_1": None}
         if self.error:
             out["error"] = self.error
@@ -271,8 +343,9 @@ class RecallCheck:
                 "model": "gallery index",
                 "name": self.last.index,
                 "error": (
-                    f"recall@1 {self.last.recall_at_1:.3f} with search parameters {self.last.search_params or 'none'} (widened as "
-                    f"far as they go), under FACEGATE_MIN_INDEX_RECALL={self.minimum}: {answered}"
+                    f"recall@1 {self.last.recall_at_1:.3f} ({self.last.source} queries) with search parameters "
+                    f"{self.last.search_params or 'none'} (widened as far as they go), "
+                    f"under FACEGATE_MIN_INDEX_RECALL={self.minimum}: {answered}"
                 ),
                 "fix": (
                     f"an index with finer codes or more links (the widest {kind} did not reach it), a lower FACEGATE_MIN_INDEX_RECALL, "
@@ -347,6 +420,8 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
     answers; both are kept (docs/benchmarks.md)."""
     started = time.monotonic() if started is None else started
     mated = probe.left_out >= 0
+    if not len(probe.queries):
+        raise ValueError("no query to search")
     found = index_best(store, index, probe.queries, probe.left_out)
     assert found is not None  # not hidden: every index answers
     hit = found >= probe.best - TIE
@@ -360,7 +435,7 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
         recall_at_1=float(hit.mean()),
         mated=float(hit[mated].mean()) if mated.any() else None,
         mated_bounds=bounds,
-        near_copies=float(hit[~mated].mean()) if (~mated).any() else None,
+        near_copies=float(hit[~mated].mean()) if (~mated).any() and not probe.live else None,
         queries=len(hit),
         mated_queries=int(mated.sum()),
         mirrored=probe.mirrored,
@@ -370,7 +445,32 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
         answers="exact" if index.answers_exactly else "index",
         checked_at=time.time(),
         seconds=round(time.monotonic() - started, 3),
+        source="live" if probe.live else "held-out",
+        live_sampled=probe.sampled,
     )
+
+
+def live_probe(store: GalleryStore, queries: np.ndarray, decisions: list[Decision]) -> Probe:
+    """The live queries whose exact best passes the decision they were searched for (mated: the
+    match /identify owed them), with that best; the others (strangers) are left out: where the
+    answer is no match whatever the index finds, its recall does not matter."""
+    if not decisions:
+        return Probe(np.zeros((0, 0), np.float32), np.zeros(0, np.int64), 0, np.zeros(0, np.float32), live=True)
+    mated, best = passing(store, queries, decisions)
+    kept = queries[mated]
+    return Probe(kept, np.full(len(kept), -1, np.int64), 0, best[mated], live=True, sampled=len(queries))
+
+
+def passing(store: GalleryStore, queries: np.ndarray, decisions: list[Decision]) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each query's exact answer passes its decision (its best subject's score, ranked as
+    /identify ranks them, at or above the threshold), and its exact best similarity."""
+    scores, ids = exact_top(store, queries, LIVE_TOP)
+    stored = store.lookup_faces(sorted(set(ids[ids >= 0].tolist())))
+    mated = np.zeros(len(queries), bool)
+    for row, (query, decision) in enumerate(zip(queries, decisions, strict=True)):
+        candidates = ranked(query, {int(i): stored[int(i)] for i in ids[row] if int(i) in stored})[: max(decision.candidates_needed, 1)]
+        mated[row] = bool(candidates) and float(decision.scores(query, candidates)[0]) >= decision.threshold
+    return mated, scores[:, 0]
 
 
 def perturbed(vectors: np.ndarray, rng: np.random.Generator, cosine: float = PERTURBED_COSINE) -> np.ndarray:
@@ -400,14 +500,27 @@ def pages(store: GalleryStore) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 def exact_best(store: GalleryStore, queries: np.ndarray, left_out: np.ndarray | None = None) -> np.ndarray:
     """Each query's highest similarity over every face the store holds for the active embedder but
-    the one it leaves out, a page at a time (FAISS's brute-force search: one thread, the GIL released)."""
+    the one it leaves out."""
+    return exact_top(store, queries, 1, left_out)[0][:, 0]
+
+
+def exact_top(store: GalleryStore, queries: np.ndarray, k: int, left_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's k most similar faces of the store's (the active embedder's) but the one it leaves
+    out, best first: scores and ids (−inf and −1 past the faces there are), a page at a time (FAISS's
+    brute-force search: one thread, the GIL released)."""
     left_out = np.full(len(queries), -1, np.int64) if left_out is None else left_out
-    best = np.full(len(queries), -np.inf, np.float32)
+    best = np.full((len(queries), k), -np.inf, np.float32)
+    best_ids = np.full((len(queries), k), -1, np.int64)
     for ids, vectors in pages(store):
-        scores, places = faiss.knn(queries, np.ascontiguousarray(vectors, np.float32), min(2, len(ids)), metric=faiss.METRIC_INNER_PRODUCT)
-        scores[ids[places] == left_out[:, None]] = -np.inf
-        best = np.maximum(best, scores.max(1))
-    return best
+        scores, places = faiss.knn(
+            queries, np.ascontiguousarray(vectors, np.float32), min(k + 1, len(ids)), metric=faiss.METRIC_INNER_PRODUCT
+        )
+        found = np.where(places >= 0, ids[np.maximum(places, 0)], -1)
+        scores[(found == left_out[:, None]) | (found < 0)] = -np.inf
+        scores, found = np.concatenate([best, scores], 1), np.concatenate([best_ids, found], 1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        best, best_ids = np.take_along_axis(scores, order, 1), np.take_along_axis(found, order, 1)
+    return best, np.where(np.isfinite(best), best_ids, -1)
 
 
 def index_best(

@@ -1,6 +1,6 @@
 """/identify, /readyz and /metrics on a gallery searched by an approximate FAISS index
 (FACEGATE_INDEX): the same answers as the exact index, the index named with its parameters and size,
-search latency measured. Test embedder, real detector on LFW images."""
+search latency measured, each query kept for the recall check. Test embedder, real detector on LFW images."""
 
 from __future__ import annotations
 
@@ -14,13 +14,21 @@ def test_identify_on_hnsw_answers_as_the_flat_index_does(api_settings, make_clie
     answers = {}
     for spec in ("Flat", "HNSW16"):
         settings = api_settings.model_copy(
-            update={"index": spec, "index_search_params": "efSearch=32" if spec != "Flat" else "", "data_dir": api_settings.data_dir / spec}
+            update={
+                "index": spec,
+                "index_search_params": "efSearch=32" if spec != "Flat" else "",
+                "data_dir": api_settings.data_dir / spec,
+                "index_recall_live": 1.0,
+            }
         )
         api = make_client(settings)
         for name in PEOPLE:
             assert api.post("/subjects", json={"id": name, "name": name}).status_code == 201
             assert api.post(f"/subjects/{name}/faces", files={"image": lfw_faces[name][0]}).status_code == 201
         found = [api.post("/identify", files={"image": lfw_faces[name][1]}).json() for name in PEOPLE]
+        # each query is kept for the recall check with the decision it was answered with (an exact index keeps none)
+        queries, decisions = api.app.state.service.recall.live.taken()
+        assert len(decisions) == (0 if spec == "Flat" else 3) and all(d.threshold == found[0]["threshold"] for d in decisions)
         answers[spec] = [
             [(c["subject_id"], round(c["similarity"], 5)) for c in f["candidates"]] + [f["match"] and f["match"]["subject_id"]]
             for f in found

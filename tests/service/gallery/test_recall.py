@@ -4,7 +4,8 @@ face embeddings are: same-person cosine about 0.95, others about 0.84, dlib-resn
 the defaults reach TARGET_RECALL, the check reports what new photos of enrolled people find,
 deliberately bad parameters are widened, answers come from an exact search where widening cannot
 help, the check follows a rebuilt index, an exact index is not sampled, mirrored chips are embedded
-where chips are kept, and the check never holds the store while it waits."""
+where chips are kept, and the check never holds the store while it waits; with /identify's own
+queries kept (live), their figure replaces the held-out one and widens, or answers exactly, as it does."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import numpy as np
 import pytest
 
 from service.core.alignment import template_chip
+from service.core.decision import Decision
 from service.core.models.manifest import EmbedderKey
 from service.gallery.index import TARGET_RECALL, FaissIndex, IndexConfig, set_search_threads
 from service.gallery.interface import NewFace
-from service.gallery.recall import PERTURBED_COSINE, TIE, RecallCheck, exact_best, held_out, index_best, measured, perturbed
+from service.gallery.recall import PERTURBED_COSINE, TIE, LiveQueries, RecallCheck, exact_best, held_out, index_best, measured, perturbed
 from service.gallery.sqlite import SqliteGallery
 
 KEY = EmbedderKey("model-a", "a" * 64, 128)
@@ -202,6 +204,121 @@ def test_below_the_minimum_at_the_widest_answers_are_the_flat_index_s(tmp_path):
     finally:
         store.close()
         flat.close()
+
+
+@pytest.fixture(scope="module")
+def one_face_each(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """1,450 people enrolled with one face each (IVF32 trains on 39 a list, 7 of 8 faces: index.py's
+    HELD_BACK), same-person cosine about 0.9; the queries /identify gets: a new photo of each of the
+    first 400, then 200 strangers'."""
+    folder = tmp_path_factory.mktemp("one-face-each")
+    people = clustered(1650, 2, seed=3, spread=0.3).reshape(1650, 2, -1)
+    enroll(folder, people[:1450, :1])
+    return folder, np.concatenate([people[:400, 1], people[1450:, 1]])
+
+
+def test_live_queries_under_the_minimum_widen_where_the_held_out_sample_did_not(one_face_each):
+    """At FAISS's nprobe 1 the held-out sample (near copies) reports 0.7, over the minimum; once
+    enough live queries were kept, the check searches them again, counts those whose exact best
+    passes their decision (strangers' do not), and reports what they find, which is under it: the
+    search is widened until they are found at the minimum, and the figure is their recall@1."""
+    folder, offered = one_face_each
+    store = open_with(folder, "IVF32,Flat", "nprobe=1")
+    check = RecallCheck(store, lambda: store.index, sample=300, every=10**6, minimum=0.6, live=1.0, live_interval=0)
+    try:
+        held = check.run()
+        assert held is not None and held.source == "held-out" and held.recall_at_1 >= 0.6 and store.index.search_params == "nprobe=1"
+        decision = Decision(0.9, None)
+        for query in offered:
+            check.offer(query, decision)
+        mated = offered[exact_best(store, offered) >= decision.threshold]
+        assert 150 <= len(mated) < 400 and found_share(store, mated) < 0.6
+        assert wait_for(check.due)  # ten times as long as the last check took (recall.py: LIVE_DUTY)
+        result = check.run()
+        assert result is not None and result.source == "live" and result.live_sampled == 600 and result.queries == len(mated)
+        assert store.index.widened_from == "nprobe=1" and result.search_params == store.index.search_params
+        assert result.recall_at_1 == pytest.approx(found_share(store, mated)) and result.recall_at_1 >= 0.6
+        assert check.report()["source"] == "live" and not check.due()
+    finally:
+        store.close()
+
+
+def test_the_check_s_thread_takes_up_live_queries_once_enough_were_kept(one_face_each):
+    """Started as the service starts it: the held-out sample at first, the live one once half the
+    sample was kept, with no change to the gallery."""
+    folder, offered = one_face_each
+    store = open_with(folder, "IVF32,Flat")
+    check = RecallCheck(store, lambda: store.index, sample=300, every=10**6, minimum=0.5, live=1.0, poll=0.01, live_interval=0)
+    try:
+        check.start()
+        assert wait_for(lambda: check.last is not None) and check.last is not None and check.last.source == "held-out"
+        for query in offered:
+            check.offer(query, Decision(0.9, None))
+        assert wait_for(lambda: check.last is not None and check.last.source == "live")
+        assert check.last is not None and check.last.live_sampled == len(offered) and check.report()["live_share"] == 1.0
+    finally:
+        check.close()
+        store.close()
+
+
+def test_a_deliberately_bad_ef_search_widened_on_live_queries_answers_them_as_flat_does(one_face_each):
+    """An HNSW graph at efSearch 4, a minimum of 1: widened until every live mated query's best face
+    is found, each is then answered as the flat index answers it."""
+    folder, offered = one_face_each
+    store, flat = open_with(folder, "HNSW32", "efSearch=4"), open_with(folder, "Flat")
+    check = RecallCheck(store, lambda: store.index, sample=300, every=10**6, minimum=1.0, live=1.0)
+    try:
+        for query in offered:
+            check.offer(query, Decision(0.9, None))
+        mated = offered[exact_best(store, offered) >= 0.9]
+        answers = lambda g: [[(c.subject_id, round(c.similarity, 5)) for c in g.search(q, 1)] for q in mated]  # noqa: E731
+        assert answers(store) != answers(flat)
+        result = check.run()
+        assert result is not None and result.source == "live" and result.recall_at_1 == 1.0 and store.index.widened_from == "efSearch=4"
+        assert answers(store) == answers(flat)
+    finally:
+        store.close()
+        flat.close()
+
+
+def test_live_queries_under_the_minimum_at_the_widest_get_the_flat_index_s_answers(tmp_path):
+    """Codes too coarse for any nprobe (PQ4x4), measured on live queries: answered from the exact copy, as Flat answers."""
+    faces = clustered(200, 6, seed=5).reshape(200, 6, -1)
+    enroll(tmp_path, faces[:, :5])
+    store, flat = open_with(tmp_path, "IVF16,PQ4x4", "nprobe=1"), open_with(tmp_path, "Flat")
+    check = RecallCheck(store, lambda: store.index, sample=200, every=1000, minimum=0.97, live=1.0)
+    try:
+        for query in faces[:, 5]:
+            check.offer(query, Decision(0.5, None))
+        answers = lambda g: [[(c.subject_id, c.face_id, round(c.similarity, 5)) for c in g.search(q, 3)] for q in faces[:, 5]]  # noqa: E731
+        assert answers(store) != answers(flat)
+        result = check.run()
+        assert result is not None and result.source == "live" and result.queries == 200 and result.answers == "exact"
+        assert answers(store) == answers(flat)
+    finally:
+        store.close()
+        flat.close()
+
+
+def test_live_queries_are_a_seeded_share_in_a_bounded_window():
+    """What /identify's path pays: a draw, and the query kept when drawn; the oldest go first."""
+    live, decision = LiveQueries(0.25, 100, seed=0), Decision(0.5, None)
+    queries = clustered(1000, 1)
+    for query in queries:
+        live.offer(query, decision)
+    kept, decisions = live.taken()
+    assert 200 <= live.seen <= 300 and len(kept) == len(decisions) == 100 and decisions[0] is decision
+    again = LiveQueries(0.25, 100, seed=0)
+    for query in queries:
+        again.offer(query, decision)
+    assert np.array_equal(again.taken()[0], kept)
+    later = clustered(1000, 1, seed=1)
+    for query in later:
+        live.offer(query, decision)
+    assert np.isin(live.taken()[0][:, 0], later[:, 0]).all()  # the window holds the last ones
+    off = LiveQueries(0.0, 100)
+    off.offer(queries[0], decision)
+    assert off.seen == 0 and len(off.taken()[1]) == 0
 
 
 def test_the_check_follows_a_rebuilt_index(gallery_dir):
