@@ -14,10 +14,11 @@ from fastapi.dependencies.models import Dependant
 from service.api.auth import ApiKeys
 from service.api.schemas import SUBJECT_ID_PATTERN
 from service.core.errors import InvalidParameters, SubjectNotFound
-from service.core.models.manifest import Manifest
+from service.core.models.manifest import Manifest, Template
 from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
 from service.engine import Engine
+from service.gallery import templates
 from service.gallery.collections import COLLECTION, DEFAULT, Collections
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.recall import RecallCheck
@@ -74,10 +75,11 @@ class Service:
         assert self.engine is not None and self.models.embedder is not None
         return Ready(self.engine, self.models.embedder.manifest)
 
-    def search(self, embedding: np.ndarray, top_k: int) -> list[Candidate]:
-        """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds."""
+    def search(self, embedding: np.ndarray, top_k: int, template: Template = "best_face") -> list[Candidate]:
+        """The gallery's top_k subjects for one face, against their best faces or (a decision on the
+        mean's rows) their means, timed into facegate_gallery_search_seconds."""
         with self.metrics.gallery_search.time():
-            return self.gallery.search(embedding, top_k)
+            return templates.search(self.gallery, embedding, top_k, template)
 
 
 def get_service(request: Request) -> Service:

@@ -245,7 +245,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     decision = await run_in_threadpool(_search_decision, service)
     found = []
     for face in await _found(service, body.images["file"], request, timings):
-        candidates = await run_in_threadpool(service.search, face.embedding, max(count, decision.candidates_needed))
+        candidates = await run_in_threadpool(service.search, face.embedding, max(count, decision.candidates_needed), decision.template)
         found.append((face, candidates, _similarities(service, decision, face.embedding, candidates)))
     names = await run_in_threadpool(subjects.labels, service.gallery, [c.subject_id for _, candidates, _ in found for c in candidates])
     result = []
@@ -546,7 +546,7 @@ def _recognized(service: Service, received: list[list[float]], count: int) -> JS
     decision = _search_decision(service)
     found = []
     for row in rows:
-        candidates = service.search(row, max(count, decision.candidates_needed))
+        candidates = service.search(row, max(count, decision.candidates_needed), decision.template)
         found.append((candidates, _similarities(service, decision, row, candidates)))
     names = subjects.labels(service.gallery, [c.subject_id for candidates, _ in found for c in candidates])
     result = []

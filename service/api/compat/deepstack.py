@@ -157,7 +157,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     decision = decide_search(manifest, None, None, None, gallery, fpir, service.models.cohort)
     found = []
     for face in await _faces(service, data):
-        best = await run_in_threadpool(service.search, face.embedding, decision.candidates_needed)
+        best = await run_in_threadpool(service.search, face.embedding, decision.candidates_needed, decision.template)
         score = float(decision.scores(face.embedding, best)[0]) if best else -math.inf  # what the decision holds
         confidence = search_similarity(decision, manifest, score, best[0].similarity, fpir) if best else 0.0
         known = score >= decision.threshold and (floor is None or confidence >= floor)

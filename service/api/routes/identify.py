@@ -50,7 +50,9 @@ async def identify(request: Request, service: ServiceDep) -> IdentifyResponse:
         )
     results = []
     for face in found:
-        candidates = await run_in_threadpool(service.search, face.embedding, max(options.top_k, decision.candidates_needed))
+        candidates = await run_in_threadpool(
+            service.search, face.embedding, max(options.top_k, decision.candidates_needed), decision.template
+        )
         scores = decision.scores(face.embedding, candidates)
         ranked = [CandidateOut.of(c, float(score)) for c, score in zip(candidates[: options.top_k], scores, strict=False)]
         match = ranked[0] if candidates and scores[0] >= decision.threshold else None
