@@ -155,13 +155,22 @@ class ModelsResponse(BaseModel):
 
 class VerifyResponse(BaseModel):
     match: bool
-    similarity: float = Field(description="Cosine similarity; against a subject, the max over its enrolled faces.", examples=[0.71])
+    similarity: float = Field(
+        description="Cosine similarity; against a subject, with the mean of its enrolled faces (`template` mean) or the max over them.",
+        examples=[0.71],
+    )
     threshold: float = Field(description="The cosine `similarity` must reach to match.", examples=[0.42])
     far: str | None = Field(description="The FAR the threshold stands for; null for an explicit threshold.", examples=["1e-3"])
     subject_faces: int | None = Field(
         None,
-        description="Against a subject: its enrolled faces. With more than one, each is held to the per-comparison FAR that keeps "
-        "the subject at `far` (1 − (1 − far)^(1/k)), so `threshold` is above the model's threshold for `far`.",
+        description="Against a subject: its enrolled faces. With more than one, the mean of them is held to the model's cosine rows "
+        "for one subject of k faces at `far` (`template` mean), or, without rows for the mean, each face is held to the per-comparison "
+        "FAR that keeps the subject at `far` (1 − (1 − far)^(1/k)): either way `threshold` is above the model's threshold for `far`.",
+    )
+    template: Template | None = Field(
+        None,
+        description="Against a subject: what `similarity` is against, its faces' mean (`mean`) or its best face (`best_face`); "
+        "null for two images.",
     )
     faces: list[FaceOut | None] = Field(
         description="The face used from each image (null for an aligned upload); one entry when verifying against a subject."

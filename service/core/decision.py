@@ -43,6 +43,7 @@ from service.core.open_set import (
     margin_rate,
     margin_threshold,
     mean_template,
+    on_cosine,
     rate_knots,
 )
 
@@ -57,6 +58,12 @@ class Candidate:
     face_id: int
     embedding: np.ndarray = field(repr=False, compare=False)  # the face's, for a cohort-normalized decision
     template: Template = "best_face"  # what `similarity` is against: the subject's best face (face_id), or its faces' mean
+    best_face: float | None = None  # with the mean, its best face's cosine still: the compatibility similarity's floor reads it
+
+    @property
+    def face_similarity(self) -> float:
+        """The cosine with the subject's best face, whatever its template."""
+        return self.similarity if self.best_face is None else self.best_face
 
 
 def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[[str], np.ndarray]) -> list[Candidate]:
@@ -68,7 +75,8 @@ def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[
     for candidate in candidates:
         faces = faces_of(candidate.subject_id)
         if len(faces):
-            scored.append(replace(candidate, similarity=float(mean_template(faces) @ probe), template="mean"))
+            mean = float(mean_template(faces) @ probe)
+            scored.append(replace(candidate, similarity=mean, template="mean", best_face=candidate.face_similarity))
     return sorted(scored, key=lambda c: -c.similarity)
 
 
@@ -238,11 +246,26 @@ def decide_search(
 
 
 def decide_subject(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str, faces: int) -> Decision:
-    """/verify against a subject with `faces` enrolled faces (similarity = the max over them): the
-    FAR asked for is the subject's, so each face is held to the per-comparison FAR of `faces` tries."""
+    """/verify against a subject with `faces` enrolled faces. Where the manifest's cosine rows hold
+    the mean (`cosine_template`) and cover the FAR asked for, the subject's mean template is held to
+    their threshold for a gallery of that one subject (`template` "mean": a stranger's cosine with a
+    mean of `faces` faces reaches it at that rate); else similarity is the max over its faces, and as
+    the FAR asked for is the subject's, each face is held to the per-comparison FAR of `faces` tries."""
     decision = decide(manifest, far, threshold, default_far)
     if decision.far is None or faces <= 1:
         return decision
+    table, rate = manifest.open_set, float(decision.far)
+    if table is not None and table.cosine_template == "mean" and on_cosine(table, 1) and table.fpirs[-1] <= rate <= table.fpirs[0]:
+        shape = GalleryShape(1, faces)
+        detail = margin_threshold(table, shape, rate)
+        return Decision(
+            round(detail.threshold, 6),
+            decision.far,
+            gallery_faces=faces,
+            extrapolated=detail.extrapolated,
+            margin=Margin(table, shape, detail),
+            warning=decision.warning,
+        )
     return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces, warning=decision.warning)
 
 
