@@ -23,10 +23,10 @@ def search(gallery: GalleryStore, query: np.ndarray, top_k: int, template: Templ
     found = gallery.search(query, top_k)
     if template == "best_face":
         return found
-    return on_means(query, found, lambda subject: _faces(gallery, subject))[:top_k]
+    return on_means(query, found, lambda subject: subject_faces(gallery, subject))[:top_k]
 
 
-def _faces(gallery: GalleryStore, subject_id: str) -> np.ndarray:
+def subject_faces(gallery: GalleryStore, subject_id: str) -> np.ndarray:
     """The subject's faces now; none when it was deleted since the index proposed it."""
     try:
         return gallery.subject_embeddings(subject_id)
