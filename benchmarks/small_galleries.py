@@ -1,11 +1,15 @@
-"""Small galleries, where most homes are (issue 46): the same seeded draws decided three ways.
+"""Small galleries, where most homes are (issue 46): the same seeded draws decided three ways (four
+with --best-face).
 
 Per row, --galleries random galleries of N LFW people enrolled by f random photos each (people with
 more photos than f), each enrolled person probing with another photo, and --strangers one-photo
 people per gallery probing as strangers. Each draw is decided by /identify's decision code at
 FPIR 1e-2 and 1e-3 for the gallery's shape (`decide_search`): as it decided before the margin score
 (cosines over the N·f faces searched), on the margin score alone (the table's cosine rows unused),
-and as the manifest decides now (the best cosine below its cosine_below subjects). It prints the
+with --best-face a manifest whose cosine rows hold best faces (the one before the mean's rows, e.g.
+`git show 27f25da~1:models/dlib-resnet-v1.json`), and as the manifest decides now (the best cosine
+below its cosine_below subjects, each subject scored against the template the decision names,
+`Decision.template`: its best face or its faces' mean, `mean_template`, as /identify re-scores it). It prints the
 people found and the strangers matched, and the CompreFace similarity the compatibility routes
 would return (genuine at or above 0.6 and 0.9, strangers at or above 0.4; and at 0.4 with the
 decision's rate alone, without the cosine's floor below the decision), as a Markdown table.
@@ -29,18 +33,19 @@ from benchmarks.bench import machine_lines
 from benchmarks.open_set_variants import embeddings
 from service.core.decision import decide_search, search_rate
 from service.core.models.manifest import Manifest
-from service.core.open_set import GalleryShape, K, margin_scores
+from service.core.open_set import GalleryShape, K, margin_scores, mean_template
 
 RATES = (1e-2, 1e-3)
 RATE_GRID = np.logspace(-9, math.log10(0.5), 200)  # a score's FPIR read off the decision's thresholds at these
 
 
-def rules(manifest: Manifest) -> dict[str, Manifest]:
+def rules(manifest: Manifest, best_face: Manifest | None = None) -> dict[str, Manifest]:
     table = manifest.open_set
-    margin = None if table is None else table.model_copy(update={"cosine_below": 0})
+    margin = None if table is None else table.model_copy(update={"cosine_below": 0, "cosine_template": "best_face"})
     return {
         "before": manifest.model_copy(update={"open_set": None}),
         "margin": manifest.model_copy(update={"open_set": margin}),
+        **({"best face": best_face} if best_face else {}),
         "now": manifest,
     }
 
@@ -57,34 +62,42 @@ def draws(labels: np.ndarray, size: int, faces: int, galleries: int, strangers: 
 
 
 def scores(emb, labels, size, faces, galleries, strangers, seed):
-    """Genuine probes' (right person first, best cosine, margin score) and strangers' (best cosine, margin score), pooled."""
-    out: dict[str, list] = {key: [] for key in ("right", "g_cos", "g_margin", "s_cos", "s_margin")}
+    """Genuine probes' (right person first, best cosine, margin score) and strangers' (best cosine,
+    margin score), pooled, per template (a subject's best face, "best_face", or its faces' "mean")."""
+    out: dict[str, list] = {}
     for enrolled, probes, outsiders in draws(labels, size, faces, galleries, strangers, np.random.default_rng([seed, size, faces])):
         gallery = emb[enrolled]
         for rows, genuine in ((emb[probes], True), (emb[outsiders], False)):
-            best = np.einsum("pd,nfd->pnf", rows, gallery).max(axis=2)  # each subject's best face
-            top = -np.sort(-best, axis=1)[:, : K + 1]
-            prefix = "g" if genuine else "s"
-            out[f"{prefix}_cos"].append(top[:, 0])
-            out[f"{prefix}_margin"].append(margin_scores(top, size))
-            if genuine:
-                out["right"].append(np.argmax(best, axis=1) == np.arange(size))
+            for template in ("best_face", "mean"):
+                if template == "mean":
+                    subject = rows @ mean_template(gallery).T
+                else:
+                    subject = np.einsum("pd,nfd->pnf", rows, gallery).max(axis=2)  # each subject's best face
+                top = -np.sort(-subject, axis=1)[:, : K + 1]
+                prefix = "g" if genuine else "s"
+                faces_of_best = np.einsum("pd,pfd->pf", rows, gallery[np.argmax(subject, axis=1)]).max(axis=1)
+                out.setdefault(f"{prefix}_face {template}", []).append(faces_of_best)  # the best subject's best face
+                out.setdefault(f"{prefix}_cos {template}", []).append(top[:, 0])
+                out.setdefault(f"{prefix}_margin {template}", []).append(margin_scores(top, size))
+                if genuine:
+                    out.setdefault(f"right {template}", []).append(np.argmax(subject, axis=1) == np.arange(size))
     return {key: np.concatenate(value) for key, value in out.items()}
 
 
 def row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
     shape = GalleryShape(size, size * faces)
     decided = {q: decide_search(manifest, q, None, None, shape, 0.01) for q in RATES}
-    kind = "margin" if decided[RATES[0]].score == "margin" else "cos"
-    genuine, stranger = s[f"g_{kind}"], s[f"s_{kind}"]
+    default = decided[RATES[0]]
+    kind = "margin" if default.score == "margin" else "cos"
+    template = default.template  # what /identify scores each subject against for this decision
+    genuine, stranger, right = s[f"g_{kind} {template}"], s[f"s_{kind} {template}"], s[f"right {template}"]
     out = {}
     for q, d in decided.items():
-        out[f"found {q:g}"] = float((s["right"] & (genuine >= d.threshold)).mean())
+        out[f"found {q:g}"] = float((right & (genuine >= d.threshold)).mean())
         out[f"strangers {q:g}"] = float((stranger >= d.threshold).mean())
-        out[f"oracle {q:g}"] = float((s["right"] & (genuine > np.quantile(stranger, 1 - q, method="higher"))).mean())
+        out[f"oracle {q:g}"] = float((right & (genuine > np.quantile(stranger, 1 - q, method="higher"))).mean())
     thresholds = np.array([decide_search(manifest, q, None, None, shape, 0.01).threshold for q in RATE_GRID])
     order = np.argsort(thresholds)
-    default = decided[RATES[0]]
 
     def similarity(x: np.ndarray, cosine: np.ndarray, floor: bool = True) -> np.ndarray:
         """service/api/compat/similarity.py's search_similarity, vectorized: the decision's rate read
@@ -95,9 +108,9 @@ def row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
             rate = np.where(x < default.threshold, np.maximum(rate, by_cosine), rate)
         return np.clip(np.log10(rate) / (2 * math.log10(0.01)), 0, 1)
 
-    g_cos, s_cos = s["g_cos"], s["s_cos"]
-    out["genuine ≥ 0.6"] = float((s["right"] & (similarity(genuine, g_cos) >= 0.6)).mean())
-    out["genuine ≥ 0.9"] = float((s["right"] & (similarity(genuine, g_cos) >= 0.9)).mean())
+    g_cos, s_cos = s[f"g_face {template}"], s[f"s_face {template}"]  # the floor's cosine: the candidate's best face (Candidate.face_cosine)
+    out["genuine ≥ 0.6"] = float((right & (similarity(genuine, g_cos) >= 0.6)).mean())
+    out["genuine ≥ 0.9"] = float((right & (similarity(genuine, g_cos) >= 0.9)).mean())
     out["strangers ≥ 0.4"] = float((similarity(stranger, s_cos) >= 0.4).mean())
     out["strangers ≥ 0.4, the decision's rate alone"] = float((similarity(stranger, s_cos, floor=False) >= 0.4).mean())
     return out
@@ -112,15 +125,16 @@ def main() -> None:
     parser.add_argument("--faces", default="1,3,5")
     parser.add_argument("--galleries", type=int, default=300)
     parser.add_argument("--strangers", type=int, default=25, help="Stranger probes per gallery.")
+    parser.add_argument("--best-face", type=Path, help="A manifest whose cosine rows hold best faces, decided beside (`best face`).")
     parser.add_argument("--flip", action="store_true", help="Flip-averaged embeddings (compare the oracle columns only).")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     emb, flip, labels = embeddings(args.images, args.cache)
     if args.flip:
         emb = (emb + flip) / np.linalg.norm(emb + flip, axis=1, keepdims=True)
-    decided = rules(Manifest.load(args.model))
+    decided = rules(Manifest.load(args.model), Manifest.load(args.best_face) if args.best_face else None)
     print("\n".join(machine_lines()))
-    print(f"{args.images}: {args.galleries} galleries per row, {args.strangers} strangers each; values before / margin / now")
+    print(f"{args.images}: {args.galleries} galleries per row, {args.strangers} strangers each; values {' / '.join(decided)}")
     columns = None
     for faces in (int(f) for f in args.faces.split(",")):
         for size in (int(n) for n in args.sizes.split(",")):

@@ -9,7 +9,8 @@ it (returned as someone's match). An oracle row fits the threshold to these very
 score could do with a perfectly calibrated threshold, the ceiling of the calibrated one.
 
 The decision is the service's: the margin score when the manifest has its open-set table (and no
-cohort is given), AS-norm with a cohort, else the best cosine; `cosine_rows` repeat the cosine
+cohort is given; below its cosine_below subjects the best subject's cosine, against its faces' mean
+where the table's cosine rows are the mean's), AS-norm with a cohort, else the best cosine; `cosine_rows` repeat the cosine
 decision (what /identify did before the margin score) for comparison. `sizes` measure smaller
 galleries too, both ways: seeded draws of that many enrolled people, the others' photos joining the
 strangers.
@@ -24,8 +25,8 @@ import numpy as np
 
 from service.core.decision import decide_search
 from service.core.models.cohort import Cohort, as_norm
-from service.core.models.manifest import Manifest
-from service.core.open_set import K, LeaveOneOut, margin_scores
+from service.core.models.manifest import Manifest, Template
+from service.core.open_set import K, LeaveOneOut, margin_scores, mean_template
 
 FPIRS = (1e-1, 1e-2, 1e-3)
 IMAGES = (".jpg", ".jpeg", ".png")
@@ -62,20 +63,31 @@ def protocol(folder: Path, enroll: int = 1, strangers: int | None = None, swap: 
     return Protocol(gallery, np.array(gallery_labels), known, np.array(known_labels), [p for ps in others[:strangers] for p in ps])
 
 
-def subject_cosines(gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(probes × subjects cosines to each subject's best face, the subjects' labels)."""
+def subject_cosines(
+    gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray, template: Template = "best_face"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(probes × subjects cosines to each subject's best face, or its faces' mean, the subjects' labels)."""
     order = np.argsort(labels, kind="stable")
     subjects, starts = np.unique(labels[order], return_index=True)
+    if template == "mean":
+        means = np.stack([mean_template(faces) for faces in np.split(gallery[order], starts[1:])])
+        return probes @ means.T, subjects
     return np.maximum.reduceat(probes @ gallery[order].T, starts, axis=1), subjects
 
 
 def best_subjects(
-    gallery: np.ndarray, labels: np.ndarray, probes: np.ndarray, cohort: Cohort | None = None, margin: bool = False
+    gallery: np.ndarray,
+    labels: np.ndarray,
+    probes: np.ndarray,
+    cohort: Cohort | None = None,
+    margin: bool = False,
+    template: Template = "best_face",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each probe's best subject as the gallery ranks them (by its best face's cosine) and the score
-    its FPIR decision holds: that cosine, the margin score over the next K subjects (`margin`), or
-    with a cohort its AS-norm score (as `Decision.scores`)."""
-    cosines, subjects = subject_cosines(gallery, labels, probes)
+    """Each probe's best subject as the gallery ranks them (by its best face's cosine, or its mean's
+    with `template` "mean", as /identify re-scores them) and the score its FPIR decision holds: that
+    cosine, the margin score over the next K subjects (`margin`), or with a cohort its AS-norm score
+    (as `Decision.scores`)."""
+    cosines, subjects = subject_cosines(gallery, labels, probes, template)
     best = np.argmax(cosines, axis=1)
     cosine = cosines[np.arange(len(probes)), best]
     if margin:
@@ -99,8 +111,8 @@ def _rows(manifest, rates, gallery, labels, known, known_labels, strangers, defa
     shape = LeaveOneOut.build(np.arange(len(gallery)), [str(x) for x in labels], gallery).shape()
     decisions = [decide_search(manifest, rate, None, None, shape, default_fpir, cohort) for rate in rates]
     kind = decisions[0]
-    known_best, known_score = best_subjects(gallery, labels, known, kind.cohort, kind.score == "margin")
-    _, stranger_score = best_subjects(gallery, labels, strangers, kind.cohort, kind.score == "margin")
+    known_best, known_score = best_subjects(gallery, labels, known, kind.cohort, kind.score == "margin", kind.template)
+    _, stranger_score = best_subjects(gallery, labels, strangers, kind.cohort, kind.score == "margin", kind.template)
     correct = known_best == known_labels
     rows = []
     for rate, decision in zip(rates, decisions, strict=True):

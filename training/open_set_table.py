@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.core.models.manifest import Manifest, OpenSetRows, OpenSetTable
-from service.core.open_set import K, margin_scores
+from service.core.models.manifest import Manifest, OpenSetRows, OpenSetTable, Template
+from service.core.open_set import K, margin_scores, mean_template
 from service.core.settings import Settings
 from training.pair_evaluation import OnnxEmbedder
 from training.thresholds import MIN_FALSE_ACCEPTS, cached_embeddings, heldout_source, just_above, one_person_pairs
@@ -73,11 +73,13 @@ def stranger_scores(
     samples: int,
     one_person: dict[int, set[int]] | None = None,
     cosine: bool = False,
+    template: Template = "best_face",
 ) -> Draws:
     """S (`cosine`: the best subject's cosine) of the photos of the identities outside a drawn gallery
     of `size` identities enrolled by `faces` photos each (a draw of them per gallery), over as many
     galleries as `samples` scores take: at least GALLERIES, and enough to enroll GALLERY_FACES faces
-    in all (each probed by at least 10 strangers)."""
+    in all (each probed by at least 10 strangers). A subject's cosine is its best face's, or with
+    `template` "mean" the cosine with its faces' mean (`mean_template`), the same draws either way."""
     identities, inverse = np.unique(np.asarray(labels), return_inverse=True)
     photos = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse))[:-1])
     eligible = np.array([i for i, p in enumerate(photos) if len(p) >= faces])
@@ -91,14 +93,18 @@ def stranger_scores(
     while count < samples:
         chosen = rng.choice(eligible, size, replace=False)
         column = dict(zip(chosen.tolist(), range(size), strict=True))
-        gallery = embeddings[np.concatenate([rng.choice(photos[i], faces, replace=False) for i in chosen])].T
+        gallery = embeddings[np.concatenate([rng.choice(photos[i], faces, replace=False) for i in chosen])]
+        if template == "mean":
+            gallery, per_subject = mean_template(gallery.reshape(size, faces, -1)), 1
+        else:
+            per_subject = faces
         outside = np.ones(len(identities), bool)
         outside[chosen] = False
         probes = np.flatnonzero(outside[inverse])
         probes = rng.choice(probes, min(len(probes), per_gallery), replace=False)
         for start in range(0, len(probes), CHUNK):
             batch = probes[start : start + CHUNK]
-            best = (embeddings[batch] @ gallery).reshape(len(batch), size, faces).max(axis=2)  # each subject's best face
+            best = (embeddings[batch] @ gallery.T).reshape(len(batch), size, per_subject).max(axis=2)  # each subject's best face, or mean
             top = -np.sort(-np.partition(best, size - take, axis=1)[:, size - take :], axis=1)
             scores = margin_scores(top, scored)
             for row in np.flatnonzero(np.isin(inverse[batch], partnered)):
@@ -150,9 +156,11 @@ def rows_for(
     sizes=SIZES,
     cosine_below: int = COSINE_BELOW,
     progress=None,
+    template: Template = "best_face",
 ) -> OpenSetRows:
     """One table: the thresholds at `usable` FPIRs per gallery size of `faces` faces per subject, of
-    the margin score or (`cosine`) of the best cosine, for sizes up to the first at or above `cosine_below`."""
+    the margin score or (`cosine`) of the best subject's cosine (against its `template`), for sizes up
+    to the first at or above `cosine_below`."""
     grid = sizes_for(labels, faces, sizes)
     if cosine:
         grid = [n for n in grid if n < cosine_below] + [n for n in grid if n >= cosine_below][:1]
@@ -161,7 +169,7 @@ def rows_for(
     rows, counts = [], []
     for size in grid:
         rng = np.random.default_rng([seed, faces, size])  # the cosine rows score the margin rows' galleries
-        draws = stranger_scores(embeddings, labels, size, faces, rng, samples, pairs, cosine)
+        draws = stranger_scores(embeddings, labels, size, faces, rng, samples, pairs, cosine, template if cosine else "best_face")
         rows.append([threshold_at(draws.scores, q) for q in usable])
         counts.append(len(draws.scores))
         if progress:
@@ -189,12 +197,13 @@ def build(
     progress=None,
     cosine_faces=COSINE_FACES,
     cosine_below: int = COSINE_BELOW,
+    template: Template = "best_face",
 ) -> OpenSetTable:
     """The table, one set of rows per faces-per-subject value (rows end where `sizes_for` does), and
-    the cosine rows for galleries up to `cosine_below` subjects, for the `cosine_faces` values enough
-    identities have photos for (a gallery with more faces per subject reads the last of them)."""
+    the cosine rows (of `template`) for galleries up to `cosine_below` subjects, for the `cosine_faces`
+    values enough identities have photos for (a gallery with more faces per subject reads the last of them)."""
     usable, pairs = usable_fpirs(samples, fpirs), partners(labels, one_person)
-    cosine_tables = cosine_rows(embeddings, labels, usable, seed, samples, pairs, sizes, progress, cosine_faces, cosine_below)
+    cosine_tables = cosine_rows(embeddings, labels, usable, seed, samples, pairs, sizes, progress, cosine_faces, cosine_below, template)
     return OpenSetTable(
         fpirs=usable,
         tables=[
@@ -202,6 +211,7 @@ def build(
         ],
         cosine_below=cosine_below if cosine_tables else 0,
         cosine_tables=cosine_tables,
+        cosine_template=template,
     )
 
 
@@ -216,21 +226,26 @@ def cosine_rows(
     progress=None,
     cosine_faces=COSINE_FACES,
     cosine_below: int = COSINE_BELOW,
+    template: Template = "best_face",
 ) -> list[OpenSetRows]:
-    """The best cosine's rows for the `cosine_faces` values enough identities have photos for."""
+    """The best subject's cosine rows (against its `template`) for the `cosine_faces` values enough
+    identities have photos for."""
     faces = [f for f in cosine_faces if len(sizes_for(labels, f, sizes)) >= 2]  # the data's
-    return [rows_for(embeddings, labels, f, usable, True, seed, samples, pairs, sizes, cosine_below, progress) for f in faces]
+    return [rows_for(embeddings, labels, f, usable, True, seed, samples, pairs, sizes, cosine_below, progress, template) for f in faces]
 
 
-def with_cosine_rows(table: OpenSetTable, cosine_tables: list[OpenSetRows], calibration: dict) -> OpenSetTable:
+def with_cosine_rows(
+    table: OpenSetTable, cosine_tables: list[OpenSetRows], calibration: dict, template: Template = "best_face"
+) -> OpenSetTable:
     """A manifest's table, its margin rows kept, deciding galleries below COSINE_BELOW subjects on
-    these cosine rows (calibrated at its FPIRs; `calibration` says on what)."""
+    these cosine rows of `template` (calibrated at its FPIRs; `calibration` says on what)."""
     if not cosine_tables:
         raise ValueError("the identities are too few for any cosine rows")
     return table.model_copy(
         update={
             "cosine_below": COSINE_BELOW,
             "cosine_tables": cosine_tables,
+            "cosine_template": template,
             "calibration": {**table.calibration, "cosine_rows": calibration},
         }
     )
@@ -248,17 +263,23 @@ def calibrate(
     progress=None,
     cosine_faces=COSINE_FACES,
     cosine_only: bool = False,
+    template: Template = "best_face",
+    embedded: Path | None = None,
 ) -> tuple[OpenSetTable, str]:
     """Embed the calibration identities as the service does (`data`, else the model's held-out
-    ones), leave out identity pairs that are one person, build the table and (unless write=False)
-    store it in the manifest's `open_set`; `cosine_only`: the manifest's margin rows kept, its
-    cosine rows (re)calibrated."""
-    embedder = OnnxEmbedder(manifest_path, settings)
-    manifest = embedder.model.manifest
+    ones; or read them embedded already, `embedded`), leave out identity pairs that are one person,
+    build the table and (unless write=False) store it in the manifest's `open_set`; `cosine_only`:
+    the manifest's margin rows kept, its cosine rows (re)calibrated for `template`."""
+    if embedded is not None:
+        manifest = Manifest.load(manifest_path)
+        embeddings, labels, origin = read_embedded(embedded, manifest)
+    else:
+        embedder = OnnxEmbedder(manifest_path, settings)
+        manifest = embedder.model.manifest
+        source, origin = heldout_source(manifest, data)
+        embeddings, labels = cached_embeddings(embedder, source, origin, cache)
     if cosine_only and manifest.open_set is None:
         raise ValueError(f"{manifest.name} has no open-set table to add cosine rows to: calibrate it without --cosine-only")
-    source, origin = heldout_source(manifest, data)
-    embeddings, labels = cached_embeddings(embedder, source, origin, cache)
     one_person, report = one_person_pairs(embeddings, labels, of_genuine=ONE_PERSON_OF_GENUINE)
     calibration = {
         "source": origin,
@@ -272,15 +293,41 @@ def calibrate(
         kept = manifest.open_set
         if kept.fpirs != usable_fpirs(samples):
             raise ValueError(f"--samples {samples:,} resolves other FPIRs than the table's {kept.fpirs}: give the samples it was made with")
+        pairs = partners(labels, one_person)
         rows = cosine_rows(
-            embeddings, labels, kept.fpirs, seed, samples, partners(labels, one_person), progress=progress, cosine_faces=cosine_faces
+            embeddings, labels, kept.fpirs, seed, samples, pairs, progress=progress, cosine_faces=cosine_faces, template=template
         )
-        table = with_cosine_rows(kept, rows, calibration)
+        table = with_cosine_rows(kept, rows, calibration, template)
     else:
-        table = build(embeddings, labels, faces_per_subject, seed, samples, one_person, progress=progress, cosine_faces=cosine_faces)
+        table = build(
+            embeddings,
+            labels,
+            faces_per_subject,
+            seed,
+            samples,
+            one_person,
+            progress=progress,
+            cosine_faces=cosine_faces,
+            template=template,
+        )
         table.calibration = calibration
     if write:
         stored = Manifest.load(manifest_path)
         stored.open_set = table
         stored.save(manifest_path)
     return table, origin
+
+
+def read_embedded(path: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, str]:
+    """Calibration identities embedded already: an .npz of `embeddings` (unit rows of the model's
+    dimension) and `labels`, as --cache keeps them, with an optional `origin` naming where they come
+    from (else the file's name): how rows are added to a model's table on the very embeddings its
+    other rows were calibrated on."""
+    with np.load(path) as data:
+        embeddings, labels = np.asarray(data["embeddings"], np.float32), np.asarray(data["labels"])
+        origin = str(data["origin"]) if "origin" in data.files else f"the embeddings in {path.name}"
+    if embeddings.ndim != 2 or embeddings.shape[1] != manifest.embedding_dim or len(labels) != len(embeddings):
+        raise ValueError(
+            f"{path}: {embeddings.shape} embeddings and {len(labels)} labels are not {manifest.name}'s {manifest.embedding_dim}-d rows"
+        )
+    return embeddings, labels, origin

@@ -21,6 +21,7 @@ from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
 from service.engine import Engine
+from service.gallery import templates
 from service.gallery.collections import COLLECTION, DEFAULT, Collections
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.recall import RecallCheck
@@ -82,10 +83,11 @@ class Service:
         return Ready(self.engine, self.models.embedder.manifest)
 
     def search(self, embedding: np.ndarray, top_k: int, decision: Decision | None = None) -> list[Candidate]:
-        """The gallery's top_k subjects for one face, timed into facegate_gallery_search_seconds. With
-        the identification's `decision`, the face is offered to the recall check's live sample."""
+        """The gallery's top_k subjects for one face, against their best faces or (a decision on the
+        mean's rows) their means, timed into facegate_gallery_search_seconds. With the identification's
+        `decision`, the face is offered to the recall check's live sample."""
         with self.metrics.gallery_search.time():
-            found = self.gallery.search(embedding, top_k)
+            found = templates.search(self.gallery, embedding, top_k, decision.template if decision else "best_face")
         if decision is not None:
             self.recall.offer(embedding, decision)  # a seeded share, searched again exactly on the check's thread
         return found

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service.api import metadata
 from service.core.decision import Margin
 from service.core.models.detector import Face
-from service.core.models.manifest import Manifest
+from service.core.models.manifest import Manifest, Template
 from service.core.settings import Settings
 from service.core.strict import StrictModel
 from service.gallery.interface import Candidate, FaceRecord, Subject
@@ -155,13 +155,22 @@ class ModelsResponse(BaseModel):
 
 class VerifyResponse(BaseModel):
     match: bool
-    similarity: float = Field(description="Cosine similarity; against a subject, the max over its enrolled faces.", examples=[0.71])
+    similarity: float = Field(
+        description="Cosine similarity; against a subject, with the mean of its enrolled faces (`template` mean) or the max over them.",
+        examples=[0.71],
+    )
     threshold: float = Field(description="The cosine `similarity` must reach to match.", examples=[0.42])
     far: str | None = Field(description="The FAR the threshold stands for; null for an explicit threshold.", examples=["1e-3"])
     subject_faces: int | None = Field(
         None,
-        description="Against a subject: its enrolled faces. With more than one, each is held to the per-comparison FAR that keeps "
-        "the subject at `far` (1 − (1 − far)^(1/k)), so `threshold` is above the model's threshold for `far`.",
+        description="Against a subject: its enrolled faces. With more than one, the mean of them is held to the model's cosine rows "
+        "for one subject of k faces at `far` (`template` mean), or, without rows for the mean, each face is held to the per-comparison "
+        "FAR that keeps the subject at `far` (1 − (1 − far)^(1/k)): either way `threshold` is above the model's threshold for `far`.",
+    )
+    template: Template | None = Field(
+        None,
+        description="Against a subject: what `similarity` is against, its faces' mean (`mean`) or its best face (`best_face`); "
+        "null for two images.",
     )
     faces: list[FaceOut | None] = Field(
         description="The face used from each image (null for an aligned upload); one entry when verifying against a subject."
@@ -180,7 +189,12 @@ class VerifyResponse(BaseModel):
 class CandidateOut(BaseModel):
     subject_id: str
     name: str
-    similarity: float = Field(description="The raw cosine with the subject's best face (-1 … 1).")
+    similarity: float = Field(description="The raw cosine with the subject's template, `template` (-1 … 1).")
+    template: Template = Field(
+        "best_face",
+        description="What `similarity` is against: the subject's best face, or the mean of its faces (normalized), which a "
+        "small gallery is decided on when the model's cosine rows are calibrated for it.",
+    )
     score: float | None = Field(
         None,
         description="The number an FPIR decision holds this candidate to, on `threshold`'s scale (of the kind `score` names): "
@@ -190,13 +204,17 @@ class CandidateOut(BaseModel):
     @classmethod
     def of(cls, c: Candidate, score: float | None = None) -> CandidateOut:
         return cls(
-            subject_id=c.subject_id, name=c.name, similarity=round(c.similarity, 6), score=None if score is None else round(score, 6)
+            subject_id=c.subject_id,
+            name=c.name,
+            similarity=round(c.similarity, 6),
+            template=c.template,
+            score=None if score is None else round(score, 6),
         )
 
 
 class IdentifyResult(BaseModel):
     face: FaceOut | None
-    candidates: list[CandidateOut] = Field(description="Best subjects first, each once (its best face's similarity).")
+    candidates: list[CandidateOut] = Field(description="Best subjects first, each once (ranked by the similarity with their `template`).")
     match: CandidateOut | None = Field(description="The best candidate if it reaches the threshold, else null: the person is unknown.")
     best_score: float | None = Field(
         None,
@@ -371,8 +389,9 @@ class DuplicateOut(BaseModel):
 
     subject_id: str
     name: str
-    similarity: float = Field(description="The face's cosine with that subject's best face.")
-    score: float = Field(description="The face's margin score against the other subjects, which reached `threshold`.")
+    similarity: float = Field(description="The face's cosine with that subject's template, `template`.")
+    template: Template = Field("best_face", description="What `similarity` is against: the subject's best face, or its faces' mean.")
+    score: float = Field(description="The face's score against the other subjects (margin or cosine), which reached `threshold`.")
     threshold: float = Field(description="The default fpir's threshold for a gallery of the other subjects.")
 
 

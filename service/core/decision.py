@@ -26,15 +26,26 @@ candidate's AS-norm score to the cohort's own calibrated curve instead. Explicit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
 
 from service.core.errors import InvalidParameters, UnknownFar
 from service.core.models.cohort import Cohort
-from service.core.models.manifest import Manifest, OpenSetTable, far_key
-from service.core.open_set import GalleryShape, K, MarginThreshold, candidate_scores, margin_rate, margin_threshold, rate_knots
+from service.core.models.manifest import Manifest, OpenSetTable, Template, far_key
+from service.core.open_set import (
+    GalleryShape,
+    K,
+    MarginThreshold,
+    candidate_scores,
+    margin_rate,
+    margin_threshold,
+    mean_template,
+    on_cosine,
+    rate_knots,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,27 @@ class Candidate:
     similarity: float
     face_id: int
     embedding: np.ndarray = field(repr=False, compare=False)  # the face's, for a cohort-normalized decision
+    template: Template = "best_face"  # what `similarity` is against: the subject's best face (face_id), or its faces' mean
+    best_face: float | None = None  # with the mean, its best face's cosine still: the compatibility similarity's floor reads it
+
+    @property
+    def face_similarity(self) -> float:
+        """The cosine with the subject's best face, whatever its template."""
+        return self.similarity if self.best_face is None else self.best_face
+
+
+def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[[str], np.ndarray]) -> list[Candidate]:
+    """The candidates a search proposed by their best faces, each scored again against its subject's
+    mean template (`faces_of`: its faces' embeddings as the store has them now; a subject left with
+    none is dropped) and ranked by it, best first (of equal ones, the earlier proposed)."""
+    probe = np.asarray(probe, np.float32).reshape(-1)
+    scored = []
+    for candidate in candidates:
+        faces = faces_of(candidate.subject_id)
+        if len(faces):
+            mean = float(mean_template(faces) @ probe)
+            scored.append(replace(candidate, similarity=mean, template="mean", best_face=candidate.face_similarity))
+    return sorted(scored, key=lambda c: -c.similarity)
 
 
 @dataclass(frozen=True)
@@ -82,8 +114,19 @@ class Decision:
         return "as-norm" if self.cohort else "cosine"
 
     @property
+    def template(self) -> Template:
+        """What a candidate's cosine is against: its subject's mean where the decision reads cosine rows
+        calibrated for the mean (the manifest's `cosine_template`), else its best face."""
+        if self.margin and self.margin.detail.cosine:
+            return self.margin.table.cosine_template
+        return "best_face"
+
+    @property
     def candidates_needed(self) -> int:
-        """Subjects a search must return for this decision's score: the margin's best and its k next."""
+        """Subjects a search must return for this decision's score: the margin's best and its k next;
+        on the mean every subject (fewer than cosine_below), since the best face ranks them otherwise."""
+        if self.template == "mean" and self.margin:
+            return max(self.margin.gallery.subjects, 1)
         return K + 1 if self.score == "margin" else 1
 
     def matches(self, similarity: float) -> bool:
@@ -203,11 +246,26 @@ def decide_search(
 
 
 def decide_subject(manifest: Manifest, far: float | str | None, threshold: float | None, default_far: str, faces: int) -> Decision:
-    """/verify against a subject with `faces` enrolled faces (similarity = the max over them): the
-    FAR asked for is the subject's, so each face is held to the per-comparison FAR of `faces` tries."""
+    """/verify against a subject with `faces` enrolled faces. Where the manifest's cosine rows hold
+    the mean (`cosine_template`) and cover the FAR asked for, the subject's mean template is held to
+    their threshold for a gallery of that one subject (`template` "mean": a stranger's cosine with a
+    mean of `faces` faces reaches it at that rate); else similarity is the max over its faces, and as
+    the FAR asked for is the subject's, each face is held to the per-comparison FAR of `faces` tries."""
     decision = decide(manifest, far, threshold, default_far)
     if decision.far is None or faces <= 1:
         return decision
+    table, rate = manifest.open_set, float(decision.far)
+    if table is not None and table.cosine_template == "mean" and on_cosine(table, 1) and table.fpirs[-1] <= rate <= table.fpirs[0]:
+        shape = GalleryShape(1, faces)
+        detail = margin_threshold(table, shape, rate)
+        return Decision(
+            round(detail.threshold, 6),
+            decision.far,
+            gallery_faces=faces,
+            extrapolated=detail.extrapolated,
+            margin=Margin(table, shape, detail),
+            warning=decision.warning,
+        )
     return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces, warning=decision.warning)
 
 

@@ -66,6 +66,13 @@ def margin_scores(top: np.ndarray, subjects: int) -> np.ndarray:
     return top[..., 0] + WEIGHT * (top[..., 0] - top[..., 1 : others + 1].mean(axis=-1))
 
 
+def mean_template(faces: np.ndarray) -> np.ndarray:
+    """A subject's mean template: its faces' embeddings (the last axis) averaged over the one before
+    it, and normalized, so a probe's cosine with it is a dot product as with a face."""
+    mean = np.asarray(faces, np.float32).mean(axis=-2)
+    return mean / np.maximum(np.linalg.norm(mean, axis=-1, keepdims=True), 1e-12)
+
+
 def candidate_scores(cosines: np.ndarray, subjects: int) -> np.ndarray:
     """Each of a search's candidates (best first) scored against the same next subjects as the
     best: its cosine + 0.5 · (its cosine − mean(s2 … s(k+1))). The best one's is its S; the

@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from service.core.open_set import GalleryShape, LeaveOneOut, margin_threshold, table_threshold
-from training.open_set_table import build, sizes_for, stranger_scores, threshold_at
+from service.core.open_set import GalleryShape, LeaveOneOut, margin_threshold, mean_template, table_threshold
+from training.open_set_table import build, cosine_rows, sizes_for, stranger_scores, threshold_at, with_cosine_rows
 
 DIM = 24
 
@@ -133,3 +133,33 @@ def test_the_guard_keeps_the_promise_where_people_look_alike(table):
     alone, guarded = alone / total, guarded / total
     assert alone > 4 * 0.01
     assert guarded <= 2.5 * 0.01 and guarded < alone / 2
+
+
+def test_cosine_rows_for_the_mean_keep_the_promise_on_means(table):
+    """`template="mean"` (calibrate-open-set --template mean): the same draws scored by each subject's
+    mean template. For one face per subject the mean is the face, so its rows are the best face's; for
+    three they keep the promise where strangers are scored against means (other people than the
+    table's), closer to it than the best face's rows would (here a mean's cosines run lower than a
+    best face's: those rows keep strangers out about 4 times too strictly, losing people for nothing)."""
+    embeddings, labels = population(1, 1000, 5)
+    rows = cosine_rows(embeddings, labels, table.fpirs, 0, 20_000, {}, GRID, cosine_faces=(1, 3), template="mean")
+    mean = with_cosine_rows(table, rows, {}, "mean")  # the table's margin rows kept, as --cosine-only does
+    one, three = mean.cosine_tables
+    assert mean.cosine_template == "mean" and one.subjects == table.cosine_tables[0].subjects
+    assert np.array(one.thresholds) == pytest.approx(np.array(table.cosine_tables[0].thresholds), abs=2e-6)  # renormalized: a hair
+    assert np.abs(np.array(three.thresholds) - np.array(table.cosine_tables[1].thresholds)).max() > 0.01
+    others, other_labels = population(2, 1000, 5)
+    rng = np.random.default_rng(4)
+    passed, best_rows_passed, total = 0, 0, 0
+    for size in (1, 2, 4, 9):
+        for _ in range(400):
+            chosen = rng.choice(1000, size, replace=False)  # population's labels are 0 … 999, five photos each
+            enrolled = others[(5 * chosen[:, None] + np.arange(3)).reshape(-1)]
+            probes = others[rng.choice(np.flatnonzero(~np.isin(other_labels, chosen)), 50, replace=False)]
+            best = (probes @ mean_template(enrolled.reshape(size, 3, DIM)).T).max(axis=1)
+            shape = GalleryShape(size, 3 * size)
+            passed += int((best >= margin_threshold(mean, shape, 0.01).threshold).sum())
+            best_rows_passed += int((best >= margin_threshold(table, shape, 0.01).threshold).sum())
+            total += len(best)
+    assert 0.3 * 0.01 <= passed / total <= 1.5 * 0.01, passed / total
+    assert abs(math.log(passed / total / 0.01)) < abs(math.log(best_rows_passed / total / 0.01)), (passed, best_rows_passed)

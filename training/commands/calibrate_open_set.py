@@ -11,6 +11,7 @@ from rich.table import Table
 
 from service.core.console import console, fail
 from service.core.errors import ModelError
+from service.core.models.manifest import Template
 from service.core.settings import get_settings
 
 SHOWN_FPIRS = (1e-1, 1e-2, 1e-3)
@@ -44,6 +45,19 @@ def calibrate_open_set(
         bool,
         typer.Option(help="Keep the manifest's margin rows; calibrate only the cosine rows for small galleries (--faces unused)."),
     ] = False,
+    template: Annotated[
+        Template,
+        typer.Option(help="What a subject's cosine in the cosine rows is against: its best face, or the mean of its faces (docs/api.md)."),
+    ] = "best_face",
+    embeddings: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="The calibration identities embedded already (.npz of embeddings and labels, as --cache keeps them; "
+            "an 'origin' entry names their source) instead of --data.",
+        ),
+    ] = None,
 ) -> None:
     """Draw galleries of N calibration identities, score every other identity's photos as strangers
     by the margin score, and store each N's thresholds per FPIR in the manifest (`open_set`)."""
@@ -69,11 +83,15 @@ def calibrate_open_set(
             progress,
             sorted(set(cosine_faces or COSINE_FACES)),
             cosine_only,
+            template,
+            embeddings,
         )
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)
     columns = [j for j, q in enumerate(table.fpirs) if q in SHOWN_FPIRS]
-    for rows, score in [(rows, "margin score") for rows in table.tables] + [(rows, "best cosine") for rows in table.cosine_tables]:
+    for rows, score in [(rows, "margin score") for rows in table.tables] + [
+        (rows, f"best cosine ({table.cosine_template})") for rows in table.cosine_tables
+    ]:
         shown = Table(
             "subjects",
             *(f"T @ fpir {table.fpirs[j]:g}" for j in columns),

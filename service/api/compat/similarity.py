@@ -16,7 +16,10 @@ facegate's own default (FACEGATE_DEFAULT_FPIR for a search, FACEGATE_DEFAULT_FAR
 
 Below a search's decision (a candidate that is not a match, where Double Take shows a name from 0.4)
 the rate is the higher of the decision's and the candidate's cosine's over every face searched,
-1 − (1 − FAR)^N, the rule before the margin score (`search_similarity`). The open-set table's rates
+1 − (1 − FAR)^N, the rule before the margin score (`search_similarity`): its best face's cosine, also
+where the decision is on its faces' mean (a mean's cosine is not a pair's, whose FAR the curve gives;
+on LFW's galleries of 3–10 photos per subject the best face's floor names fewer strangers at 0.4
+than before the mean, the mean's more, docs/compat.md). The open-set table's rates
 are close to what LFW's strangers realize; the cosine's over several faces are pessimistic (a
 subject's faces are not independent tries), so the higher of the two shows a name below the match
 only where both say strangers rarely get it: on LFW's galleries of 1–9 subjects the table's rate
@@ -42,7 +45,7 @@ def calibrated_similarity(rate: float, anchor: float) -> float:
 
 def search_similarity(decision: Decision, manifest: Manifest, score: float, cosine: float, anchor: float) -> float:
     """A search candidate's similarity: the rate of the `score` its decision holds it to, below the
-    decision's threshold no lower than its `cosine`'s over the faces searched (see above)."""
+    decision's threshold no lower than its best face's `cosine`'s over the faces searched (see above)."""
     rate = decision.rate(score)
     if decision.margin is not None and score < decision.threshold:
         try:

@@ -31,6 +31,7 @@ from service.core.decision import decide_search
 from service.core.errors import EnrollmentFailed, FaceChipNotStored, FacegateError, InvalidParameters, LowQualityFace
 from service.core.open_set import GalleryShape
 from service.core.quality import measure, problems
+from service.gallery import templates
 from service.gallery.interface import FaceRecord, NewFace
 
 router = APIRouter(tags=["gallery"])
@@ -109,7 +110,8 @@ def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray)
         gallery = service.gallery.shape()
         others = GalleryShape(max(gallery.subjects - 1, 1), max(gallery.faces - 1, 1), gallery.tail)
         decision = decide_search(service.ready().manifest, None, None, None, others, service.settings.default_fpir, service.models.cohort)
-        found = [c for c in service.gallery.search(embedding, decision.candidates_needed + 1) if c.subject_id != subject_id]
+        searched = templates.search(service.gallery, embedding, decision.candidates_needed + 1, decision.template)
+        found = [c for c in searched if c.subject_id != subject_id]
     except FacegateError as exc:
         log.warning("enrollment into %s: no duplicate check (%s)", subject_id, exc.message)
         return None
@@ -123,6 +125,7 @@ def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray)
         subject_id=best.subject_id,
         name=best.name,
         similarity=round(best.similarity, 6),
+        template=best.template,
         score=round(score, 6),
         threshold=decision.threshold,
     )

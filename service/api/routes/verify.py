@@ -13,6 +13,7 @@ from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import FaceOut, ModelOut, VerifyOptions, VerifyResponse, error_responses
 from service.core.decision import decide, decide_subject
 from service.core.errors import FacegateError, InvalidParameters, NoEnrolledFaces
+from service.core.open_set import mean_template
 
 router = APIRouter(tags=["recognition"])
 
@@ -21,8 +22,9 @@ router = APIRouter(tags=["recognition"])
     "/verify",
     response_model=VerifyResponse,
     summary="Are two faces the same person?",
-    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = max over the subject's k enrolled faces, "
-    "each held to the per-comparison FAR that keeps the subject at `far`).",
+    description="`image1` + `image2`, or `image1` + `subject_id` (similarity = the cosine with the mean of the subject's k enrolled "
+    "faces where the model's cosine rows are the mean's, `template`; else the max over them, each held to the per-comparison FAR "
+    "that keeps the subject at `far`).",
     responses=error_responses(400, 401, 404, 413, 415, 422, 503),
     openapi_extra=request_body(
         VerifyOptions,
@@ -38,7 +40,7 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
     if ("image2" in images) == (options.subject_id is not None):
         raise InvalidParameters("give exactly one of image2 and subject_id")
     decision = decide(manifest, options.far, options.threshold, service.settings.default_far)
-    policy, subject_faces = options.face_policy, None
+    policy, subject_faces, template = options.face_policy, None, None
     if options.subject_id is not None:
         enrolled = await run_in_threadpool(service.gallery.subject_embeddings, options.subject_id)
         if len(enrolled) == 0:
@@ -47,7 +49,8 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         subject_faces = len(enrolled)
         decision = decide_subject(manifest, options.far, options.threshold, service.settings.default_far, subject_faces)
         (probe,) = await engine.faces(images["image1"], options.aligned, policy)
-        similarity = float(np.max(enrolled @ probe.embedding))
+        template = decision.template
+        similarity = float(mean_template(enrolled) @ probe.embedding if template == "mean" else np.max(enrolled @ probe.embedding))
         faces = [FaceOut.of(probe.face)]
     else:
         # Both images run at once; when both fail, image1's error is the answer whichever failed first,
@@ -73,6 +76,7 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         faces=faces,
         subject_id=options.subject_id,
         subject_faces=subject_faces,
+        template=template,
         model=ModelOut.of(manifest),
         warning=decision.warning,
     )

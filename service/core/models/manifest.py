@@ -192,6 +192,9 @@ class OpenSetRows(StrictModel):
     samples: list[int] = Field(description="Stranger scores behind each row.")
 
 
+Template = Literal["best_face", "mean"]  # what a subject's cosine is against: its best face, or its faces' mean
+
+
 class OpenSetTable(StrictModel):
     """The margin score's thresholds per gallery size and FPIR (`service.core.open_set`), from
     strangers scored against galleries of calibration identities (`facegate calibrate-open-set`):
@@ -206,6 +209,11 @@ class OpenSetTable(StrictModel):
     cosine_tables: list[OpenSetRows] = Field(
         default_factory=list, description="T for the best subject's cosine alone (s1), as `tables`: by faces per subject, rising from 1."
     )
+    cosine_template: Template = Field(
+        "best_face",
+        description="What a subject's cosine in `cosine_tables` is against: its best face, or the mean of its faces' embeddings "
+        "(normalized); /identify re-scores the candidates against the same (docs/api.md).",
+    )
     calibration: dict[str, Any] = Field(default_factory=dict, description="Where the table comes from, and its figures.")
 
     @model_validator(mode="after")
@@ -214,6 +222,8 @@ class OpenSetTable(StrictModel):
             raise ValueError("open_set fpirs lie in (0, 1), falling")
         if self.cosine_below and not self.cosine_tables:
             raise ValueError("open_set cosine_below needs cosine_tables")
+        if self.cosine_template != "best_face" and not self.cosine_below:
+            raise ValueError("open_set cosine_template names the template of cosine rows it has none of")
         for tables in (self.tables, self.cosine_tables):
             if tables and (
                 tables[0].faces_per_subject != 1 or any(b.faces_per_subject <= a.faces_per_subject for a, b in pairwise(tables))

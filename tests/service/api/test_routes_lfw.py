@@ -113,17 +113,25 @@ def test_a_small_gallery_is_decided_on_one_number_with_default_embedder(model_ca
     """Below the table's cosine_below (10 subjects with the shipped model) /identify decides on the
     best cosine: `best_score` is the match's own `similarity`, each candidate's `score` its cosine,
     the threshold the table's cosine row (`open_set.table_threshold`), and CompreFace's similarity
-    crosses 0.5 exactly where that decision matches (issue 46: one number, and no score above 1)."""
+    crosses 0.5 exactly where that decision matches (issue 46: one number, and no score above 1).
+    Each subject has two faces (its photo and the photo mirrored), so the shipped rows decide on each
+    subject's mean, and DeepStack names the person exactly where /identify matches."""
     from service.core.settings import Settings
 
     api = make_client(Settings(model_cache=model_cache, data_dir=tmp_path / "gallery", device="cpu"))
     enrolled = people(test_data, 3)
     enroll_all(api, enrolled)
+    for name, photos in enrolled:
+        mirrored = cv2.imencode(".jpg", cv2.flip(cv2.imdecode(np.frombuffer(photos[0], np.uint8), cv2.IMREAD_COLOR), 1))[1].tobytes()
+        assert api.post(f"/subjects/{name}/faces", files={"image": mirrored}).status_code == 201
     for _, photos in enrolled + people(test_data, 3, skip=3):
         answer = api.post("/identify", files={"image": photos[1]}).json()
         assert (answer["score"], answer["far"], answer["fpir"]) == ("cosine", None, 0.01)
         assert answer["open_set"]["subjects"] == 3 and answer["open_set"]["table_threshold"] == answer["threshold"]
+        assert answer["open_set"]["faces_per_subject"] == 2 and answer["candidates"][0]["template"] == "mean"
         assert answer["best_score"] == answer["candidates"][0]["similarity"] == answer["candidates"][0]["score"] <= 1
         assert (answer["match"] is not None) == (answer["best_score"] >= answer["threshold"])
         compreface = api.post("/api/v1/recognition/recognize", files={"file": photos[1]}).json()["result"][0]["subjects"][0]
         assert (compreface["similarity"] >= 0.5) == (answer["match"] is not None), (compreface, answer["best_score"], answer["threshold"])
+        deepstack = api.post("/v1/vision/face/recognize", files={"image": photos[1]}).json()["predictions"][0]
+        assert deepstack["userid"] == (answer["match"]["subject_id"] if answer["match"] else "unknown"), deepstack

@@ -153,3 +153,13 @@ def test_calibrate_open_set_cosine_only_keeps_the_margin_rows(tmp_path):
     assert table.tables == whole.tables and table.calibration["source"] == "elsewhere"
     assert table.cosine_below == 10 and table.cosine_tables == whole.cosine_tables
     assert table.calibration["cosine_rows"]["identities"] == 80
+
+    # --template mean on the embeddings --cache kept (issue 46): the rows of the mean, named so, on the same draws
+    (embedded,) = (tmp_path / "cache").glob("*.npz")
+    args = ["calibrate-open-set", str(manifest_path), "--embeddings", str(embedded), "--samples", "2000", "--cosine-only"]
+    result = CliRunner().invoke(app, [*args, "--template", "mean"])
+    assert result.exit_code == 0, result.output
+    mean = Manifest.load(manifest_path).open_set
+    assert mean.cosine_template == "mean" and mean.tables == whole.tables and mean.cosine_tables != whole.cosine_tables
+    np.testing.assert_allclose(mean.cosine_tables[0].thresholds, whole.cosine_tables[0].thresholds, atol=2e-6)  # one face: its own mean
+    assert mean.calibration["cosine_rows"]["source"] == f"the embeddings in {embedded.name}"

@@ -87,7 +87,7 @@ export async function render(main) {
 async function verdict(answer, picked, bySubject) {
   const photos = [await photoWithBoxes(picked.image1, [{ box: answer.faces[0]?.box, label: "compared face", kind: answer.match ? "known" : "" }], picked.image1.name)];
   if (!bySubject) photos.push(await photoWithBoxes(picked.image2, [{ box: answer.faces[1]?.box, label: "compared face", kind: answer.match ? "known" : "" }], picked.image2.name));
-  const against = bySubject ? `subject ${answer.subject_id}` : "the second photo";
+  const against = bySubject ? `${answer.template === "mean" ? "the mean of the faces of " : ""}subject ${answer.subject_id}` : "the second photo";
   return h(
     "section",
     { class: "panel", "aria-labelledby": "verdict" },

@@ -42,9 +42,11 @@ export function scaleOf(result) {
 }
 
 /** A candidate's number on the decision's own scale, the one its threshold applies to: a raw cosine
- * beside a margin score would read as below the threshold of a match (docs/console.md). */
+ * beside a margin score would read as below the threshold of a match (docs/console.md); a cosine says
+ * what it is against when that is the mean of the subject's faces (a candidate's `template`). */
 export function candidateScore(candidate, result) {
-  if (candidate.score === undefined || candidate.score === null || result.score === "cosine") return `cosine similarity ${number(candidate.similarity, 4)}`;
+  const against = candidate.template === "mean" ? " with the mean of their faces" : "";
+  if (candidate.score === undefined || candidate.score === null || result.score === "cosine") return `cosine similarity${against} ${number(candidate.similarity, 4)}`;
   return `${scaleOf(result)} ${number(candidate.score, 4)}`;
 }
 
@@ -60,6 +62,8 @@ export function faceVerdict(face, result) {
 export function subjectThreshold(result) {
   const k = result.subject_faces;
   if (!k || k <= 1 || result.far === null || result.far === undefined) return "";
+  if (result.template === "mean")
+    return ` The subject has ${k} enrolled faces and their mean counts, held to the threshold at which a stranger's photo matches a subject of ${k} faces in only about ${oneIn(result.far)} comparisons.`;
   return ` The subject has ${k} enrolled faces and the best of them counts, so each face is held to a stricter threshold than a single pair at FAR ${result.far}: a stranger's photo still matches the subject in only about ${oneIn(result.far)} comparisons.`;
 }
 
