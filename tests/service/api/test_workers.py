@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,7 +37,7 @@ FOLDER = Path(os.environ["FACEGATE_TEST_HOLD"])
 
 def held(run):
     def holding(*args, **kwargs):
-        if multiprocessing.current_process().name.startswith("SpawnProcess"):  # a uvicorn worker
+        if multiprocessing.current_process().name.startswith("ForkServerProcess"):  # a uvicorn worker
             try:
                 os.close(os.open(FOLDER / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
@@ -128,6 +129,19 @@ def one_client_per_worker(url: str) -> dict[int, httpx.Client]:
     raise AssertionError(f"reached {len(clients)} of {WORKERS} workers in 200 connections")
 
 
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def assert_forked_from_preload(pids: list[int]) -> None:
+    """Every worker is a child of one multiprocessing forkserver that imported the app before it
+    forked them (service/runtime/preload.py), not a fresh interpreter started by `facegate serve`."""
+    parents = {parent(pid) for pid in pids}
+    assert len(parents) == 1, f"the workers {pids} have several parents: {parents}"
+    command = Path(f"/proc/{parents.pop()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert "multiprocessing.forkserver" in command and "service.api.app" in command, command
+
+
 def candidates(client: httpx.Client, seed: int) -> list[str]:
     response = client.post("/identify", json={"image": crop_b64(seed), "aligned": True, "top_k": 100})
     assert response.status_code == 200, response.text
@@ -136,7 +150,10 @@ def candidates(client: httpx.Client, seed: int) -> list[str]:
 
 @pytest.mark.parametrize("workers_server", [True, False], ids=["model-host", "no-model-host"], indirect=True)
 def test_every_worker_sees_every_enrollment_and_deletion(workers_server):
-    clients = list(one_client_per_worker(workers_server.url).values())
+    by_pid = one_client_per_worker(workers_server.url)
+    if sys.platform == "linux":
+        assert_forked_from_preload(list(by_pid))
+    clients = list(by_pid.values())
     try:
         for i, writer in enumerate(clients):  # enrolled through each worker in turn: found by all
             enroll(writer, f"s{i}", seed=i)
