@@ -105,8 +105,9 @@ def ready_workers(url: str, workers: int, deadline: float) -> dict[int, httpx.Cl
     return clients
 
 
-def role(pid: int, root: int) -> str:
-    """What a process of the tree is, from its command line and its parent's."""
+def role(pid: int, root: int, preloaded: bool) -> str:
+    """What a process of the tree is, from its command line and its parent's (`preloaded`: the
+    workers come from a forkserver, so the one spawned process is the model host)."""
     with suppress(OSError):
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -116,7 +117,7 @@ def role(pid: int, root: int) -> str:
         if "resource_tracker" in command:
             return "resource tracker"
         if "spawn_main" in command:
-            return "model host" if parent == root else "worker (spawned)"
+            return "model host" if preloaded else "model host or worker"
         if "forkserver" in command and "decode_workers" in command:
             return "decoder" if "decode_workers" in parent_command else "decoders' forkserver"
         if "forkserver" in command:
@@ -153,8 +154,9 @@ def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: 
         time.sleep(2)  # the decoders' start after readiness settles
         pids = tree(process.pid)
         if by_process:
-            for pid in sorted(pids, key=lambda p: role(p, process.pid)):
-                print(f"  {role(pid, process.pid):>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB")
+            preloaded = any(role(pid, process.pid, False) == "workers' forkserver" for pid in pids)
+            for pid in sorted(pids, key=lambda p: role(p, process.pid, preloaded)):
+                print(f"  {role(pid, process.pid, preloaded):>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB")
         return seconds, sum(pss_kib(p) for p in pids), sum(pss_kib(p, data / "index") for p in pids), len(pids)
     finally:
         process.terminate()
