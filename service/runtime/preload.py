@@ -20,7 +20,20 @@ import uvicorn._subprocess
 
 log = logging.getLogger("facegate.preload")
 
-PRELOAD = ["service.api.app", "service.runtime.freeze_imports"]  # the app's imports, then gc.freeze once they are in
+# The app's imports; what uvicorn and the lifespan import in a worker after it (its server, protocols
+# and loop, the HTTP protocol `facegate serve` names, the SQLite store); then gc.freeze, last. A name
+# that does not import (uvloop where it is not installed) is skipped by the forkserver.
+PRELOAD = [
+    "service.api.app",
+    "service.api.server",
+    "service.gallery.sqlite",
+    "uvicorn.supervisors.multiprocess",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.on",
+    "uvloop",
+    "service.runtime.freeze_imports",
+]
 
 
 def fork_workers() -> None:
