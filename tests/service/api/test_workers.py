@@ -1,7 +1,8 @@
 """`facegate serve --workers N`, as a many-core host runs it: several HTTP worker processes on one
 SQLite gallery, with the models in one model host process (the default) or in each worker. A
 subject enrolled through any worker is found by every worker's next search, and deleted, by none;
-a model host that dies is restarted and the workers go on through it. Every wait is bounded."""
+a model host that dies is restarted and the workers go on through it; a worker killed is forked
+again from the preloaded forkserver, its decoders gone with it. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -195,6 +196,50 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
         assert set(statuses) <= {200, 503}, statuses  # never a 500 while the host is down
         assert statuses[-1] == 200 and "kept" in candidates(client, 7)
         assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    found, todo = set(), list(children.get(pid, []))
+    while todo:
+        found.add(child := todo.pop())
+        todo += children.get(child, [])
+    return found
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_a_killed_worker_is_forked_again_and_its_decoders_go(workers_server):
+    """kill -9 of a worker forked from the preloaded forkserver: uvicorn starts another from the same
+    forkserver, the dead one's decoder processes end with it, and every worker serves again."""
+    url = workers_server.url
+    clients = one_client_per_worker(url)
+    for client in clients.values():
+        assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200  # its decoder started
+        client.close()
+    victim = next(iter(clients))
+    forkserver, below = parent(victim), descendants(victim)
+    assert below, "the worker has no decoder processes"
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in below), "the killed worker's decoders ended", timeout=30)
+
+    def replaced() -> dict[int, httpx.Client] | None:
+        found = one_client_per_worker(url)
+        if victim not in found:
+            return found
+        for client in found.values():
+            client.close()
+        return None
+
+    again = wait_until(replaced, "a new worker replaced it", timeout=60)
+    assert all(parent(pid) == forkserver for pid in again), "a replacement worker does not come from the preloaded forkserver"
+    for client in again.values():
+        assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200
+        client.close()
 
 
 def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cache):
