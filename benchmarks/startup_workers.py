@@ -1,5 +1,5 @@
 """Start-up of `facegate serve --workers N` on a large SQLite gallery (issue 44): the time until
-every worker answers /readyz 200, and the memory of the whole process tree then, as the sum of
+/readyz first answers 200 (a worker answers 200 only once all N are ready), and the memory of the whole process tree then, as the sum of
 each process's PSS (/proc/PID/smaps_rollup: a page shared by k processes counts 1/k there, where
 RSS would count it k times). With the host's snapshot (service/gallery/snapshot.py) the guard and a
 flat index's faces are built once and mapped by every worker: the PSS of the mapped snapshot files
@@ -75,9 +75,21 @@ def pss_kib(pid: int, under: Path | None = None) -> int:
     return 0
 
 
+def first_ready(url: str, deadline: float) -> None:
+    """Returns once /readyz answers 200: with N workers any worker's 200 means all N are ready
+    (service/runtime/ready_workers.py), whichever worker the kernel gave the connection to."""
+    while time.monotonic() < deadline:
+        with suppress(httpx.TransportError):
+            if httpx.get(f"{url}/readyz", timeout=60).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("not ready in time")
+
+
 def ready_workers(url: str, workers: int, deadline: float) -> dict[int, httpx.Client]:
     """A keep-alive connection to each of `workers` worker processes once it answers /readyz 200
-    (a new connection goes to any worker: the kernel picks), by the pid /readyz reports."""
+    (a new connection goes to any worker: the kernel picks, often the same one many times), by
+    the pid /readyz reports."""
     clients: dict[int, httpx.Client] = {}
     while len(clients) < workers:
         if time.monotonic() > deadline:
@@ -89,12 +101,33 @@ def ready_workers(url: str, workers: int, deadline: float) -> dict[int, httpx.Cl
                 clients[response.json()["serving"]["pid"]] = client
                 continue
         client.close()
-        time.sleep(0.1)
+        time.sleep(0.01)
     return clients
 
 
-def start(checkout: Path, data: Path, embedder: Path, workers: int) -> tuple[float, int, int, int]:
-    """Seconds until every worker is ready, PSS of the tree, of the snapshot files in it (KiB), processes."""
+def role(pid: int, root: int, preloaded: bool) -> str:
+    """What a process of the tree is, from its command line and its parent's (`preloaded`: the
+    workers come from a forkserver, so the one spawned process is the model host)."""
+    with suppress(OSError):
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        parent_command = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if pid == root:
+            return "facegate serve"
+        if "resource_tracker" in command:
+            return "resource tracker"
+        if "spawn_main" in command:
+            return "model host" if preloaded else "model host or worker"
+        if "forkserver" in command and "decode_workers" in command:
+            return "decoder" if "decode_workers" in parent_command else "decoders' forkserver"
+        if "forkserver" in command:
+            return "worker" if "forkserver" in parent_command else "workers' forkserver"
+    return "?"
+
+
+def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool) -> tuple[float, int, int, int]:
+    """Seconds until every worker is ready, PSS of the tree, of the snapshot files in it (KiB),
+    processes; `by_process`: each process's PSS printed too."""
     port = free_port()
     env = {
         **os.environ,
@@ -109,8 +142,9 @@ def start(checkout: Path, data: Path, embedder: Path, workers: int) -> tuple[flo
     started = time.monotonic()
     process = subprocess.Popen(command, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        clients = ready_workers(f"http://127.0.0.1:{port}", workers, started + 900)
+        first_ready(f"http://127.0.0.1:{port}", started + 900)
         seconds = time.monotonic() - started
+        clients = ready_workers(f"http://127.0.0.1:{port}", workers, time.monotonic() + 900)
         image = base64.b64encode(aligned_crop_png(1)).decode()
         for client in clients.values():  # one search each: the index's and the guard's pages in use, as when serving
             response = client.post("/identify", json={"image": image, "aligned": True})
@@ -119,6 +153,10 @@ def start(checkout: Path, data: Path, embedder: Path, workers: int) -> tuple[flo
             client.close()
         time.sleep(2)  # the decoders' start after readiness settles
         pids = tree(process.pid)
+        if by_process:
+            preloaded = any(role(pid, process.pid, False) == "workers' forkserver" for pid in pids)
+            for pid in sorted(pids, key=lambda p: role(p, process.pid, preloaded)):
+                print(f"  {role(pid, process.pid, preloaded):>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB")
         return seconds, sum(pss_kib(p) for p in pids), sum(pss_kib(p, data / "index") for p in pids), len(pids)
     finally:
         process.terminate()
@@ -134,6 +172,7 @@ def main() -> None:
     parser.add_argument("--faces", type=int, default=100_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--checkout", type=Path, default=REPO, help="the source tree whose server is started")
+    parser.add_argument("--by-process", action="store_true", help="print each process's PSS and what it is")
     args = parser.parse_args()
     if not os.environ.get("FACEGATE_MODEL_CACHE"):
         sys.exit("set FACEGATE_MODEL_CACHE (the detector, for readiness)")
@@ -150,7 +189,7 @@ def main() -> None:
         for workers in args.workers:
             for stale in (gallery / "index").glob("*"):  # each start from the store alone: nothing saved by the last
                 stale.unlink()
-            seconds, pss, mapped, processes = start(args.checkout, gallery, embedder, workers)
+            seconds, pss, mapped, processes = start(args.checkout, gallery, embedder, workers, args.by_process)
             print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>16.0f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -106,6 +106,7 @@ def serve(
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
     from service.core.cpus import available_cores
+    from service.runtime.preload import fork_workers
     from service.runtime.ready_workers import host_folder
     from service.runtime.supervisor import model_host as hosting
 
@@ -133,6 +134,8 @@ def serve(
     with hosting() if hosted else nullcontext() as host_socket, host_folder(workers):
         if host_socket is not None:  # each worker's settings read it
             os.environ["FACEGATE_MODEL_HOST"] = str(host_socket)
+        if workers > 1:
+            fork_workers()
         uvicorn.run(
             "service.api.app:create_app",
             factory=True,

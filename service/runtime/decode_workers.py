@@ -33,7 +33,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -42,7 +42,9 @@ from service.core import errors
 from service.core.cpus import available_cores
 from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
-from service.core.settings import Settings
+
+if TYPE_CHECKING:  # not imported at run time: pydantic's settings would add ~13 MB to every decoder (docs/benchmarks.md)
+    from service.core.settings import Settings
 
 POLL = 0.05  # seconds between looks at the caller's cancel event and the worker's CPU time while it runs
 WALL_FACTOR = 5  # a job's wall-clock limit, in CPU limits: a worker starved of CPU this long is stopped too

@@ -35,8 +35,9 @@ from service.core.models.manifest import Manifest
 from service.core.models.model_set import ModelSet, Problem, with_cohort
 from service.core.settings import Settings
 from service.runtime import wire
-from service.runtime.model_host import PING_TIMEOUT, connect
+from service.runtime.model_host import connect
 from service.runtime.shm_arena import Arena, arena_path
+from service.runtime.wire import PING_TIMEOUT
 
 log = logging.getLogger("facegate.hosted_models")
 

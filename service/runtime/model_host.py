@@ -39,11 +39,9 @@ from service.metrics import Metrics
 from service.runtime import wire
 from service.runtime.local_models import LocalModels
 from service.runtime.shm_arena import Arena
+from service.runtime.wire import SOCKET
 
 log = logging.getLogger("facegate.model_host")
-
-SOCKET = "models.sock"
-PING_TIMEOUT = 5.0  # seconds without an answer to a ping after which a host is hung, for its supervisor and its workers alike
 
 
 def session_info(loaded: LoadedModel | None) -> dict | None:

@@ -30,7 +30,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from service.runtime import shm_arena
-from service.runtime.model_host import PING_TIMEOUT, SOCKET, run_host
+from service.runtime.wire import PING_TIMEOUT, SOCKET
 
 log = logging.getLogger("facegate.supervisor")
 
@@ -49,6 +49,14 @@ class Timing:
     def backoff(self, failures: int) -> float:
         """The wait before the restart that follows `failures` failures in a row (the first: 1)."""
         return min(self.backoff_cap, self.backoff_first * 2 ** max(0, failures - 1))
+
+
+def run_host(folder: str) -> None:
+    """The spawned host's entry: `model_host` (onnxruntime, the models, the pipeline) is imported
+    there, not in `facegate serve`, whose process only supervises (docs/benchmarks.md, "A worker's memory")."""
+    from service.runtime import model_host
+
+    model_host.run_host(folder)
 
 
 class Supervisor:

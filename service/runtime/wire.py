@@ -10,6 +10,8 @@ import pickle
 import struct
 from collections.abc import Iterable
 
+SOCKET = "models.sock"  # the file a host listens on, in its folder
+PING_TIMEOUT = 5.0  # seconds without an answer to a ping after which a host is hung, for its supervisor and its workers alike
 RECORD = struct.Struct("<cBQq4s4q")  # kind, dimensions, number, arena offset, dtype, shape (up to four dimensions)
 _KINDS = {b"d": "detect", b"e": "embed", b"D": "done"}
 _CODES = {name: code for code, name in _KINDS.items()}

@@ -1,7 +1,8 @@
 """`facegate serve --workers N`, as a many-core host runs it: several HTTP worker processes on one
 SQLite gallery, with the models in one model host process (the default) or in each worker. A
 subject enrolled through any worker is found by every worker's next search, and deleted, by none;
-a model host that dies is restarted and the workers go on through it. Every wait is bounded."""
+a model host that dies is restarted and the workers go on through it; a worker killed is forked
+again from the preloaded forkserver, its decoders gone with it. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,7 +38,7 @@ FOLDER = Path(os.environ["FACEGATE_TEST_HOLD"])
 
 def held(run):
     def holding(*args, **kwargs):
-        if multiprocessing.current_process().name.startswith("SpawnProcess"):  # a uvicorn worker
+        if multiprocessing.current_process().name.startswith("ForkServerProcess"):  # a uvicorn worker
             try:
                 os.close(os.open(FOLDER / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
@@ -128,6 +130,19 @@ def one_client_per_worker(url: str) -> dict[int, httpx.Client]:
     raise AssertionError(f"reached {len(clients)} of {WORKERS} workers in 200 connections")
 
 
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def assert_forked_from_preload(pids: list[int]) -> None:
+    """Every worker is a child of one multiprocessing forkserver that imported the app before it
+    forked them (service/runtime/preload.py), not a fresh interpreter started by `facegate serve`."""
+    parents = {parent(pid) for pid in pids}
+    assert len(parents) == 1, f"the workers {pids} have several parents: {parents}"
+    command = Path(f"/proc/{parents.pop()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert "multiprocessing.forkserver" in command and "service.api.app" in command, command
+
+
 def candidates(client: httpx.Client, seed: int) -> list[str]:
     response = client.post("/identify", json={"image": crop_b64(seed), "aligned": True, "top_k": 100})
     assert response.status_code == 200, response.text
@@ -136,7 +151,10 @@ def candidates(client: httpx.Client, seed: int) -> list[str]:
 
 @pytest.mark.parametrize("workers_server", [True, False], ids=["model-host", "no-model-host"], indirect=True)
 def test_every_worker_sees_every_enrollment_and_deletion(workers_server):
-    clients = list(one_client_per_worker(workers_server.url).values())
+    by_pid = one_client_per_worker(workers_server.url)
+    if sys.platform == "linux":
+        assert_forked_from_preload(list(by_pid))
+    clients = list(by_pid.values())
     try:
         for i, writer in enumerate(clients):  # enrolled through each worker in turn: found by all
             enroll(writer, f"s{i}", seed=i)
@@ -178,6 +196,50 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
         assert set(statuses) <= {200, 503}, statuses  # never a 500 while the host is down
         assert statuses[-1] == 200 and "kept" in candidates(client, 7)
         assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    found, todo = set(), list(children.get(pid, []))
+    while todo:
+        found.add(child := todo.pop())
+        todo += children.get(child, [])
+    return found
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_a_killed_worker_is_forked_again_and_its_decoders_go(workers_server):
+    """kill -9 of a worker forked from the preloaded forkserver: uvicorn starts another from the same
+    forkserver, the dead one's decoder processes end with it, and every worker serves again."""
+    url = workers_server.url
+    clients = one_client_per_worker(url)
+    for client in clients.values():
+        assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200  # its decoder started
+        client.close()
+    victim = next(iter(clients))
+    forkserver, below = parent(victim), descendants(victim)
+    assert below, "the worker has no decoder processes"
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in below), "the killed worker's decoders ended", timeout=30)
+
+    def replaced() -> dict[int, httpx.Client] | None:
+        found = one_client_per_worker(url)
+        if victim not in found:
+            return found
+        for client in found.values():
+            client.close()
+        return None
+
+    again = wait_until(replaced, "a new worker replaced it", timeout=60)
+    assert all(parent(pid) == forkserver for pid in again), "a replacement worker does not come from the preloaded forkserver"
+    for client in again.values():
+        assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200
+        client.close()
 
 
 def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cache):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from PIL import Image
 from service.core.decode import decode_image, probe
 from service.core.errors import DecoderFailed, ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
 from service.runtime.decode_workers import DecodeCancelled, DecodeWorkers
+from tests.conftest import REPO
 from tests.jpeg_bombs import many_scans, separate_scans
 from tests.polling import wait_until
 from tests.requirements import need
@@ -186,3 +188,11 @@ def test_workers_start_on_demand_up_to_the_pool_size(workers):
     for t in threads:
         t.join()
     assert results == [(240, 320, 3)] * 6 and 1 <= len(workers._workers) <= 2
+
+
+def test_the_decoders_import_only_what_decoding_needs():
+    """Each worker's decoder forkserver preloads this module: pydantic and the settings (about 13 MB
+    of heap in each decoder process, docs/benchmarks.md "A worker's memory") stay out of it."""
+    code = "import sys, service.runtime.decode_workers; print(sorted(m for m in ('pydantic', 'service.core.settings') if m in sys.modules))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert found.stdout.strip() == "[]", found.stdout

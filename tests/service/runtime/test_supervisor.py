@@ -101,3 +101,12 @@ def test_a_crashed_workers_arena_is_removed_and_a_live_ones_kept(supervise, tmp_
     supervise(fake_hosts.answering)
     wait_until(lambda: not crashed.exists(), "the crashed worker's arena removed")
     assert alive.exists()
+
+
+def test_the_supervisor_imports_no_model_code():
+    """`facegate serve`'s own process only supervises: the model host's module (onnxruntime, the
+    models, the pipeline) is imported in the host it spawns, not there (docs/benchmarks.md)."""
+    names = ("onnxruntime", "service.runtime.model_host")
+    code = f"import sys, service.runtime.supervisor; print(sorted(m for m in {names!r} if m in sys.modules))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert found.stdout.strip() == "[]", found.stdout
