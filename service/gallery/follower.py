@@ -270,14 +270,22 @@ class Follower:
                 self._stop.wait(delay)
 
     def _grown(self) -> bool:
-        """The changes applied since the mapped snapshot reached REMAP, or 1/8 of the faces (the room
-        its arrays have: its private pages grow with them), and the state is now shared as the host's
-        snapshot (a copy taken under the lock, saved outside it): time to map it."""
+        """The changes applied since the mapped snapshot are due to be shared (`_due`), and the state is
+        now shared as the host's snapshot (`_reshare`): time to map it."""
         state = self._state
-        if state is None or state.mapped is None or not isinstance(state.roster, LeaveOneOut):
+        return state is not None and self._due(state) and self._reshare(state)
+
+    def _due(self, state: Derived) -> bool:
+        """The changes applied to a mapped snapshot reached REMAP, or 1/8 of the faces (the room its
+        arrays have: its private pages grow with them)."""
+        if state.mapped is None or not isinstance(state.roster, LeaveOneOut):
             return False
-        if state.applied - max(state.mapped, self._remap_after) < max(REMAP, state.index.size // 8):
-            return False
+        return state.applied - max(state.mapped, self._remap_after) >= max(REMAP, state.index.size // 8)
+
+    def _reshare(self, state: Derived) -> bool:
+        """`state` saved as the host's snapshot (a copy taken under the lock, saved outside it): True
+        when there is one newer than the snapshot it maps, to map."""
+        assert isinstance(state.roster, LeaveOneOut)
         with self._lock:
             frozen = Derived(state.index, state.roster.copy(), state.applied, state.mapped)
         if self.log.share(frozen):
