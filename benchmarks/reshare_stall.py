@@ -7,9 +7,10 @@ changes, or 1/8 of the faces, applied to a mapped snapshot; gallery/snapshot.py)
 2. One thread searches back to back (a search and the open-set shape: what `/identify` asks the
    store), another enrolls a face every `--write-every` seconds, while the follower re-shares
    `--rounds` times (each forced once: `_due` answers yes), `--gap` seconds apart.
-3. Latency p50 / p99 / max of the searches and the writes, outside the re-shares and during them
-   (from the follower deciding to share until the state mapped anew is swapped in), and how long
-   each re-share took.
+3. Latency p50 / p99 / max of the searches and the writes, outside the re-shares, during them
+   (from the follower deciding to share until the state mapped anew is swapped in), and of those
+   that started while the guard was being copied to be saved (`LeaveOneOut.copy`, the part that
+   held the locks searches wait for), and how long each re-share and each copy took.
 
     .venv/bin/python benchmarks/reshare_stall.py --faces 100000
 """
@@ -31,6 +32,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench import machine_lines  # noqa: E402
 from benchmarks.loadtest import fill_gallery  # noqa: E402
 from service.core.models.manifest import EmbedderKey  # noqa: E402
+from service.core.open_set import LeaveOneOut  # noqa: E402
 from service.gallery.follower import Derived  # noqa: E402
 from service.gallery.index import IndexConfig  # noqa: E402
 from service.gallery.interface import NewFace  # noqa: E402
@@ -54,11 +56,12 @@ def timed(calls: list[tuple[float, float]], stop: threading.Event, call, every: 
             stop.wait(every)
 
 
-def summary(what: str, calls: list[tuple[float, float]], windows: list[tuple[float, float]]) -> None:
-    """Latency of the calls that started inside a re-share's window, and of the others."""
+def summary(what: str, calls: list[tuple[float, float]], windows: list[tuple[float, float]], copies: list[tuple[float, float]]) -> None:
+    """Latency of the calls that started inside a re-share's window, of the others, and of those that started during a copy."""
     inside = [s for t, s in calls if any(a <= t <= b for a, b in windows)]
     outside = [s for t, s in calls if not any(a <= t <= b for a, b in windows)]
-    for label, seconds in (("outside", outside), ("during", inside)):
+    copying = [s for t, s in calls if any(a <= t <= b for a, b in copies)]
+    for label, seconds in (("outside", outside), ("during", inside), ("copying", copying)):
         if seconds:
             ms = 1000 * np.array(seconds)
             print(
@@ -70,8 +73,8 @@ def summary(what: str, calls: list[tuple[float, float]], windows: list[tuple[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faces", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--gap", type=float, default=2.0, help="Seconds between re-shares.")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--gap", type=float, default=1.0, help="Seconds between re-shares.")
     parser.add_argument("--write-every", type=float, default=0.05)
     args = parser.parse_args()
     print("\n".join(machine_lines()))
@@ -86,6 +89,17 @@ def main() -> None:
         store.create_subject("writer", {}, "writer")
         rng = np.random.default_rng(1)
         query = unit(rng)
+        copies: list[tuple[float, float]] = []
+        copy = LeaveOneOut.copy
+
+        def timed_copy(self: LeaveOneOut, *args, **kwargs) -> LeaveOneOut:
+            began = time.perf_counter()
+            try:
+                return copy(self, *args, **kwargs)
+            finally:
+                copies.append((began, time.perf_counter()))
+
+        LeaveOneOut.copy = timed_copy  # type: ignore[method-assign]
         stop = threading.Event()
         searches: list[tuple[float, float]] = []
         writes: list[tuple[float, float]] = []
@@ -119,9 +133,10 @@ def main() -> None:
         for thread in threads:
             thread.join()
         print(f"{args.rounds} re-shares, each {', '.join(f'{s:.2f}' for s in took)} s from the decision to the swap")
+        print(f"the copies saved took {', '.join(f'{b - a:.2f}' for a, b in copies)} s")
         print(f"{'':>7} {'':>8} {'calls':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-        summary("search", searches, windows)
-        summary("write", writes, windows)
+        summary("search", searches, windows, copies)
+        summary("write", writes, windows, copies)
         store.close()
 
 
