@@ -132,14 +132,19 @@ def matrix(
     return results
 
 
+def synthetic_faces(embedder: EmbedderKey, faces: int, seed: int = 0) -> np.ndarray:
+    """`faces` random unit vectors of the embedder's size: a large gallery's faces, one subject each."""
+    vectors = np.random.default_rng(seed).standard_normal((faces, embedder.dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
 def fill_gallery(data_dir: Path, embedder: EmbedderKey, faces: int, seed: int = 0) -> None:
     """`faces` random unit vectors of the embedder, one subject each, written in one transaction:
     a large gallery for /identify to search, without enrolling it photo by photo."""
     from service.gallery.sqlite import SqliteGallery, embedding_blob
 
     SqliteGallery.open(data_dir, embedder, searchable=False).close()  # the schema, migrated
-    vectors = np.random.default_rng(seed).standard_normal((faces, embedder.dim)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = synthetic_faces(embedder, faces, seed)
     db = sqlite3.connect(data_dir / "gallery.sqlite3")
     with db:
         db.executemany(
@@ -151,6 +156,24 @@ def fill_gallery(data_dir: Path, embedder: EmbedderKey, faces: int, seed: int = 
             ((f"fill-{i}", embedding_blob(v), embedder.name, embedder.sha256) for i, v in enumerate(vectors)),
         )
     db.close()
+
+
+def fill_postgres(url: str, embedder: EmbedderKey, faces: int, seed: int = 0) -> None:
+    """As `fill_gallery`, into the PostgreSQL database `url` names (COPY, one transaction)."""
+    import psycopg
+
+    from service.gallery.postgres import PostgresGallery
+    from service.gallery.sqlite import embedding_blob
+
+    PostgresGallery(url, embedder, searchable=False).close()  # the schema, migrated
+    vectors = synthetic_faces(embedder, faces, seed)
+    with psycopg.connect(url) as conn, conn.cursor() as cursor:
+        with cursor.copy("COPY subjects (collection, id, name, metadata, created, updated) FROM STDIN") as copy:
+            for i in range(faces):
+                copy.write_row(("default", f"fill-{i}", f"fill {i}", "{}", 0, 0))
+        with cursor.copy("COPY faces (collection, subject_id, embedding, model_name, model_sha256, created) FROM STDIN") as copy:
+            for i, v in enumerate(vectors):
+                copy.write_row(("default", f"fill-{i}", embedding_blob(v), embedder.name, embedder.sha256, 0))
 
 
 def load_rows(

@@ -1,4 +1,4 @@
-"""Start-up of `facegate serve --workers N` on a large SQLite gallery (issue 44): the time until
+"""Start-up of `facegate serve --workers N` on a large SQLite or PostgreSQL gallery (issue 44): the time until
 /readyz first answers 200 (a worker answers 200 only once all N are ready), and the memory of the whole process tree then, as the sum of
 each process's PSS (/proc/PID/smaps_rollup: a page shared by k processes counts 1/k there, where
 RSS would count it k times). With the host's snapshot (service/gallery/snapshot.py) the guard and a
@@ -9,7 +9,8 @@ The gallery: `--faces` synthetic unit vectors (128-d, one subject each, the open
 by the tests' small ONNX embedder, inserted straight into SQLite; once every worker is ready, one
 `/identify` through each (its index and guard in use, as when serving), then the memory. `--checkout DIR` runs the server
 of another source tree (e.g. `git archive` of the commit before) on the same gallery, for a paired
-comparison on the same machine.
+comparison on the same machine. `--store postgres` fills a database of a PostgreSQL server started
+for the run from Debian's `postgresql` binaries (tests/postgres.py), which the workers share.
 
     FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3
 """
@@ -35,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench import machine_lines  # noqa: E402
 from benchmarks.chaos import free_port  # noqa: E402
-from benchmarks.loadtest import fill_gallery  # noqa: E402
+from benchmarks.loadtest import fill_gallery, fill_postgres  # noqa: E402
 from service.core.models.manifest import EmbedderKey, Manifest  # noqa: E402
 from tests.conftest import aligned_crop_png  # noqa: E402
 from tests.onnx_models import write_test_embedder  # noqa: E402
@@ -125,12 +126,13 @@ def role(pid: int, root: int, preloaded: bool) -> str:
     return "?"
 
 
-def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool) -> tuple[float, int, int, int]:
+def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool, database: str = "") -> tuple[float, int, int, int]:
     """Seconds until every worker is ready, PSS of the tree, of the snapshot files in it (KiB),
     processes; `by_process`: each process's PSS printed too."""
     port = free_port()
     env = {
         **os.environ,
+        "FACEGATE_DATABASE_URL": database,
         "PYTHONPATH": str(checkout),
         "FACEGATE_DATA_DIR": str(data),
         "FACEGATE_EMBEDDER": str(embedder),
@@ -173,25 +175,44 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--checkout", type=Path, default=REPO, help="the source tree whose server is started")
     parser.add_argument("--by-process", action="store_true", help="print each process's PSS and what it is")
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     args = parser.parse_args()
     if not os.environ.get("FACEGATE_MODEL_CACHE"):
         sys.exit("set FACEGATE_MODEL_CACHE (the detector, for readiness)")
     work = Path(tempfile.mkdtemp(prefix="facegate-startup-"))
+    server = None
     try:
         embedder = write_test_embedder(work / "embedder", dim=DIM)
         key = EmbedderKey.of(Manifest.load(embedder))
         gallery = work / "gallery"
-        fill_gallery(gallery, key, args.faces)
+        gallery.mkdir()
+        database = ""
+        if args.store == "postgres":
+            from tests.postgres import PostgresServer, check_available
+
+            check_available()
+            work.chmod(0o755)  # the server's user (nobody, as root) enters it
+            (work / "postgres").mkdir()
+            server = PostgresServer(work / "postgres").start()
+            database = server.create_database("facegate")
+            fill_postgres(database, key, args.faces)
+        else:
+            fill_gallery(gallery, key, args.faces)
         print("\n".join(machine_lines()))
         load = os.getloadavg()[0]
-        print(f"server of {args.checkout}; {args.faces} synthetic {DIM}-d faces, one per subject, the open-set guard on; load {load:.1f}")
+        print(
+            f"server of {args.checkout}; {args.store}; {args.faces} synthetic {DIM}-d faces, one per subject, "
+            f"the open-set guard on; load {load:.1f}"
+        )
         print(f"{'workers':>7} {'ready s':>8} {'processes':>9} {'PSS MiB':>8} {'snapshot PSS MiB':>16}")
         for workers in args.workers:
             for stale in (gallery / "index").glob("*"):  # each start from the store alone: nothing saved by the last
                 stale.unlink()
-            seconds, pss, mapped, processes = start(args.checkout, gallery, embedder, workers, args.by_process)
+            seconds, pss, mapped, processes = start(args.checkout, gallery, embedder, workers, args.by_process, database)
             print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>16.0f}", flush=True)
     finally:
+        if server is not None:
+            server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -405,9 +406,11 @@ class LeaveOneOut:
         state._tail_current = False
         return state
 
-    def copy(self) -> LeaveOneOut:
-        """Its state now, in arrays of its own (what is saved while this one goes on changing)."""
-        with self._lock:
+    def copy(self, locked: bool = True) -> LeaveOneOut:
+        """Its state now, in arrays of its own (what is saved while this one goes on changing).
+        `locked=False`: read without its lock, by a caller that keeps every change out meanwhile
+        (the gallery follower's lock): its readers are not held while it is copied."""
+        with self._lock if locked else nullcontext():
             n, names, arrays, share = self._n, list(self._names), self._arrays(self._n), self.share
         return LeaveOneOut.restore(n, names, arrays, share, self.sample)
 

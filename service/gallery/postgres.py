@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,25 @@ from psycopg_pool import PoolTimeout
 from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
-from service.core.open_set import GalleryShape, follow
+from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collections import DEFAULT
 from service.gallery.follower import Derived, FollowedStore, Follower
-from service.gallery.index import FaissIndex, IndexConfig, best_subjects, open_index, save_index
+from service.gallery.index import (
+    FaissIndex,
+    IndexConfig,
+    MappedFaces,
+    best_subjects,
+    index_kind,
+    open_index,
+    read_meta,
+    save_index,
+    tuned,
+)
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
 from service.gallery.pg_connections import Connections
+from service.gallery.snapshot import Snapshot, SnapshotFiles
 from service.gallery.sqlite import (
     COLLECTION_COUNTS,
     FACE_INSERT_COLUMNS,
@@ -54,13 +65,25 @@ from service.gallery.sqlite import (
     face_record,
     face_row,
     incompatible_models,
+    ours,
     required_embedder,
     stored_chip,
     subject_record,
     subject_update,
     taken,
 )
-from service.gallery.sync import PostgresLog, database_sequence, one_row, record_change, replication_status
+from service.gallery.sync import (
+    PostgresLog,
+    change_digest,
+    database_identity,
+    database_sequence,
+    one_row,
+    record_change,
+    replication_status,
+    snapshot_files,
+    snapshot_reaches,
+    snapshot_stamp,
+)
 
 log = logging.getLogger("facegate.gallery")
 
@@ -114,13 +137,6 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     return applied
 
 
-def change_digest(conn: psycopg.Connection, seq: int) -> str:
-    """md5 of change `seq`'s face ids: a persisted index names the change it reflects by number and
-    digest, so a file from another database (or one restored from a backup) is never replayed onto."""
-    row = conn.execute("SELECT md5(op || face_ids::text) FROM changes WHERE seq = %s", (seq,)).fetchone()
-    return row[0] if row else ""
-
-
 class PostgresGallery(FollowedStore, GalleryStore):
     def __init__(
         self,
@@ -161,12 +177,14 @@ class PostgresGallery(FollowedStore, GalleryStore):
                 ).fetchall()
             self.incompatible = incompatible_models(rows, embedder)
             self._changes: PostgresLog | None = None  # the log the follower reads
+            self._snapshots: tuple[SnapshotFiles, str] | None = None  # the host's snapshot of this database, and its identity
             if self.index_config is not None:
                 key = required_embedder(embedder)  # an index config is kept only with an embedder
                 if self.index_config.shared:  # Milvus: shared, nothing to build or keep in step
                     self.unfollowed = open_milvus(self.index_config, key.dim, key.sha256, collection)
                 else:
-                    self._changes = PostgresLog(self.pool, self.connections.listener, collection, key, self._derived_state)
+                    self._snapshots = self._snapshot_files(key)
+                    self._changes = PostgresLog(self.pool, self.connections.listener, collection, key, self._derived_state, self._snapshots)
                     self.follower = Follower(self._changes, None, SYNC_POLL_SECONDS, f"facegate-gallery-follower-{collection}")
                     if not background:
                         self.follower.rebuild()  # here: built, and brought up to the log
@@ -202,6 +220,19 @@ class PostgresGallery(FollowedStore, GalleryStore):
                 save_index(
                     self.index_config, state.index, required_embedder(self.embedder).sha256, {"sequence": state.applied, "change": digest}
                 )
+                self._save_snapshot(conn, state)
+
+    def _save_snapshot(self, conn: psycopg.Connection, state: Derived) -> None:
+        """The guard as the host's snapshot, unless this collection's is saved as of its change already:
+        the next start maps it instead of building it (the follower is paused: `state` does not change meanwhile)."""
+        if self._snapshots is None or not isinstance(state.roster, LeaveOneOut):
+            return
+        files, identity = self._snapshots
+        key = required_embedder(self.embedder)
+        with files.lock():
+            saved = read_meta(files.meta)
+            if not (saved and saved.get("applied") == state.applied and ours(saved, self.collection, key)):
+                files.save(state.roster, snapshot_stamp(conn, state.applied, key, self.collection, identity))
 
     def _wrote(self, seq: int, op: str, face_ids: list[int], vectors: np.ndarray | None = None, subjects: list[str] | None = None) -> None:
         """A change this replica committed, applied (after the few before it) before the caller answers."""
@@ -239,65 +270,99 @@ class PostgresGallery(FollowedStore, GalleryStore):
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"the gallery database is unavailable: {exc}") from exc
 
+    def _snapshot_files(self, key: EmbedderKey) -> tuple[SnapshotFiles, str] | None:
+        """The files the host's replicas share this collection's derived state through (snapshot.py),
+        in its index folder, named for the database's identity; None without a folder or an identity."""
+        assert self.index_config is not None
+        if self.index_config.directory is None:
+            return None
+        with self.pool.connection() as conn:
+            identity = database_identity(conn)
+        return None if identity is None else (snapshot_files(self.index_config.directory, key, self.guard, identity), identity)
+
     def _derived_state(self) -> Derived:
         """The index (the persisted one if it comes from this database, else filled and persisted) and
         the open-set roster, read in one REPEATABLE READ snapshot, with the change they reflect: the
         follower's build, which then replays what a persisted index lacks (the roster takes those
-        changes as no-ops up to the snapshot: an add it has, a remove it lacks)."""
+        changes as no-ops up to the snapshot: an add it has, a remove it lacks). With the host's
+        snapshot (a folder), the roster and a flat index's faces are built by the first replica under
+        its lock and mapped by the others, from a change the log then brings up to date (`_shared`)."""
         config, key = self.index_config, required_embedder(self.embedder)
         assert config is not None  # a follower is started only with a FAISS index's config
-        sha = key.sha256
-        with psycopg.connect(self.url) as conn:
+        with self._snapshots[0].lock() if self._snapshots is not None else nullcontext(), psycopg.connect(self.url) as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             with conn.transaction():
                 seq = database_sequence(conn)
                 count = one_row(
-                    conn.execute("SELECT COUNT(*) FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha))
+                    conn.execute("SELECT COUNT(*) FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, key.sha256))
                 )[0]
-
-                def current(meta: dict) -> bool:
-                    saved = meta.get("sequence", -1)
-                    return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
-
-                def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
-                    stride = max(count // max(n, 1), 1)
-                    rows = conn.execute(
-                        "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = 0 LIMIT %s",
-                        (self.collection, sha, stride, n),
-                    ).fetchall()
-                    return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(
-                        len(rows), -1
-                    )
-
-                def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-                    with conn.cursor(name="facegate_load", binary=True) as cursor:
-                        cursor.itersize = LOAD_BATCH
-                        cursor.execute(
-                            "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha)
-                        )
-                        while rows := cursor.fetchmany(LOAD_BATCH):
-                            ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-                            yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
-
                 started = time.monotonic()
-                index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
-                if loaded is None:
-                    save_index(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
-                faces = conn.execute(
-                    "SELECT id, subject_id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha)
-                ).fetchall()
-        vectors = np.frombuffer(b"".join(r[2] for r in faces), dtype="<f4").reshape(len(faces), key.dim)
-        roster = follow(np.array([r[0] for r in faces], np.int64), [r[1] for r in faces], vectors, self.guard)
-        applied = loaded["sequence"] if loaded else seq
+                snapshot = self._shared(conn, seq, count)
+                if snapshot is not None and index_kind(config.spec) == "faiss-flat":  # searches the snapshot's faces in place
+                    index = tuned(FaissIndex(key.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
+                    state, how = Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped else None), "mapped"
+                else:
+                    index, loaded = self._persisted_index(conn, seq, count)
+                    roster = snapshot.roster if snapshot is not None else follow(*self._faces(conn), self.guard)
+                    state, how = Derived(index, roster, loaded["sequence"] if loaded else seq), "loaded" if loaded else "built"
         log.info(
-            "gallery database: %d faces searchable at change %d (%s in %.1f s)",
-            index.size,
-            applied,
-            "loaded" if loaded else "built",
-            time.monotonic() - started,
+            "gallery database: %d faces searchable at change %d (%s in %.1f s)", index.size, state.applied, how, time.monotonic() - started
         )
-        return Derived(index, roster, applied)
+        return state
+
+    def _shared(self, conn: psycopg.Connection, seq: int, count: int) -> Snapshot | None:
+        """The host's snapshot that may start the state (`snapshot_reaches`), else one built here,
+        saved and mapped (the caller holds its lock); None where the host shares none."""
+        if self._snapshots is None or self.index_config is None:
+            return None
+        files, identity = self._snapshots
+        key, flat = required_embedder(self.embedder), index_kind(self.index_config.spec) == "faiss-flat"
+        snapshot = files.load(
+            self.guard, key.dim, lambda meta: snapshot_reaches(conn, meta, self.collection, key, identity, seq, count, flat)
+        )
+        return snapshot or files.built(self.guard, snapshot_stamp(conn, seq, key, self.collection, identity), self._faces(conn), follow)
+
+    def _faces(self, conn: psycopg.Connection) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """Ids, subjects and embeddings of the collection's faces the embedder made, in the caller's snapshot."""
+        key = required_embedder(self.embedder)
+        rows = conn.execute(
+            "SELECT id, subject_id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, key.sha256)
+        ).fetchall()
+        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), key.dim)
+        return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
+
+    def _persisted_index(self, conn: psycopg.Connection, seq: int, count: int) -> tuple[FaissIndex, dict[str, Any] | None]:
+        """The persisted index if it comes from this database (its change's digest), else one filled
+        from the faces and persisted; with its metadata when loaded."""
+        config, key = self.index_config, required_embedder(self.embedder)
+        assert config is not None
+        sha = key.sha256
+
+        def current(meta: dict) -> bool:
+            saved = meta.get("sequence", -1)
+            return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
+
+        def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
+            stride = max(count // max(n, 1), 1)
+            rows = conn.execute(
+                "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = 0 LIMIT %s",
+                (self.collection, sha, stride, n),
+            ).fetchall()
+            return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+        def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            with conn.cursor(name="facegate_load", binary=True) as cursor:
+                cursor.itersize = LOAD_BATCH
+                cursor.execute("SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, sha))
+                while rows := cursor.fetchmany(LOAD_BATCH):
+                    ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                    yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+
+        index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
+        if loaded is None:
+            save_index(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
+        return index, loaded
 
     # subjects
 

@@ -94,6 +94,27 @@ class SnapshotFiles:
         log.info("gallery snapshot %s: %d faces mapped, as of change %d", self.meta.name, n, meta["applied"])
         return Snapshot(int(meta["applied"]), roster, ids, vectors)
 
+    def built(
+        self,
+        guard: bool,
+        stamp: dict[str, Any],
+        faces: tuple[np.ndarray, list[str], np.ndarray],
+        build: Callable[..., Roster | LeaveOneOut],
+    ) -> Snapshot:
+        """The state of `faces` (ids, subjects, vectors) as of `stamp`'s change, built here by `build`
+        (open_set.follow), saved and mapped as the other processes will map it; kept in this process
+        where it cannot be saved (a full or read-only disk). The caller holds the lock."""
+        ids, subjects, vectors = faces
+        roster = build(ids, subjects, vectors, guard)
+        applied = stamp["applied"]
+        try:
+            self.save(roster, stamp, faces)
+            snapshot = self.load(guard, vectors.shape[1], lambda meta: meta.get("applied") == applied)
+        except OSError as exc:
+            log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
+            snapshot = None
+        return snapshot if snapshot is not None else Snapshot(applied, roster, ids, vectors, mapped=False)
+
     def applied(self) -> int | None:
         """The change the saved snapshot is of (None: none saved)."""
         meta = read_meta(self.meta)

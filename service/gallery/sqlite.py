@@ -325,15 +325,9 @@ def derived_state(
                 )
                 snapshot = None
             if snapshot is None:
-                ids, subjects, vectors = faces_of(db, collection, embedder, None)
-                roster = follow(ids, subjects, vectors, guard)
-                try:
-                    files.save(roster, stamp(db, applied, faces, embedder, collection), (ids, subjects, vectors))
-                    snapshot = files.load(guard, embedder.dim, lambda meta: meta.get("applied") == applied)
-                except OSError as exc:  # a full or read-only disk: this process keeps what it built
-                    log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
-                if snapshot is None:
-                    snapshot = Snapshot(applied, roster, ids, vectors, mapped=False)
+                snapshot = files.built(
+                    guard, stamp(db, applied, faces, embedder, collection), faces_of(db, collection, embedder, None), follow
+                )
             if flat:
                 index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
             else:  # the snapshot is of `applied` (`reaches`): the persisted index, or one built from its faces

@@ -13,7 +13,9 @@ index searches.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +23,13 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from service.core.models.manifest import EmbedderKey
+from service.core.open_set import LeaveOneOut
 from service.gallery.follower import Change, Derived
 from service.gallery.pg_connections import CHANNEL, Listener
+from service.gallery.snapshot import SnapshotFiles
+from service.gallery.sqlite import ours
+
+log = logging.getLogger("facegate.gallery.sync")
 
 
 def one_row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
@@ -46,13 +53,78 @@ def database_sequence(conn: psycopg.Connection) -> int:
     return one_row(conn.execute("SELECT seq FROM change_sequence"))[0]
 
 
+def change_digest(conn: psycopg.Connection, seq: int) -> str:
+    """md5 of change `seq`'s face ids: a persisted index or snapshot names the change it reflects by
+    number and digest, so a file from another database (or one restored from a backup) is never replayed onto."""
+    row = conn.execute("SELECT md5(op || face_ids::text) FROM changes WHERE seq = %s", (seq,)).fetchone()
+    return row[0] if row else ""
+
+
+def database_identity(conn: psycopg.Connection) -> str | None:
+    """The server's system identifier and the database's oid: which database a host's snapshot is of
+    (two databases behind one data folder never share one). None where the server does not say."""
+    try:
+        with conn.transaction():
+            return one_row(
+                conn.execute(
+                    "SELECT (SELECT system_identifier FROM pg_control_system())::text || '-' || oid::text "
+                    "FROM pg_database WHERE datname = current_database()"
+                )
+            )[0]
+    except psycopg.Error as exc:  # pg_control_system() revoked (a managed server): each replica builds its own
+        log.warning("gallery snapshot not shared: the database's identity is not readable (%s)", exc)
+        return None
+
+
+def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool, identity: str) -> SnapshotFiles:
+    """Where the host's replicas of one database share this embedder's guard (or roster) and faces
+    (`directory`: the collection's index folder, as SQLite's)."""
+    return SnapshotFiles(directory, f"{embedder.sha256[:16]}-pg{identity}-state-{'guard' if guard else 'roster'}")
+
+
+def snapshot_stamp(conn: psycopg.Connection, applied: int, embedder: EmbedderKey, collection: str, identity: str) -> dict[str, Any]:
+    """What a snapshot as of change `applied` is checked by (`snapshot_reaches`), read in its transaction."""
+    return {
+        "applied": applied,
+        "change": change_digest(conn, applied),
+        "model_sha256": embedder.sha256,
+        "collection": collection,
+        "database": identity,
+    }
+
+
+def snapshot_reaches(
+    conn: psycopg.Connection, meta: dict[str, Any], collection: str, embedder: EmbedderKey, identity: str, seq: int, faces: int, flat: bool
+) -> bool:
+    """A snapshot may start the state at change `seq` (`faces`: the embedder's in the collection
+    then): it is of this database, collection and embedder, its change's digest is the log's, and it
+    is of `seq` with as many faces, or (a flat index, whose faces it holds) of an earlier change, to
+    be followed from there (the log is never pruned: every change since is read)."""
+    saved = meta.get("applied", -1)
+    if meta.get("database") != identity or not ours(meta, collection, embedder) or not 0 <= saved <= seq:
+        return False
+    if meta.get("change") != change_digest(conn, saved):
+        return False
+    return meta.get("n") == faces if saved == seq else flat
+
+
 class PostgresLog:
     """follower.ChangeLog over the pool (reads) and the process's listener (`wait`: woken by its
     collection's notifications, pg_connections.py), which the follower's thread alone waits on. `build`:
     the state as of one snapshot (PostgresGallery's), the follower's first build."""
 
-    def __init__(self, pool: ConnectionPool, listener: Listener, collection: str, embedder: EmbedderKey, build: Callable[[], Derived]):
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        listener: Listener,
+        collection: str,
+        embedder: EmbedderKey,
+        build: Callable[[], Derived],
+        snapshots: tuple[SnapshotFiles, str] | None = None,
+    ):
+        """`snapshots`: the host's snapshot files of this database and its identity (None: not shared)."""
         self.pool, self.collection, self.embedder, self.build = pool, collection, embedder, build
+        self.snapshots = snapshots
         self._subscription = listener.subscribe(collection)
 
     @property
@@ -84,7 +156,22 @@ class PostgresLog:
         return self.build()
 
     def share(self, state: Derived) -> bool:
-        return False  # each replica keeps its own state
+        """The guard as the host's snapshot, saved as of its change (an older one maps, then the log
+        since is applied), unless another replica of the host saved a newer one."""
+        if self.snapshots is None or not isinstance(state.roster, LeaveOneOut) or state.mapped is None:
+            return False
+        files, identity = self.snapshots
+        try:
+            with files.lock():
+                if (files.applied() or -1) > state.mapped:
+                    return True  # another replica's, newer
+                with self.pool.connection() as conn:
+                    stamp = snapshot_stamp(conn, state.applied, self.embedder, self.collection, identity)
+                files.save(state.roster, stamp)
+            return True
+        except OSError as exc:
+            log.warning("gallery snapshot not shared: %s", exc)
+            return False
 
     def resync(self, state: Derived) -> None:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")

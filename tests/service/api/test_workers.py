@@ -2,7 +2,8 @@
 SQLite gallery, with the models in one model host process (the default) or in each worker. A
 subject enrolled through any worker is found by every worker's next search, and deleted, by none;
 a model host that dies is restarted and the workers go on through it; a worker killed is forked
-again from the preloaded forkserver, its decoders gone with it. Every wait is bounded."""
+again from the preloaded forkserver, its decoders gone with it; on PostgreSQL they share one
+snapshot of the gallery's derived state as on SQLite. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -68,6 +69,14 @@ class HoldOnImport(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, HoldOnImport())
+"""
+
+# A sitecustomize for every process of a server: what the snapshot's builder and mappers log goes to its log.
+LOG_SNAPSHOTS = """
+import logging
+
+logging.getLogger("facegate.gallery.snapshot").setLevel(logging.INFO)
+logging.getLogger("facegate.gallery.snapshot").addHandler(logging.StreamHandler())
 """
 
 
@@ -276,4 +285,36 @@ def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cach
             assert response.status_code == 200, response.text
     finally:
         (hooks / "release").touch()
+        server.stop()
+
+
+def test_postgres_workers_share_one_state_and_answer_alike(tmp_path, embedder_manifest, model_cache, database_url):
+    """On PostgreSQL the host's workers share one snapshot too (gallery/snapshot.py, sync.py): built
+    and saved by one, mapped by every one, each then following the database's change log. A write
+    is read back by the worker that made it at once, and by every other within its propagation delay."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(LOG_SNAPSHOTS)
+    server = WorkersServer(tmp_path / "gallery", embedder_manifest, model_cache, tmp_path / "server.log", model_host=True)
+    path = os.pathsep.join(p for p in (str(hooks), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    server.env |= {"PYTHONPATH": path, "FACEGATE_DATABASE_URL": database_url}
+    server.start()
+    clients = list(one_client_per_worker(server.url).values())
+    try:
+        log = (tmp_path / "server.log").read_text()
+        assert log.count("faces saved, as of change") == 1, log[-3000:]  # one build for the host, not one per worker
+        assert log.count("faces mapped, as of change") == WORKERS, log[-3000:]
+        for i, writer in enumerate(clients):
+            enroll(writer, f"s{i}", seed=i)
+            assert f"s{i}" in candidates(writer, i)  # read-your-writes
+            for reader in clients:
+                wait_until(lambda r=reader, i=i: f"s{i}" in candidates(r, i), "every worker finds it", timeout=10)
+        assert clients[1].delete("/subjects/s0").status_code == 204
+        assert "s0" not in candidates(clients[1], 0)
+        for reader in clients:
+            assert "s0" not in candidates(reader, 0)  # a deleted face is never answered: looked up in the database
+            wait_until(lambda r=reader: r.get("/readyz").json()["gallery"]["searchable_faces"] == WORKERS - 1, "every index follows")
+    finally:
+        for client in clients:
+            client.close()
         server.stop()

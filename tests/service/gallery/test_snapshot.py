@@ -5,12 +5,14 @@ would; a snapshot that is stale, of another state or damaged is never used."""
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from service.core import open_set
+from service.core.open_set import LeaveOneOut
 from service.gallery import follower, sqlite
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
@@ -230,8 +232,9 @@ def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch):
         for i in range(8):  # past REMAP and 1/8 of the faces
             first.create_subject(f"n{i}", {}, f"n{i}")
             first.add_faces(f"n{i}", [NewFace(unit(500 + i))])
-        for store in (first, second):
-            wait_until(lambda s=store: s.follower.state.mapped == first.applied, "the state shared and mapped anew")  # type: ignore[union-attr]
+        for store in (first, second):  # shared once one is past REMAP (perhaps before the last write: a loaded machine), then followed
+            wait_until(lambda s=store: s.follower.state.mapped > mapped, "the state shared and mapped anew")  # type: ignore[union-attr]
+        wait_until(lambda: second.follower.applied == first.applied, "the second process at the last change")  # type: ignore[union-attr]
         assert len({p.name.split(".")[1] for p in (tmp_path / "index").glob("*.ids.npy")}) == 1  # the older files removed
         guard = second.leave_one_out()
         assert guard is not None and isinstance(guard._vectors, np.memmap)
@@ -239,3 +242,39 @@ def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch):
     finally:
         first.close()
         second.close()
+
+
+def test_searches_go_on_while_a_grown_state_is_copied_to_be_shared(tmp_path, monkeypatch):
+    """The copy a re-share saves (`Follower._reshare`) is taken under the follower's lock, so no change
+    lands in it half-way, but not under the guard's, and a search does not wait for the follower's
+    lock meanwhile: it answers from the state as it is while the copy is held here."""
+    filler = SqliteGallery.open(tmp_path, KEY)
+    fill(filler, 20)
+    filler.close()
+    store = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    copying, release = threading.Event(), threading.Event()
+    arrays = LeaveOneOut._arrays
+
+    def held(self, capacity):
+        if threading.current_thread().name == "resharing" and not copying.is_set():
+            copying.set()
+            release.wait(30)
+        return arrays(self, capacity)
+
+    monkeypatch.setattr(LeaveOneOut, "_arrays", held)
+    assert store.follower is not None and store.follower.state is not None
+    resharing = threading.Thread(target=store.follower._reshare, args=(store.follower.state,), name="resharing")
+    answers: list[tuple] = []
+    searching = threading.Thread(target=lambda: answers.append((found(store, 1005), store.shape().faces)))
+    try:
+        resharing.start()
+        assert copying.wait(30)
+        searching.start()
+        searching.join(10)
+        assert not searching.is_alive() and answers == [(found(store, 1005), 39)]  # answered while the copy is held
+    finally:
+        release.set()
+        resharing.join(30)
+        searching.join(30)
+    assert not resharing.is_alive()
+    store.close()

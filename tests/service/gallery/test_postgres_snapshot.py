@@ -1,0 +1,165 @@
+"""PostgreSQL replicas on one host share the gallery's derived state as SQLite's workers do
+(service/gallery/snapshot.py, sync.py): the first builds the guard under the snapshot's lock and
+saves it, keyed by the database's identity, the collection, the embedder and the change it is as
+of; the others map it and follow the log from that change. Against a real server (tests/postgres.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from service.gallery import follower, postgres
+from service.gallery.index import IndexConfig
+from service.gallery.interface import NewFace
+from service.gallery.postgres import PostgresGallery
+from tests.polling import wait_until
+from tests.service.gallery.test_snapshot import state
+from tests.service.gallery.test_sqlite_processes import KEY, found, unit
+
+SUBJECTS = 120  # past the guard's 100 subjects: a tail to compare
+
+
+def config(folder: Path, spec: str = "Flat") -> IndexConfig:
+    return IndexConfig(spec, "", folder / "index")
+
+
+def fill(store: PostgresGallery, subjects: int = SUBJECTS) -> None:
+    for i in range(subjects):
+        store.create_subject(f"s{i}", {}, f"s{i}")
+        store.add_faces(f"s{i}", [NewFace(unit(1000 + i))] * (1 + i % 3))
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list[int]:
+    """One entry per guard or roster built from the database's faces in this process."""
+    counted: list[int] = []
+    build = postgres.follow
+
+    def counting(ids, *args, **kwargs):
+        counted.append(len(ids))
+        return build(ids, *args, **kwargs)
+
+    monkeypatch.setattr(postgres, "follow", counting)
+    return counted
+
+
+@pytest.fixture
+def opened(database_url):
+    stores: list[PostgresGallery] = []
+
+    def open_(index: IndexConfig | None = None, url: str = database_url, **kwargs) -> PostgresGallery:
+        store = PostgresGallery(url, KEY, pool_size=2, index=index, **kwargs)
+        stores.append(store)
+        return store
+
+    yield open_
+    for store in stores:
+        store.close()
+
+
+def mapped(store: PostgresGallery) -> bool:
+    guard = store.leave_one_out()
+    return guard is not None and isinstance(guard._vectors, np.memmap)
+
+
+def test_the_second_replica_maps_what_the_first_built(opened, tmp_path, builds):
+    fill(opened())  # no folder: built here alone
+    built, maps, alone = opened(config(tmp_path)), opened(config(tmp_path)), opened()
+    assert len(builds) == 3  # the filler, `built` and `alone`: `maps` built nothing
+    assert mapped(maps) and maps.index is not None and maps.index.base is not None  # type: ignore[attr-defined]
+    assert state(maps) == state(built) == state(alone)
+    for seed in (1000, 1001, 1050):
+        assert found(maps, seed) == found(alone, seed)  # type: ignore[arg-type]
+
+
+def test_a_snapshot_of_an_earlier_change_is_followed_from_it(opened, tmp_path, builds):
+    """A replica starting after writes maps the snapshot of an earlier change and applies the log
+    since: the guard of the replica that wrote them (float32 rounding apart: replicas apply changes
+    in batches of their own), the same tail; its own writes read back at once."""
+    writer = opened(config(tmp_path))
+    assert len(builds) == 1  # the empty gallery, saved as of change 0
+    fill(writer, 40)
+    writer.create_subject("new", {}, "new")
+    writer.add_faces("new", [NewFace(unit(7))])
+    writer.delete_subject("s3")
+    writer.merge_subjects("s4", "s5")
+    later = opened(config(tmp_path))
+    assert len(builds) == 1 and mapped(later)  # mapped as of change 0, then followed
+    assert later.applied == writer.applied
+    assert state(later)[:3] == state(writer)[:3] and state(later)[3] == pytest.approx(state(writer)[3], abs=1e-6)
+    assert found(later, 7)[0] == "new" and "s3" not in found(later, 1003)  # type: ignore[arg-type]
+    later.create_subject("own", {}, "own")
+    later.add_faces("own", [NewFace(unit(8))])
+    assert found(later, 8)[0] == "own"  # type: ignore[arg-type]  # read-your-writes on a mapped state
+
+
+def test_another_database_or_collection_never_maps_it(opened, postgres_server, tmp_path, builds):
+    """One index folder for two databases (or two collections in one folder): each builds its own
+    state (the database's identity names the files, the stamp the collection); a snapshot whose
+    change the log does not hold (a database restored from an older backup) is built again."""
+    first = opened(config(tmp_path))
+    fill(first, 10)
+    other = postgres_server.create_database("t_other_" + tmp_path.name[-8:].replace("-", "_").lower())
+    opened(config(tmp_path), url=other)
+    assert len(builds) == 2
+    opened(config(tmp_path), collection="home")
+    assert len(builds) == 3  # another collection's, although found in this folder
+    first.close()  # saved as of its last change: the next start maps it
+    opened(config(tmp_path)).close()
+    assert len(builds) == 3
+    with psycopg.connect(first.url) as conn:  # as if restored from another backup: the snapshot's change is not the log's
+        conn.execute("UPDATE changes SET face_ids = '{}' WHERE seq = (SELECT MAX(seq) FROM changes)")
+    opened(config(tmp_path))
+    assert len(builds) == 4
+
+
+def opened_in_process(url: str, folder: str) -> tuple[int, bool]:
+    """In a process of its own: the builds it ran while its gallery opened, and whether its guard is mapped."""
+    builds: list[int] = []
+    build = postgres.follow
+
+    def counting(ids, *args, **kwargs):
+        builds.append(len(ids))
+        return build(ids, *args, **kwargs)
+
+    postgres.follow = counting  # type: ignore[assignment]
+    store = PostgresGallery(url, KEY, pool_size=2, index=config(Path(folder)), background=True)
+    try:
+        assert store.wait_loaded(60)
+        return len(builds), mapped(store)
+    finally:
+        store.close()
+
+
+def test_workers_starting_at_once_build_once(opened, database_url, tmp_path):
+    """What `facegate serve --workers N` on PostgreSQL does at start-up: one builds under the
+    snapshot's lock, the other waits and maps what it saved (without it, each builds its own)."""
+    fill(opened(), 30)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.starmap(opened_in_process, [(database_url, str(tmp_path))] * 2)
+    assert sorted(n for n, _ in results) == [0, 1]
+    assert all(is_mapped for _, is_mapped in results)
+
+
+def test_a_grown_delta_is_shared_and_mapped_anew(opened, tmp_path, monkeypatch):
+    """After REMAP changes (and 1/8 of the faces) applied to its mapped snapshot, a replica saves its
+    state as the host's snapshot and maps it; another replica, past REMAP too, maps that one."""
+    monkeypatch.setattr(follower, "REMAP", 3)
+    fill(opened(), 20)
+    first, second = opened(config(tmp_path)), opened(config(tmp_path))
+    assert first.follower is not None and second.follower is not None
+    before = first.follower.state.mapped  # type: ignore[union-attr]
+    assert before == second.follower.state.mapped == first.applied  # type: ignore[union-attr]
+    for i in range(8):  # past REMAP and 1/8 of the faces
+        first.create_subject(f"n{i}", {}, f"n{i}")
+        first.add_faces(f"n{i}", [NewFace(unit(500 + i))])
+    for store in (first, second):  # each change is notified: shared as soon as one replica is past REMAP, then followed
+        wait_until(lambda s=store: s.follower.state.mapped > before, "the state shared and mapped anew")  # type: ignore[union-attr]
+    wait_until(lambda: second.applied == first.applied, "the second replica at the last change")
+    assert len({p.name.split(".")[1] for p in (tmp_path / "index").glob("*.ids.npy")}) == 1  # the older files removed
+    assert mapped(second) and found(second, 507)[0] == "n7"  # type: ignore[arg-type]
+    assert state(second)[:3] == state(first)[:3] and state(second)[3] == pytest.approx(state(first)[3], abs=1e-6)
