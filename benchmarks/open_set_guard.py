@@ -3,9 +3,11 @@ start-up: an exact search of each listed face's nearest faces, n² products, or 
 open_set.SAMPLE_FROM faces the sample's × n), one enrollment (a product with the listed faces, the
 lists it enters), one delete (the lists that named its subject, searched again), reading the tail
 a decision needs, and scoring one subject's faces exactly (GET /gallery/duplicates?subject_id=,
-wall, the mean of five subjects). With the machine, the CPU time of the build and of an enrollment
-beside their wall time, which a shared machine inflates, and the peak memory of the process that
-built it (each size is built in a process of its own: its ru_maxrss, and what it held before the build).
+wall, the mean of five subjects), and a search's wall alone ("search ms") and begun while
+such a scoring runs on a thread ("scoring"; "guard ms" its read of the guard: the wait on the
+guard's lock, if held). With the machine, the CPU time of the build and of an enrollment beside
+their wall time, which a shared machine inflates, and the peak memory of the process that built it
+(each size is built in a process of its own: its ru_maxrss, and what it held before the build).
 
 Synthetic L2-normalized 128-d embeddings. `--layout one`: one face per subject (the cost depends on
 size and dimension, hardly on the data); `--layout realistic`: subjects of 1 to 10 faces, each
@@ -44,7 +46,9 @@ import functools
 import math
 import multiprocessing
 import resource
+import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -107,18 +111,18 @@ def measure(size: int, args: argparse.Namespace) -> str:
     delete = (time.perf_counter() - started) / args.writes
     started = time.perf_counter()
     rest = subjects[args.largest : size]  # five subjects of 1–10 faces, not the largest
-    for subject in list(dict.fromkeys(rest[len(rest) // 2 :]))[
-        :5
-    ]:  # one subject's faces scored exactly (GET /gallery/duplicates?subject_id=)
+    five = list(dict.fromkeys(rest[len(rest) // 2 :]))[:5]
+    for subject in five:  # one subject's faces scored exactly (GET /gallery/duplicates?subject_id=)
         state.nearest_others(subject=subject)
     per_subject = (time.perf_counter() - started) / 5
+    alone, during, guard = searches_while_scoring(state, vectors[:size], five)
     shape = state.shape()
     listed = len(state.nearest_others())
     thresholds = ", ".join(f"{shape.tail.threshold(2 * q):.4f}" for q in FPIRS) if shape.tail else "none"
     row = (
         f"{size:>9,} {shape.subjects:>9,} {listed:>9,} {wall:>8.1f} {built_cpu:>8.1f} {1000 * enroll:>7.1f} "
         f"{1000 * enroll_cpu:>7.1f} {1000 * delete:>9.1f} {1000 * tail:>7.1f} {before:>7.0f} {grew:>7.0f} {peak:>7.0f} "
-        f"{1000 * per_subject:>9.1f}   T {thresholds}"
+        f"{1000 * per_subject:>9.1f} {1000 * alone:>9.1f} {1000 * during:>9.1f} {1000 * guard:>8.1f}   T {thresholds}"
     )
     if args.search != "exact":
         row += f"   ({exact_cost(vectors[:size], args)})"
@@ -128,6 +132,39 @@ def measure(size: int, args: argparse.Namespace) -> str:
         row += "; the exact guard's T: " + ", ".join(f"{truth.threshold(2 * q):.4f}" for q in FPIRS)
         row += " (sampled − exact: " + ", ".join(f"{shape.tail.threshold(2 * q) - truth.threshold(2 * q):+.4f}" for q in FPIRS) + ")"
     return row
+
+
+def searches_while_scoring(state: LeaveOneOut, vectors: np.ndarray, subjects: list[str]) -> tuple[float, float, float]:
+    """A search's wall — what /identify reads of the guard (`shape`: its N and tail) and a flat search
+    of one face — alone, and begun while a subject's faces are being scored (GET
+    /gallery/duplicates?subject_id=, on a thread, caught inside its search), and of the latter the
+    guard's part (its lock waited for, if held): the medians over these subjects."""
+
+    def search() -> tuple[float, float]:
+        started = time.perf_counter()
+        state.shape()
+        read = time.perf_counter()
+        faiss.knn(vectors[:1], vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)
+        return read - started, time.perf_counter() - started
+
+    alone = statistics.median(search()[1] for _ in subjects)
+    inside = threading.Event()
+
+    def entered(vectors: np.ndarray, rows: np.ndarray, take: int) -> open_set.Found:
+        inside.set()
+        yield from NEAREST(vectors, rows, take)
+
+    open_set._nearest = entered
+    during = []
+    for subject in subjects:
+        inside.clear()
+        scoring = threading.Thread(target=state.nearest_others, kwargs={"subject": subject})
+        scoring.start()
+        inside.wait()
+        during.append(search())
+        scoring.join()
+    open_set._nearest = NEAREST
+    return alone, statistics.median(total for _, total in during), statistics.median(guard for guard, _ in during)
 
 
 def exact_cost(vectors: np.ndarray, args: argparse.Namespace) -> str:
@@ -302,8 +339,8 @@ def main() -> None:
     if args.search not in ("compare", "sample", "shares"):
         print(
             f"{'faces':>9} {'subjects':>9} {'listed':>9} {'build s':>8} {'CPU s':>8} {'add ms':>7} {'CPU ms':>7} "
-            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7} {'subject ms':>9}   T_LOSO(2q) at q = "
-            + ", ".join(f"{q:g}" for q in FPIRS)
+            f"{'delete ms':>9} {'tail ms':>7} {'MiB':>7} {'grew':>7} {'peak':>7} {'subject ms':>9} {'search ms':>9} "
+            f"{'scoring':>9} {'guard ms':>8}   T_LOSO(2q) at q = " + ", ".join(f"{q:g}" for q in FPIRS)
         )
     context = multiprocessing.get_context("spawn")
     for size in args.sizes:

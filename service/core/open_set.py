@@ -358,6 +358,7 @@ class LeaveOneOut:
         self._subjects = 0
         self._tail: Tail | None = None
         self._tail_current = True
+        self._readers = 0  # subjects' scorings reading its vectors, ids and subject codes with the lock released
 
     @classmethod
     def build(
@@ -435,31 +436,38 @@ class LeaveOneOut:
     ) -> list[tuple[int, str, str, float, float]]:
         """Per face whose score (`by_cosine`: whose cosine with the most similar other subject) is at
         least `at_least`: (face id, its subject, that other subject, its best face's cosine, the face's
-        score). The faces are picked in one vectorized pass over the arrays, so the lock is held for
-        Python work on the faces kept only (what `facegate gallery duplicates` and GET
-        /gallery/duplicates list, at their threshold). Of every listed face (a sampled guard's: the
-        sample's), or (`subject`) of that subject's faces, listed here and now by an exact search of
-        each against every face, sampled or not."""
+        score). Of every listed face (a sampled guard's: the sample's), picked in one vectorized pass
+        over the arrays, the lock held for Python work on the faces kept only (what `facegate gallery
+        duplicates` and GET /gallery/duplicates list, at their threshold); or (`subject`) of that
+        subject's faces, listed here and now by an exact search of each against every face, sampled or
+        not, with the lock released: searches and changes go on meanwhile (`_subject_lists`)."""
+        if subject is not None:
+            ids, own, top, top_subject, names, subjects = self._subject_lists(subject)
+            return _picked(ids, own, top, top_subject, _scores(top, subjects), names, at_least, by_cosine)
         with self._lock:
             n = self._n
-            if subject is None:
-                rows, top, top_subject, score = np.arange(n), self._top[:n], self._top_subject[:n], self._score[:n]
-            else:
-                code = self._codes.get(subject, -1)
-                rows = np.flatnonzero(self._subject[:n] == code)
-                top, top_subject = self._lists(rows)
-                score = self._scores(top)
-            held = top[:, 0].astype(np.float64) if by_cosine else score
-            kept = np.flatnonzero((held >= at_least) & (top_subject[:, 0] >= 0))
-            picked = zip(
-                self._ids[rows[kept]].tolist(),
-                self._subject[rows[kept]].tolist(),
-                top_subject[kept, 0].tolist(),
-                top[kept, 0].tolist(),
-                score[kept].tolist(),
-                strict=True,
+            return _picked(
+                self._ids[:n], self._subject[:n], self._top[:n], self._top_subject[:n], self._score[:n], self._names, at_least, by_cosine
             )
-            return [(face, self._names[own], self._names[other], cosine, score) for face, own, other, cosine, score in picked]
+
+    def _subject_lists(self, subject: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], int]:
+        """A subject's faces (ids and codes), their lists searched from every face, the names by code
+        and the subjects, as of one moment: under the lock only the faces' arrays are taken (and
+        `_readers` counted: a change that would write them in place copies them first, `_unshare`);
+        the search runs with the lock released."""
+        with self._lock:
+            n, vectors = self._n, self._vectors
+            rows = np.flatnonzero(self._subject[:n] == self._codes.get(subject, -1))
+            faces = Faces(vectors[:n], self._subject[:n], self._counts.copy(), self.width)
+            ids, own, names, subjects = self._ids[rows], self._subject[rows], self._names, self._subjects
+            self._readers += 1
+        try:
+            top, top_subject = faces.lists(rows)
+        finally:
+            with self._lock:
+                if self._vectors is vectors:  # not replaced since (`_unshare`, grown): still counted
+                    self._readers -= 1
+        return ids, own, top, top_subject, names, subjects
 
     def add(self, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray | None = None) -> None:
         """New faces (`subjects`: each one's subject id): each enters the lists of the faces it is now
@@ -493,6 +501,8 @@ class LeaveOneOut:
             rows = sorted((self._row.pop(int(i)) for i in np.asarray(ids).reshape(-1) if int(i) in self._row), reverse=True)
             if not rows:
                 return
+            if self._readers:  # a subject's scoring reads the arrays the rows move in
+                self._unshare()
             touched = np.unique(self._subject[rows])
             for row in rows:  # the last row moves into each freed one
                 code = self._subject[row]
@@ -511,6 +521,12 @@ class LeaveOneOut:
 
     # internals (the lock held)
 
+    def _unshare(self) -> None:
+        """Arrays of its own for the rows a change writes in place: the ones a scoring reads stay as
+        they were (its references keep them until it ends)."""
+        self._vectors, self._ids, self._subject = self._vectors.copy(), self._ids.copy(), self._subject.copy()
+        self._readers = 0
+
     def _arrays(self, capacity: int) -> dict[str, np.ndarray]:
         rows = max(capacity, self._n)
         out = {name: _grown(getattr(self, f"_{name}")[: self._n], rows, fill) for name, fill in _ROWS.items()}
@@ -527,6 +543,7 @@ class LeaveOneOut:
             self._top = _grown(self._top, capacity, -np.inf)
             self._top_subject = _grown(self._top_subject, capacity, -1)
             self._score = _grown(self._score, capacity, -np.inf)
+            self._readers = 0  # new arrays: a scoring under way reads the old ones
         if needed > len(self._on):
             self._on = _grown(self._on, len(self._ids), False)
         codes = np.array([self._code(s) for s in subjects], np.int32)
@@ -574,14 +591,47 @@ class LeaveOneOut:
         self._top[rows], self._top_subject[rows] = self._lists(rows)
 
     def _lists(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return Faces(self._vectors[: self._n], self._subject[: self._n], self._counts, self.width).lists(rows)
+
+    def _rescore(self, rows: np.ndarray) -> None:
+        if len(rows):
+            self._score[rows] = _scores(self._top[rows], self._subjects)
+        self._tail_current = False
+
+    def _after(self, before: int) -> None:
+        """k = min(K, N − 2) for a leave-one-out score changes with N in small galleries: score every
+        listed face again. A gallery grown past twice its sample: half the sample's lists dropped."""
+        share = min(self.share, sample_share(self._n)) if self.sample else 1.0
+        if share < self.share:
+            self.share = share
+            dropped = np.flatnonzero(self._on[: self._n] & ~sampled(self._ids[: self._n], share))
+            self._on[dropped], self._top[dropped], self._top_subject[dropped], self._score[dropped] = False, -np.inf, -1, -np.inf
+        if self._subjects != before and min(self._subjects, before) <= K + 2:
+            self._rescore(np.flatnonzero(self._on[: self._n]))
+        self._tail_current = False
+
+
+@dataclass(frozen=True)
+class Faces:
+    """The faces a guard's lists are computed from, as of one moment: its vectors, their subjects'
+    codes and the faces per code. A guard's own updates read its arrays under its lock; a subject's
+    scoring (`nearest_others(subject=…)`) reads them with the lock released, arrays no change
+    writes in place meanwhile (`LeaveOneOut._readers`), so that searches and changes do not wait for it."""
+
+    vectors: np.ndarray
+    subject: np.ndarray
+    counts: np.ndarray
+    width: int
+
+    def lists(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The lists of `rows` (cosines and codes, a row each) computed from every face: FAISS's exact
         search for each row's nearest faces, a block at a time, then their subjects. The faces asked
         for per row are bounded (4 × width + at most OWN_FACES of its own subject's), whatever the
         subjects' sizes: the rows whose nearest faces held too few subjects are listed again by
-        `_lists_exactly`."""
-        n = self._n
-        vectors, subject = self._vectors[:n], self._subject[:n]
-        take = min(n, 4 * self.width + min(int(self._counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
+        `lists_exactly`."""
+        n = len(self.vectors)
+        vectors, subject = self.vectors, self.subject
+        take = min(n, 4 * self.width + min(int(self.counts.max(initial=0)), OWN_FACES))  # enough for `width` subjects, usually
         top = np.full((len(rows), self.width), -np.inf, np.float32)
         top_subject = np.full((len(rows), self.width), -1, np.int32)
         where = np.zeros(n, np.int64)  # a row's place in `rows` (a search may yield its blocks in any order)
@@ -593,10 +643,10 @@ class LeaveOneOut:
             if take < n:  # fewer than `width` subjects among the faces asked for: more faces may hold more
                 short.append(block[(top_subject[where[block]] < 0).any(axis=1)])
         again = np.concatenate([np.empty(0, np.int64), *short])
-        top[where[again]], top_subject[where[again]] = self._lists_exactly(again)
+        top[where[again]], top_subject[where[again]] = self.lists_exactly(again)
         return top, top_subject
 
-    def _lists_exactly(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def lists_exactly(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The lists of rows whose nearest faces were crowded by a few subjects' many faces, exact in
         bounded memory: the subjects with more than OWN_FACES faces ("large") by their best face
         each, from products a block of rows by a slice of their faces at a time; the others from
@@ -606,9 +656,8 @@ class LeaveOneOut:
         top_subject = np.full((len(rows), self.width), -1, np.int32)
         if not len(rows):
             return top, top_subject
-        n = self._n
-        vectors, subject = self._vectors[:n], self._subject[:n]
-        large = np.flatnonzero(self._counts > OWN_FACES)
+        vectors, subject = self.vectors, self.subject
+        large = np.flatnonzero(self.counts > OWN_FACES)
         in_large = np.isin(subject, large)
         small = np.flatnonzero(~in_large)
         members = np.flatnonzero(in_large)
@@ -648,30 +697,6 @@ class LeaveOneOut:
             )
         return top, top_subject
 
-    def _scores(self, top: np.ndarray) -> np.ndarray:
-        """The leave-one-out scores of these lists (−inf for a list naming no other subject: no sample)."""
-        scores = np.full(len(top), -np.inf)
-        found = np.isfinite(top[:, 0])
-        scores[found] = margin_scores(top[found], self._subjects - 1)
-        return scores
-
-    def _rescore(self, rows: np.ndarray) -> None:
-        if len(rows):
-            self._score[rows] = self._scores(self._top[rows])
-        self._tail_current = False
-
-    def _after(self, before: int) -> None:
-        """k = min(K, N − 2) for a leave-one-out score changes with N in small galleries: score every
-        listed face again. A gallery grown past twice its sample: half the sample's lists dropped."""
-        share = min(self.share, sample_share(self._n)) if self.sample else 1.0
-        if share < self.share:
-            self.share = share
-            dropped = np.flatnonzero(self._on[: self._n] & ~sampled(self._ids[: self._n], share))
-            self._on[dropped], self._top[dropped], self._top_subject[dropped], self._score[dropped] = False, -np.inf, -1, -np.inf
-        if self._subjects != before and min(self._subjects, before) <= K + 2:
-            self._rescore(np.flatnonzero(self._on[: self._n]))
-        self._tail_current = False
-
 
 def follow(ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, guard: bool) -> Roster | LeaveOneOut:
     """What a gallery keeps beside its index for open-set decisions: the leave-one-out guard of
@@ -681,6 +706,34 @@ def follow(ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, guard:
     roster = Roster()
     roster.add(ids, subjects)
     return roster
+
+
+def _scores(top: np.ndarray, subjects: int) -> np.ndarray:
+    """The leave-one-out scores of these lists in a gallery of `subjects` (−inf for a list naming no
+    other subject: no sample)."""
+    scores = np.full(len(top), -np.inf)
+    found = np.isfinite(top[:, 0])
+    scores[found] = margin_scores(top[found], subjects - 1)
+    return scores
+
+
+def _picked(
+    ids: np.ndarray,
+    own: np.ndarray,
+    top: np.ndarray,
+    top_subject: np.ndarray,
+    score: np.ndarray,
+    names: list[str],
+    at_least: float,
+    by_cosine: bool,
+) -> list[tuple[int, str, str, float, float]]:
+    """`nearest_others`' tuples of the faces (a row each) whose score, or best cosine, is at least `at_least`."""
+    held = top[:, 0].astype(np.float64) if by_cosine else score
+    kept = np.flatnonzero((held >= at_least) & (top_subject[:, 0] >= 0))
+    picked = zip(
+        ids[kept].tolist(), own[kept].tolist(), top_subject[kept, 0].tolist(), top[kept, 0].tolist(), score[kept].tolist(), strict=True
+    )
+    return [(face, names[code], names[other], cosine, value) for face, code, other, cosine, value in picked]
 
 
 Found = Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, their nearest faces' cosines, those faces)

@@ -25,7 +25,7 @@ from service.gallery.interface import GalleryStore
 
 PAGE = 10_000  # faces read from the store at a time
 MAX_BUILT_FACES = 10_000  # GET /gallery/duplicates builds the state for at most this many faces (about a second on 2 cores)
-MAX_SUBJECT_PRODUCTS = 20_000_000  # a subject's faces × the gallery's, scored per request under the guard's lock (20 faces at 1M)
+MAX_SUBJECT_PRODUCTS = 20_000_000  # a subject's faces × the gallery's, scored per request (20 faces at 1M; searches go on meanwhile)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def list_duplicates(
     faces = service.gallery.shape().faces
     if subject_id is not None:
         own = service.gallery.get_subject(subject_id_path(subject_id)).face_count  # 404 subject_not_found
-        if own * faces > duplicates.MAX_SUBJECT_PRODUCTS:  # searched under the guard's lock: searches wait meanwhile
+        if own * faces > duplicates.MAX_SUBJECT_PRODUCTS:  # a request's CPU, bounded (the guard's lock is not held meanwhile)
             raise DuplicatesUnavailable(
                 f"subject {subject_id!r} holds {own:,} faces, too many to search against the gallery's {faces:,} per request: "
                 "run `facegate gallery duplicates`"

@@ -5,8 +5,9 @@ same subject, the last results cleared, a text file named as left out; a new sub
 photo is refused not kept; a camera photo taken and removed), a subject named like
 markup shown as text, search, thumbnails, a group photo identified (both faces boxed and named,
 the decision in plain words), a pair verified, a pair refused and a faceless photo named, one man
-enrolled again under another id listed as a possible duplicate (none while the gallery is empty) and
-merged in one click, the model page without raw floats, a face, a subject and two ticked subjects
+enrolled again under another id listed as a possible duplicate (none while the gallery is empty), by
+itself as one subject's pairs (picked by name where a large gallery's whole list is a 503, which the
+page explains) and merged in one click, the model page without raw floats, a face, a subject and two ticked subjects
 deleted (each checked through the API too), the pages on a phone-sized screen without sideways
 scrolling (a 120-letter name, a six-face photo), the stopped service said in a sentence with a
 retry, no Content-Security-Policy violation and the key in no URL or log line.
@@ -151,6 +152,30 @@ class Console:
             return self.d.find_element("id", "main").text[-3000:]
         except Exception as exc:  # the failure's own message matters more than this one
             return f"(the page could not be read: {exc})"
+
+    def set_hash(self, fragment: str) -> None:
+        """Another page of the console without reloading it (what the page's JavaScript set stays)."""
+        self.d.execute_script("location.hash = arguments[0]", fragment)
+
+    def sampled_gallery(self, on: bool) -> None:
+        """The API's answer for a gallery whose guard lists a sample of its faces (from 50,000, too
+        many to enroll here): GET /gallery/duplicates without subject_id a 503 duplicates_unavailable,
+        as tests/service/api/test_duplicates.py checks the service answers; every other call goes through."""
+        self.d.execute_script(
+            """const real = window.realFetch || (window.realFetch = window.fetch);
+               if (!arguments[0]) { window.fetch = real; return; }
+               const message = "the gallery holds 60,000 faces and its open-set guard lists a sample of them (50.00%): "
+                 + "ask for one subject's pairs (?subject_id=)";
+               const refused = { error: { code: "duplicates_unavailable", message } };
+               const headers = { "Content-Type": "application/json" };
+               window.fetch = (url, init) => {
+                 const u = new URL(url, location.href);
+                 if (u.pathname.endsWith("/gallery/duplicates") && !u.searchParams.has("subject_id"))
+                   return Promise.resolve(new Response(JSON.stringify(refused), { status: 503, headers }));
+                 return real(url, init);
+               };""",
+            on,
+        )
 
     def heading(self, text: str) -> None:
         self.until_text("main h1", text)
@@ -377,6 +402,22 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
     assert "1 in 100 strangers" in c.one(".decision").text
     assert c.images_loaded("table.duplicates img.chip") == [320]
     c.shot("duplicates")
+    # One subject's pairs, by its name; and a gallery whose guard keeps a sample (from 50,000 faces),
+    # its whole list a 503 (stood in for here, in the browser's fetch): why, and the subject picker.
+    c.set_hash("#/duplicates?subject=bush-again")
+    c.heading("Possible duplicates of “G. W. Bush”")
+    assert "George W Bush" in c.element_with("table.duplicates tbody tr", "G. W. Bush").text
+    c.sampled_gallery(True)
+    c.set_hash("#/duplicates")
+    assert "too large for the whole list" in c.one("#per-subject-only").text
+    assert "subject_id" in c.until_text("main .note", "The service says")
+    c.one("main input[name=subject]").send_keys("g. w. bush")
+    c.submit()
+    c.heading("Possible duplicates of “G. W. Bush”")
+    c.element_with("table.duplicates tbody tr", "George W Bush")
+    c.sampled_gallery(False)
+    c.set_hash("#/duplicates")
+    c.heading("Possible duplicates")
     # One click (and a confirmation) merges them: the faces move, the emptied subject goes.
     c.element_with("table.duplicates button.merge", "keeping “George W Bush”").click()
     assert "G. W. Bush" in c.one("#confirm-text").text

@@ -70,7 +70,7 @@ def test_a_sampled_guard_answers_for_one_subject_at_a_time(store_settings, make_
     assert api.get("/gallery/duplicates", params={"subject_id": "p5"}).json()["total"] == 0
     missing = api.get("/gallery/duplicates", params={"subject_id": "ghost"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "subject_not_found"
-    monkeypatch.setattr(duplicates, "MAX_SUBJECT_PRODUCTS", PEOPLE)  # 1 face × 13: searched under the guard's lock, bounded
+    monkeypatch.setattr(duplicates, "MAX_SUBJECT_PRODUCTS", PEOPLE)  # 1 face × 13: a request's CPU, bounded
     bounded = api.get("/gallery/duplicates", params={"subject_id": "again"})
     assert bounded.status_code == 503 and bounded.json()["error"]["code"] == "duplicates_unavailable", bounded.text
 

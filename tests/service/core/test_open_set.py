@@ -6,6 +6,7 @@ points where its closed form is plain."""
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from service.core.open_set import (
     sampled,
     table_threshold,
 )
+from tests.polling import wait_until
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -154,6 +156,62 @@ def test_a_sampled_guard_keeps_its_sample_exact_as_faces_come_and_go(monkeypatch
     rebuilt = LeaveOneOut.build(ids[keep], [s for s, k in zip(subjects, keep, strict=True) if k], vectors[keep])
     assert rebuilt.share == 1 / 16 and {f: s for f, *_, s in rebuilt.nearest_others()} == pytest.approx(
         {f: s for f, *_, s in state.nearest_others()}, abs=1e-6
+    )
+
+
+def test_a_subjects_scoring_holds_no_lock_searches_and_changes_wait_for(monkeypatch):
+    """GET /gallery/duplicates?subject_id= searches the subject's faces against every face: held
+    mid-way here, the guard still answers a search's shape and takes adds and deletes (before, they
+    waited on its lock for the whole scoring: ~0.5 s at 1M faces), and the scoring reads the faces as
+    they were when it began, though the deletes moved rows under it (their arrays copied first)."""
+    rng = np.random.default_rng(8)
+    n = 120
+    subjects = [f"s{i % 40}" for i in range(n)]
+    added = ["s3", "s90", "s91", "s92", "s93", "s94"]
+    vectors = unit(rng.normal(size=(n + 6, 12)))
+    ids = np.arange(1, n + 7)
+    state = LeaveOneOut.build(ids[:n], subjects, vectors[:n], sample=False)
+    mine = [i for i in range(n) if subjects[i] == "s3"]
+    before = brute_leave_one_out(ids[:n], subjects, vectors[:n])
+    cosines = vectors[mine] @ vectors[:n].T
+    cosines[:, mine] = -2
+    nearest = ids[np.unique(cosines.argmax(axis=1))]  # each of its faces' best other face: gone, its score changes
+    gone = np.union1d(nearest, ids[[0, 1, n - 1]])  # and rows the last ones move into
+    started, release, done = threading.Event(), threading.Event(), threading.Event()
+    scorer: list[threading.Thread] = []
+    search = open_set._nearest
+
+    def held(vectors, rows, take):
+        if threading.current_thread() in scorer:
+            started.set()
+            release.wait(300)  # set once the search and changes are done, or failed
+        yield from search(vectors, rows, take)
+
+    monkeypatch.setattr(open_set, "_nearest", held)
+    found: list = []
+    scorer.append(threading.Thread(target=lambda: found.extend(state.nearest_others(subject="s3"))))
+    scorer[0].start()
+    try:
+        assert started.wait(30)
+
+        def meanwhile():
+            state.shape()
+            state.remove(gone)
+            state.add(ids[n:], added, vectors[n:])
+            done.set()
+
+        threading.Thread(target=meanwhile, daemon=True).start()
+        wait_until(done.is_set, "a search, a delete and an add while a subject's scoring is held", timeout=10)
+    finally:
+        release.set()
+        scorer[0].join(30)
+    assert {face: score for face, own, _, _, score in found} == pytest.approx({int(ids[i]): before[int(ids[i])] for i in mine}, abs=1e-5)
+    keep = ~np.isin(ids, gone)
+    left = [s for s, k in zip([*subjects, *added], keep, strict=True) if k]
+    after = brute_leave_one_out(ids[keep], left, vectors[keep])
+    assert {face: score for face, _, _, _, score in state.nearest_others()} == pytest.approx(after, abs=1e-5)
+    assert {face: score for face, *_, score in state.nearest_others(subject="s3")} == pytest.approx(
+        {int(f): after[int(f)] for f, s in zip(ids[keep], left, strict=True) if s == "s3"}, abs=1e-5
     )
 
 
