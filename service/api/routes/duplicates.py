@@ -23,7 +23,7 @@ _building = threading.Lock()  # one state built from the database at a time, whe
     response_model=DuplicatesOut,
     summary="Subjects that may be one person under two ids",
     responses={
-        **error_responses(401, 422),
+        **error_responses(401, 404, 422),
         503: {
             "model": ErrorResponse,
             "description": (

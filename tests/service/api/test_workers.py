@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.polling import wait_until
+from tests.requirements import need
 from tests.service.api.test_server_process import REQUEST_TIMEOUT, Server, crop_b64, enroll
 
 pytestmark = pytest.mark.slow
@@ -220,11 +221,12 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 @pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
 def test_a_killed_worker_is_forked_again_and_its_decoders_go(workers_server):
     """kill -9 of a worker forked from the preloaded forkserver: uvicorn starts another from the same
     forkserver, the dead one's decoder processes end with it, and every worker serves again."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "reads the process tree from /proc")
     url = workers_server.url
     clients = one_client_per_worker(url)
     for client in clients.values():
