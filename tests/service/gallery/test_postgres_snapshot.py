@@ -17,34 +17,13 @@ from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery
 from tests.polling import wait_until
-from tests.service.gallery.test_snapshot import state
+from tests.service.gallery.test_snapshot import config, count_builds, fill, state
 from tests.service.gallery.test_sqlite_processes import KEY, found, unit
-
-SUBJECTS = 120  # past the guard's 100 subjects: a tail to compare
-
-
-def config(folder: Path, spec: str = "Flat") -> IndexConfig:
-    return IndexConfig(spec, "", folder / "index")
-
-
-def fill(store: PostgresGallery, subjects: int = SUBJECTS) -> None:
-    for i in range(subjects):
-        store.create_subject(f"s{i}", {}, f"s{i}")
-        store.add_faces(f"s{i}", [NewFace(unit(1000 + i))] * (1 + i % 3))
 
 
 @pytest.fixture
 def builds(monkeypatch) -> list[int]:
-    """One entry per guard or roster built from the database's faces in this process."""
-    counted: list[int] = []
-    build = postgres.follow
-
-    def counting(ids, *args, **kwargs):
-        counted.append(len(ids))
-        return build(ids, *args, **kwargs)
-
-    monkeypatch.setattr(postgres, "follow", counting)
-    return counted
+    return count_builds(monkeypatch, postgres)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from service.core import open_set
 from service.core.open_set import LeaveOneOut
 from service.gallery import follower, sqlite
 from service.gallery.index import IndexConfig
-from service.gallery.interface import NewFace
+from service.gallery.interface import GalleryStore, NewFace
 from service.gallery.sqlite import SqliteGallery
 from tests.polling import wait_until
 from tests.service.gallery.test_sqlite_processes import KEY, found, unit
@@ -27,24 +27,28 @@ def config(data: Path, spec: str = "Flat") -> IndexConfig:
     return IndexConfig(spec, "", data / "index")
 
 
-def fill(store: SqliteGallery, subjects: int = SUBJECTS) -> None:
+def fill(store: GalleryStore, subjects: int = SUBJECTS) -> None:
     for i in range(subjects):
         store.create_subject(f"s{i}", {}, f"s{i}")
         store.add_faces(f"s{i}", [NewFace(unit(1000 + i))] * (1 + i % 3))
 
 
-@pytest.fixture
-def builds(monkeypatch) -> list[int]:
-    """One entry per guard or roster built from the store's faces in this process."""
+def count_builds(monkeypatch, store_module) -> list[int]:
+    """One entry per guard or roster `store_module` (sqlite or postgres) builds from its store's faces in this process."""
     counted: list[int] = []
-    build = sqlite.follow
+    build = store_module.follow
 
     def counting(ids, *args, **kwargs):
         counted.append(len(ids))
         return build(ids, *args, **kwargs)
 
-    monkeypatch.setattr(sqlite, "follow", counting)
+    monkeypatch.setattr(store_module, "follow", counting)
     return counted
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list[int]:
+    return count_builds(monkeypatch, sqlite)
 
 
 def state(store: SqliteGallery) -> tuple:
