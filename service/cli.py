@@ -496,12 +496,12 @@ def keys_add(
     import secrets
 
     from service.core.fileio import replacing
-    from service.gallery import collections
+    from service.gallery import collection_names
 
     path = get_settings().api_keys_file
     if path is None:
         fail("FACEGATE_API_KEYS_FILE is not set: name the key file the server reads")
-    if not collections.valid(collection):
+    if not collection_names.valid(collection):
         fail(f"{collection[:80]!r} is no collection name: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
     key = secrets.token_urlsafe(32)
     old = path.read_text(encoding="utf-8-sig") if path.exists() else ""

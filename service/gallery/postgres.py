@@ -36,7 +36,7 @@ from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, follow
-from service.gallery.collections import DEFAULT
+from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import Derived, FollowedStore, Follower
 from service.gallery.index import (
     FaissIndex,

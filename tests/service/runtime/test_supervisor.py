@@ -110,3 +110,14 @@ def test_the_supervisor_imports_no_model_code():
     code = f"import sys, service.runtime.supervisor; print(sorted(m for m in {names!r} if m in sys.modules))"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert found.stdout.strip() == "[]", found.stdout
+
+
+def test_facegate_serves_own_process_imports_no_faiss():
+    """What `facegate serve` imports in its own process (the CLI, the key file's rules, the
+    supervisor, the workers' forkserver) brings no FAISS, OpenCV or onnxruntime: the collections' name
+    rules live apart from their gallery states (service/gallery/collection_names.py)."""
+    imports = "service.cli, uvicorn, service.api.auth, service.runtime.preload, service.runtime.ready_workers, service.runtime.supervisor"
+    names = ("faiss", "cv2", "onnxruntime", "service.gallery.collections")
+    code = f"import sys, {imports}; print(sorted(m for m in {names!r} if m in sys.modules))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert found.stdout.strip() == "[]", found.stdout
