@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from contextlib import nullcontext
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -553,10 +554,14 @@ def gallery_stats(
 
 
 def main() -> None:
+    """The commands training and the benchmarks add (the `facegate.cli` entry point) are registered for
+    every command line but `facegate serve`'s: their modules import NumPy, OpenCV, onnxruntime and FAISS
+    (about 30 MiB of heap), which serve's process, up beside every worker, never uses."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it picked: noise before every message
-    for entry in entry_points(group="facegate.cli"):
-        entry.load()(app)
+    if sys.argv[1:2] != ["serve"]:
+        for entry in entry_points(group="facegate.cli"):
+            entry.load()(app)
     app()
 
 
