@@ -15,11 +15,12 @@ whether the state it reflects (`applied`, its stamp) is one it may start from.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,17 +99,30 @@ class SnapshotFiles:
         self,
         guard: bool,
         stamp: dict[str, Any],
-        faces: tuple[np.ndarray, list[str], np.ndarray],
+        faces: Callable[[], tuple[np.ndarray, list[str], np.ndarray]],
         build: Callable[..., Roster | LeaveOneOut],
     ) -> Snapshot:
-        """The state of `faces` (ids, subjects, vectors) as of `stamp`'s change, built here by `build`
+        """The state of `faces()` (ids, subjects, vectors) as of `stamp`'s change, built here by `build`
         (open_set.follow), saved and mapped as the other processes will map it; kept in this process
-        where it cannot be saved (a full or read-only disk). The caller holds the lock."""
-        ids, subjects, vectors = faces
+        where it cannot be saved (a full or read-only disk). The caller holds the lock. What the build
+        read and made is freed once it is mapped, and the heap it took given back (`release_freed`)."""
+        snapshot = self._built(guard, stamp, faces, build)
+        release_freed()
+        return snapshot
+
+    def _built(
+        self,
+        guard: bool,
+        stamp: dict[str, Any],
+        faces: Callable[[], tuple[np.ndarray, list[str], np.ndarray]],
+        build: Callable[..., Roster | LeaveOneOut],
+    ) -> Snapshot:
+        read = faces()
+        ids, subjects, vectors = read
         roster = build(ids, subjects, vectors, guard)
         applied = stamp["applied"]
         try:
-            self.save(roster, stamp, faces)
+            self.save(roster, stamp, read)
             snapshot = self.load(guard, vectors.shape[1], lambda meta: meta.get("applied") == applied)
         except OSError as exc:
             log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
@@ -161,3 +175,13 @@ class SnapshotFiles:
             if not orphan.name.startswith(stem) and orphan != self.meta and orphan.suffix != ".lock":
                 orphan.unlink(missing_ok=True)  # a process mapping it keeps it until it unmaps
         log.info("gallery snapshot %s: %d faces saved, as of change %d", self.meta.name, n, stamp["applied"])
+
+
+def release_freed() -> None:
+    """Give the heap a build freed back to the system. glibc keeps freed memory in its arenas (after
+    the first large array is freed its dynamic mmap threshold sends arrays up to 32 MiB there), so the
+    worker that built the snapshot kept what the build used, freed, beside the mapped copy it serves
+    from (docs/benchmarks.md, "A worker's memory"). No allocator of Python's libraries does this; a
+    C library without `malloc_trim` (musl, macOS) is left as it is."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -326,7 +326,7 @@ def derived_state(
                 snapshot = None
             if snapshot is None:
                 snapshot = files.built(
-                    guard, stamp(db, applied, faces, embedder, collection), faces_of(db, collection, embedder, None), follow
+                    guard, stamp(db, applied, faces, embedder, collection), lambda: faces_of(db, collection, embedder, None), follow
                 )
             if flat:
                 index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
