@@ -15,12 +15,11 @@ whether the state it reflects (`applied`, its stamp) is one it may start from.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from filelock import FileLock
 from service.core.fileio import replacing, sha256_file, write_atomically
 from service.core.open_set import LeaveOneOut, Roster
 from service.gallery.index import read_meta
+from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery.snapshot")
 
@@ -175,13 +175,3 @@ class SnapshotFiles:
             if not orphan.name.startswith(stem) and orphan != self.meta and orphan.suffix != ".lock":
                 orphan.unlink(missing_ok=True)  # a process mapping it keeps it until it unmaps
         log.info("gallery snapshot %s: %d faces saved, as of change %d", self.meta.name, n, stamp["applied"])
-
-
-def release_freed() -> None:
-    """Give the heap a build freed back to the system. glibc keeps freed memory in its arenas (after
-    the first large array is freed its dynamic mmap threshold sends arrays up to 32 MiB there), so the
-    worker that built the snapshot kept what the build used, freed, beside the mapped copy it serves
-    from (docs/benchmarks.md, "A worker's memory"). No allocator of Python's libraries does this; a
-    C library without `malloc_trim` (musl, macOS) is left as it is."""
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
