@@ -106,17 +106,6 @@ class SnapshotFiles:
         (open_set.follow), saved and mapped as the other processes will map it; kept in this process
         where it cannot be saved (a full or read-only disk). The caller holds the lock. What the build
         read and made is freed once it is mapped, and the heap it took given back (`release_freed`)."""
-        snapshot = self._built(guard, stamp, faces, build)
-        release_freed()
-        return snapshot
-
-    def _built(
-        self,
-        guard: bool,
-        stamp: dict[str, Any],
-        faces: Callable[[], tuple[np.ndarray, list[str], np.ndarray]],
-        build: Callable[..., Roster | LeaveOneOut],
-    ) -> Snapshot:
         read = faces()
         ids, subjects, vectors = read
         roster = build(ids, subjects, vectors, guard)
@@ -127,7 +116,11 @@ class SnapshotFiles:
         except OSError as exc:
             log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
             snapshot = None
-        return snapshot if snapshot is not None else Snapshot(applied, roster, ids, vectors, mapped=False)
+        if snapshot is None:
+            snapshot = Snapshot(applied, roster, ids, vectors, mapped=False)
+        del read, ids, subjects, vectors, roster  # the last references here: the mapped copy is served
+        release_freed()
+        return snapshot
 
     def applied(self) -> int | None:
         """The change the saved snapshot is of (None: none saved)."""
