@@ -33,7 +33,7 @@ def fewer_arenas(most: int = 2) -> None:
     """At most `most` malloc arenas for the threads this process starts from now on (MALLOC_ARENA_MAX,
     set from inside: call it before the threads start). glibc gives each new thread an arena of its
     own, up to 8 per core, each keeping its freed pages: the model host's threads (a connection per
-    worker, the batchers, onnxruntime's pools) held about 48 MiB more (2,000 faces, 347 -> 299 MiB),
+    worker, the batchers, onnxruntime's pools) held 30-43 MiB more (2,000 faces, paired: 349-351 -> 308-321 MiB),
     for no measured speed (a paired run of the models in 4 threads: CPU 1.00x, docs/benchmarks.md)."""
     libc = _glibc()
     if libc is not None:
