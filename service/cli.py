@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from contextlib import nullcontext
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -496,12 +497,12 @@ def keys_add(
     import secrets
 
     from service.core.fileio import replacing
-    from service.gallery import collections
+    from service.gallery import collection_names
 
     path = get_settings().api_keys_file
     if path is None:
         fail("FACEGATE_API_KEYS_FILE is not set: name the key file the server reads")
-    if not collections.valid(collection):
+    if not collection_names.valid(collection):
         fail(f"{collection[:80]!r} is no collection name: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
     key = secrets.token_urlsafe(32)
     old = path.read_text(encoding="utf-8-sig") if path.exists() else ""
@@ -553,10 +554,14 @@ def gallery_stats(
 
 
 def main() -> None:
+    """The commands training and the benchmarks add (the `facegate.cli` entry point) are registered for
+    every command line but `facegate serve`'s: their modules import NumPy, OpenCV, onnxruntime and FAISS
+    (about 30 MiB of heap), which serve's process, up beside every worker, never uses."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it picked: noise before every message
-    for entry in entry_points(group="facegate.cli"):
-        entry.load()(app)
+    if sys.argv[1:2] != ["serve"]:
+        for entry in entry_points(group="facegate.cli"):
+            entry.load()(app)
     app()
 
 

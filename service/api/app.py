@@ -27,7 +27,8 @@ from service.core.models.model_set import load_models
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.engine import Engine
-from service.gallery.collections import DEFAULT, Collection, Collections
+from service.gallery.collection_names import DEFAULT
+from service.gallery.collections import Collection, Collections
 from service.gallery.factory import open_gallery, shared_connections
 from service.gallery.index import set_search_threads
 from service.gallery.recall import RecallCheck

@@ -7,7 +7,7 @@ The key file's one rule: UTF-8 (a byte-order mark is allowed), one key or `sha25
 line whose first non-blank character is `#` is a comment, blank lines are skipped, and the rest of a
 line, less the blanks around it, is the key: a `#` inside a key is part of it. A key is printable
 ASCII without spaces (what an X-API-Key header carries unchanged), optionally followed by one space
-and `collection=<name>` (service/gallery/collections.py: the collection the key sees and changes;
+and `collection=<name>` (service/gallery/collection_names.py: the collection the key sees and changes;
 `default` without it, and for every key of FACEGATE_API_KEYS), so a line holding anything else
 — `key  # a comment` included — is refused at start with its line number, never silently cut."""
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from service.core.settings import Settings
-from service.gallery import collections
+from service.gallery import collection_names
 
 HASH_PREFIX = "sha256:"
 KEY = re.compile(r"[!-~]+")  # printable ASCII, no space
@@ -49,7 +49,7 @@ Entry = tuple[str, str]  # a key or `sha256:<hex>` of one, and its collection
 def _read_entries(settings: Settings) -> list[Entry]:
     """Every configured key or hash with its collection; a key file must exist, parse, and hold at least one key."""
     keys = [k.strip() for k in settings.api_keys.get_secret_value().split(",") if k.strip()]
-    entries = [(_checked(key, f"FACEGATE_API_KEYS entry {n}"), collections.DEFAULT) for n, key in enumerate(keys, 1)]
+    entries = [(_checked(key, f"FACEGATE_API_KEYS entry {n}"), collection_names.DEFAULT) for n, key in enumerate(keys, 1)]
     path = settings.api_keys_file
     if path:
         try:
@@ -82,11 +82,11 @@ def _line(line: str, where: str) -> Entry:
     """A key file's line: a key, optionally followed by one space and `collection=<name>`."""
     key, space, suffix = line.partition(" ")
     if not space:
-        return _checked(key, where), collections.DEFAULT
+        return _checked(key, where), collection_names.DEFAULT
     name = suffix.removeprefix("collection=")
     if name == suffix:
         _checked(line, where)  # a space inside a key: refused with the rule's reason
-    if not collections.valid(name):
+    if not collection_names.valid(name):
         raise KeyConfigError(f"{where}: a collection name is 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
     return _checked(key, where), name
 
@@ -136,7 +136,7 @@ class ApiKeys:
     @property
     def collections(self) -> set[str]:
         """The collections the keys name (`default` alone in anonymous mode)."""
-        return {name for _, name in self._digests} or {collections.DEFAULT}
+        return {name for _, name in self._digests} or {collection_names.DEFAULT}
 
     def listed(self) -> list[tuple[str, str]]:
         """(the hash's first 12 hex digits, collection) of each key: what `facegate keys list` shows."""
@@ -159,7 +159,7 @@ class ApiKeys:
 
 def _digests(entries: Sequence[str | Entry]) -> list[tuple[bytes, str]]:
     """(digest, collection) of each entry; a bare entry is the `default` collection's."""
-    pairs = [(e, collections.DEFAULT) if isinstance(e, str) else e for e in entries]
+    pairs = [(e, collection_names.DEFAULT) if isinstance(e, str) else e for e in entries]
     return [(_hash(entry), name) for entry, name in pairs]
 
 

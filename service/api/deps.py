@@ -22,7 +22,8 @@ from service.core.models.model_set import ModelSet
 from service.core.settings import Settings
 from service.engine import Engine
 from service.gallery import templates
-from service.gallery.collections import COLLECTION, DEFAULT, Collections
+from service.gallery.collection_names import COLLECTION, DEFAULT
+from service.gallery.collections import Collections
 from service.gallery.interface import Candidate, GalleryStore
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats

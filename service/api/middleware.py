@@ -23,7 +23,7 @@ from service.api.auth import ApiKeys
 from service.api.error_handlers import WhileReading, error_response
 from service.budget import CLIENT
 from service.core.errors import BodyTooLarge, FacegateError, RequestTimeout, Unauthorized
-from service.gallery.collections import COLLECTION, DEFAULT
+from service.gallery.collection_names import COLLECTION, DEFAULT
 from service.metrics import Metrics
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}

@@ -7,35 +7,18 @@ gallery of its size whatever the others hold."""
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from service.core.errors import FacegateError, GalleryLoading, GalleryUnavailable
+from service.gallery.collection_names import DEFAULT
 from service.gallery.interface import GalleryStore
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 
-DEFAULT = "default"  # a key without `collection=`, every FACEGATE_API_KEYS key, anonymous mode
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # the key file's contract (issue 50)
 log = logging.getLogger(__name__)
-COLLECTION = "facegate.collection"  # the ASGI scope key the caller's collection is set under
-
-
-def valid(name: str) -> bool:
-    return NAME.fullmatch(name) is not None
-
-
-def folder(name: str) -> str:
-    """The name of a collection's index folder, which no other name's folds to on a case-insensitive
-    disk (macOS, Windows: `Home` and `home` would share one and overwrite each other's snapshot): an
-    upper-case letter is spelt `%` and its code in lower-case hex (`Home`: `%48ome`), and "." and ".."
-    (the folder itself, default's) `%2E`; no name holds `%`, so lower-case names keep their folders."""
-    if name in (".", ".."):
-        return name.replace(".", "%2E")
-    return re.sub("[A-Z]", lambda letter: f"%{ord(letter[0]):02x}", name)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from service.core.errors import GalleryUnavailable
 from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
-from service.gallery.collections import DEFAULT, folder
+from service.gallery.collection_names import DEFAULT, folder
 from service.gallery.index import IndexConfig
 
 if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra

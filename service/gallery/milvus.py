@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from service.core.errors import GalleryUnavailable
-from service.gallery.collections import DEFAULT
+from service.gallery.collection_names import DEFAULT
 from service.gallery.index import MAX_EF_SEARCH, TARGET_RECALL, IndexConfig, default_ef_search, default_nprobe
 from service.gallery.interface import GalleryStore
 

@@ -36,7 +36,7 @@ from service.core.alignment import FaceChip
 from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, follow
-from service.gallery.collections import DEFAULT
+from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import Derived, FollowedStore, Follower
 from service.gallery.index import (
     FaissIndex,
@@ -321,7 +321,9 @@ class PostgresGallery(FollowedStore, GalleryStore):
         snapshot = files.load(
             self.guard, key.dim, lambda meta: snapshot_reaches(conn, meta, self.collection, key, identity, seq, count, flat)
         )
-        return snapshot or files.built(self.guard, snapshot_stamp(conn, seq, key, self.collection, identity), self._faces(conn), follow)
+        return snapshot or files.built(
+            self.guard, snapshot_stamp(conn, seq, key, self.collection, identity), lambda: self._faces(conn), follow
+        )
 
     def _faces(self, conn: psycopg.Connection) -> tuple[np.ndarray, list[str], np.ndarray]:
         """Ids, subjects and embeddings of the collection's faces the embedder made, in the caller's snapshot."""

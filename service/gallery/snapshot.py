@@ -30,6 +30,7 @@ from filelock import FileLock
 from service.core.fileio import replacing, sha256_file, write_atomically
 from service.core.open_set import LeaveOneOut, Roster
 from service.gallery.index import read_meta
+from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery.snapshot")
 
@@ -98,22 +99,28 @@ class SnapshotFiles:
         self,
         guard: bool,
         stamp: dict[str, Any],
-        faces: tuple[np.ndarray, list[str], np.ndarray],
+        faces: Callable[[], tuple[np.ndarray, list[str], np.ndarray]],
         build: Callable[..., Roster | LeaveOneOut],
     ) -> Snapshot:
-        """The state of `faces` (ids, subjects, vectors) as of `stamp`'s change, built here by `build`
+        """The state of `faces()` (ids, subjects, vectors) as of `stamp`'s change, built here by `build`
         (open_set.follow), saved and mapped as the other processes will map it; kept in this process
-        where it cannot be saved (a full or read-only disk). The caller holds the lock."""
-        ids, subjects, vectors = faces
+        where it cannot be saved (a full or read-only disk). The caller holds the lock. What the build
+        read and made is freed once it is mapped, and the heap it took given back (`release_freed`)."""
+        read = faces()
+        ids, subjects, vectors = read
         roster = build(ids, subjects, vectors, guard)
         applied = stamp["applied"]
         try:
-            self.save(roster, stamp, faces)
+            self.save(roster, stamp, read)
             snapshot = self.load(guard, vectors.shape[1], lambda meta: meta.get("applied") == applied)
         except OSError as exc:
             log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
             snapshot = None
-        return snapshot if snapshot is not None else Snapshot(applied, roster, ids, vectors, mapped=False)
+        if snapshot is None:
+            snapshot = Snapshot(applied, roster, ids, vectors, mapped=False)
+        del read, ids, subjects, vectors, roster  # the last references here: the mapped copy is served
+        release_freed()
+        return snapshot
 
     def applied(self) -> int | None:
         """The change the saved snapshot is of (None: none saved)."""

@@ -40,7 +40,7 @@ from service.core.alignment import TEMPLATES, FaceChip
 from service.core.errors import FaceNotFound, ModelUnavailable, StorageFull, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, follow
-from service.gallery.collections import DEFAULT
+from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import ON_REQUEST, Derived, FollowedStore, Follower, add, remove
 from service.gallery.index import FaissIndex, IndexConfig, MappedFaces, best_subjects, index_kind, open_index, save_index, tuned
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -326,7 +326,7 @@ def derived_state(
                 snapshot = None
             if snapshot is None:
                 snapshot = files.built(
-                    guard, stamp(db, applied, faces, embedder, collection), faces_of(db, collection, embedder, None), follow
+                    guard, stamp(db, applied, faces, embedder, collection), lambda: faces_of(db, collection, embedder, None), follow
                 )
             if flat:
                 index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))

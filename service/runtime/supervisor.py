@@ -29,7 +29,7 @@ from multiprocessing.connection import Client, Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from service.runtime import shm_arena
+from service.runtime import heap, shm_arena
 from service.runtime.wire import PING_TIMEOUT, SOCKET
 
 log = logging.getLogger("facegate.supervisor")
@@ -53,7 +53,9 @@ class Timing:
 
 def run_host(folder: str) -> None:
     """The spawned host's entry: `model_host` (onnxruntime, the models, the pipeline) is imported
-    there, not in `facegate serve`, whose process only supervises (docs/benchmarks.md, "A worker's memory")."""
+    there, not in `facegate serve`, whose process only supervises (docs/benchmarks.md, "A worker's memory").
+    Its threads share two malloc arenas (`heap.fewer_arenas`, before any starts)."""
+    heap.fewer_arenas()
     from service.runtime import model_host
 
     model_host.run_host(folder)

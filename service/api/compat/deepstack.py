@@ -32,7 +32,7 @@ from service.api.routes.faces import prepare_face
 from service.api.schemas import EnrollOptions
 from service.core.decision import decide_search
 from service.core.errors import FacegateError, InvalidParameters, NoFace, SubjectNotFound, Unauthorized
-from service.gallery.collections import COLLECTION
+from service.gallery.collection_names import COLLECTION
 from service.gallery.interface import NewFace
 
 

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from service.api.deps import Service, ServiceDep, ServiceIfOpenDep
 from service.api.schemas import error_responses
-from service.gallery.collections import COLLECTION, DEFAULT
+from service.gallery.collection_names import COLLECTION, DEFAULT
 
 router = APIRouter(tags=["operations"])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from service.core import open_set
 from service.core.open_set import LeaveOneOut
-from service.gallery import follower, sqlite
+from service.gallery import follower, snapshot, sqlite
 from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore, NewFace
 from service.gallery.sqlite import SqliteGallery
@@ -77,6 +78,33 @@ def test_the_second_process_maps_what_the_first_built(tmp_path, builds):
     finally:
         for store in (built, mapped, alone):
             store.close()
+
+
+def test_the_builder_serves_the_mapped_copy_and_frees_its_own(tmp_path, monkeypatch):
+    """The process that built the snapshot serves from the mapped files, as the others do: the guard
+    it built and the faces it read are freed before the heap is given back (`release_freed`), not
+    kept beside the mapping (docs/benchmarks.md, "A worker's memory")."""
+    first = SqliteGallery.open(tmp_path, KEY)
+    fill(first)
+    first.close()
+    made: list[weakref.ref] = []
+    alive_at_release: list[list[bool]] = []
+
+    def building(ids, *args, **kwargs):
+        guard = open_set.follow(ids, *args, **kwargs)
+        made.append(weakref.ref(guard))
+        made.append(weakref.ref(ids))
+        return guard
+
+    monkeypatch.setattr(sqlite, "follow", building)
+    monkeypatch.setattr(snapshot, "release_freed", lambda: alive_at_release.append([ref() is not None for ref in made]))
+    built = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    try:
+        assert alive_at_release == [[False, False]]  # one build; its guard and ids gone when the heap is given back
+        guard = built.leave_one_out()
+        assert guard is not None and isinstance(guard._top, np.memmap)
+    finally:
+        built.close()
 
 
 def test_a_sampled_guard_is_mapped_with_its_share(tmp_path, builds, monkeypatch):

@@ -110,3 +110,19 @@ def test_the_supervisor_imports_no_model_code():
     code = f"import sys, service.runtime.supervisor; print(sorted(m for m in {names!r} if m in sys.modules))"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert found.stdout.strip() == "[]", found.stdout
+
+
+def test_facegate_serves_own_process_imports_no_faiss():
+    """What `facegate serve` imports in its own process (the CLI without training's and the
+    benchmarks' commands, the key file's rules, the supervisor, the workers' forkserver) brings no
+    FAISS, OpenCV or onnxruntime: the collections' name rules live apart from their gallery states
+    (service/gallery/collection_names.py), and the entry point's commands are not registered for it."""
+    imports = "uvicorn, service.api.auth, service.runtime.preload, service.runtime.ready_workers, service.runtime.supervisor"
+    names = ("faiss", "cv2", "onnxruntime", "service.gallery.collections", "training.commands", "benchmarks.commands")
+    code = (
+        "import sys, contextlib; sys.argv = ['facegate', 'serve', '--help']; from service import cli\n"
+        f"with contextlib.suppress(SystemExit): cli.main()\nimport {imports}\n"
+        f"print(sorted(m for m in {names!r} if m in sys.modules))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert found.stdout.splitlines()[-1] == "[]", found.stdout  # the last line: after serve's --help

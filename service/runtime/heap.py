@@ -1,0 +1,41 @@
+"""What the C library's allocator (glibc's malloc) is told that Python cannot tell it: give the heap
+a build freed back to the system (`release_freed`), and keep a process's threads to few arenas
+(`fewer_arenas`). No library of Python's does either; where the C library is not glibc (musl,
+macOS) the allocator is left as it is. Measured in docs/benchmarks.md, "A worker's memory"."""
+
+from __future__ import annotations
+
+import ctypes
+from contextlib import suppress
+
+M_ARENA_MAX = -8  # glibc's malloc.h
+
+
+def _glibc() -> ctypes.CDLL | None:
+    with suppress(OSError):
+        return ctypes.CDLL("libc.so.6")
+    return None
+
+
+def release_freed() -> None:
+    """Return the freed heap to the system (`malloc_trim`): glibc keeps freed memory in its arenas,
+    and after the first large array is freed its dynamic mmap threshold sends arrays up to 32 MiB
+    there too, so a process that built something large and dropped it kept its pages. Of a thread's
+    arena glibc returns the free pages inside it, not its top: a build on the follower's thread keeps
+    part (20,000 faces: 60 -> 39 MiB kept; on the main thread 48 -> 1)."""
+    libc = _glibc()
+    if libc is not None:
+        with suppress(AttributeError):
+            libc.malloc_trim(0)
+
+
+def fewer_arenas(most: int = 2) -> None:
+    """At most `most` malloc arenas for the threads this process starts from now on (MALLOC_ARENA_MAX,
+    set from inside: call it before the threads start). glibc gives each new thread an arena of its
+    own, up to 8 per core, each keeping its freed pages: the model host's threads (a connection per
+    worker, the batchers, onnxruntime's pools) held 30-43 MiB more (2,000 faces, paired: 349-351 -> 308-321 MiB),
+    for no measured speed (a paired run of the models in 4 threads: CPU 1.00x, docs/benchmarks.md)."""
+    libc = _glibc()
+    if libc is not None:
+        with suppress(AttributeError):
+            libc.mallopt(M_ARENA_MAX, most)
