@@ -14,6 +14,7 @@ from service.core.models.manifest import EmbedderKey, Manifest, OpenSetRows, Ope
 from service.gallery import templates
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
+from tests.service.core.test_open_set import manifest_with
 
 KEY = EmbedderKey("model-a", "a" * 64, 8)
 PROBE = np.eye(8, dtype=np.float32)[0]
@@ -31,20 +32,7 @@ def manifest(template: str) -> Manifest:
     margin = OpenSetRows(faces_per_subject=1, subjects=[10, 100], thresholds=[[0.9, 0.95], [0.91, 0.96]], samples=[1, 1])
     cosine = OpenSetRows(faces_per_subject=1, subjects=[1, 11], thresholds=[[0.9, 0.95], [0.9, 0.95]], samples=[1, 1])
     table = OpenSetTable(fpirs=[0.1, 0.01], tables=[margin], cosine_below=10, cosine_tables=[cosine], cosine_template=template)
-    return Manifest.model_validate(
-        {
-            "name": "m",
-            "version": "1",
-            "task": "embedder",
-            "file": {"name": "m.onnx", "sha256": "0" * 64, "bytes": 1},
-            "input": {"name": "x", "shape": ["b", 3, 112, 112], "color": "RGB"},
-            "outputs": [{"name": "y", "shape": ["b", 8]}],
-            "embedding_dim": 8,
-            "alignment": "arcface_112",
-            "license": {"name": "test"},
-            "open_set": table.model_dump(),
-        }
-    )
+    return manifest_with(table)
 
 
 @pytest.fixture
