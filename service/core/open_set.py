@@ -39,6 +39,7 @@ from itertools import pairwise
 import faiss
 import numpy as np
 
+from service.core.lookups import ById, Names, by_id
 from service.core.models.manifest import OpenSetTable
 
 K = 10  # the next subjects the best one is compared with
@@ -287,37 +288,61 @@ def sampled(ids: np.ndarray, share: float) -> np.ndarray:
 
 class Roster:
     """Which subject each searchable face belongs to, kept in step with the gallery's index: the
-    N and faces a decision is read for, without the guard (FACEGATE_OPEN_SET_GUARD=false)."""
+    N and faces a decision is read for, without the guard (FACEGATE_OPEN_SET_GUARD=false). Its faces'
+    subject codes by id, the subjects' names and the faces per subject code are arrays (`ById`,
+    `Names`: a snapshot's, mapped copy-on-write)."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_id: ById | None = None, names: Names | None = None, counts: np.ndarray | None = None):
         self._lock = threading.Lock()
-        self._subject_of: dict[int, str] = {}
-        self._faces_of: dict[str, int] = {}
+        self._by_id = ById() if by_id is None else by_id
+        self._names = Names() if names is None else names
+        self._counts = np.empty(0, np.int64) if counts is None else counts  # faces per subject code
+        self._faces, self._subjects = int(self._counts.sum()), int(np.count_nonzero(self._counts))
+
+    @classmethod
+    def of(cls, ids: np.ndarray, subjects: Iterable[str]) -> Roster:
+        """These faces (unique ids) of these subjects."""
+        names, codes = np.unique(np.array(list(subjects), object), return_inverse=True)
+        codes = codes.reshape(-1)
+        faces = ById.of(np.asarray(ids, np.int64).reshape(-1), codes)
+        return cls(faces, Names.of(names.tolist()), np.bincount(codes, minlength=len(names)).astype(np.int64))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Its faces' ids, sorted, and their subject codes, the faces per code and the names by code:
+        for a `Roster` of them in another process (gallery/snapshot.py)."""
+        with self._lock:
+            ids, codes = self._by_id.arrays()
+            return {"ids": ids, "subject": codes, "counts": self._counts, **self._names.arrays()}
 
     def add(self, ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray | None = None) -> None:
         with self._lock:
             for face_id, subject in zip(np.asarray(ids).reshape(-1).tolist(), list(subjects), strict=True):
-                if face_id not in self._subject_of:
-                    self._subject_of[face_id] = subject
-                    self._faces_of[subject] = self._faces_of.get(subject, 0) + 1
+                if self._by_id.get(face_id) < 0:
+                    code = self._names.coded(subject)
+                    if code >= len(self._counts):
+                        self._counts = _grown(self._counts, max(64, 2 * len(self._counts)), 0)
+                    self._by_id.set(face_id, code)
+                    self._subjects += int(self._counts[code] == 0)
+                    self._counts[code] += 1
+                    self._faces += 1
 
     def remove(self, ids: np.ndarray) -> None:
         with self._lock:
             for face_id in np.asarray(ids).reshape(-1).tolist():
-                subject = self._subject_of.pop(face_id, None)
-                if subject is not None:
-                    self._faces_of[subject] -= 1
-                    if not self._faces_of[subject]:
-                        del self._faces_of[subject]
+                code = self._by_id.pop(face_id)
+                if code >= 0:
+                    self._counts[code] -= 1
+                    self._subjects -= int(self._counts[code] == 0)
+                    self._faces -= 1
 
     def shape(self) -> GalleryShape:
         with self._lock:
-            return GalleryShape(len(self._faces_of), len(self._subject_of))
+            return GalleryShape(self._subjects, self._faces)
 
     def ids(self) -> np.ndarray:
         """The faces it holds (what a follower past the log compares with the store's)."""
         with self._lock:
-            return np.fromiter(self._subject_of, np.int64, len(self._subject_of))
+            return self._by_id.arrays()[0]
 
 
 class LeaveOneOut:
@@ -351,9 +376,8 @@ class LeaveOneOut:
         self._top_subject = np.empty((0, self.width), np.int32)  # their codes (-1: none)
         self._score = np.empty(0, np.float64)
         self._on = np.empty(0, bool)  # the row's face is in the sample: its list is kept (derived from the ids, never saved)
-        self._row: dict[int, int] = {}
-        self._codes: dict[str, int] = {}
-        self._names: list[str] = []
+        self._by_id = ById()  # face id → row
+        self._names = Names()  # subject code ↔ subject
         self._counts = np.empty(0, np.int64)  # faces per subject code
         self._subjects = 0
         self._tail: Tail | None = None
@@ -373,6 +397,7 @@ class LeaveOneOut:
         with state._lock:
             state.share = share if share is not None else sample_share(len(ids)) if sample else 1.0
             state._append(ids, list(subjects), vectors)
+            state._by_id = ById.of(ids, np.arange(len(ids)))
             rows = np.flatnonzero(state._on[: state._n])
             state._relist(rows)
             state._rescore(rows)
@@ -380,30 +405,25 @@ class LeaveOneOut:
 
     def arrays(self, capacity: int) -> dict[str, np.ndarray]:
         """Its state as arrays of `capacity` rows (at least its faces), for `restore` in another
-        process: the rows past the faces are room for faces added there without growing (gallery/snapshot.py)."""
+        process: the rows past the faces are room for faces added there without growing
+        (gallery/snapshot.py); with its rows by face id and its subjects' names (`ById`, `Names`)."""
         with self._lock:
             return self._arrays(capacity)
 
-    def names(self) -> list[str]:
-        """The subjects by code (what `arrays()["subject"]` holds)."""
-        with self._lock:
-            return list(self._names)
-
     @classmethod
-    def restore(cls, n: int, names: list[str], arrays: dict[str, np.ndarray], share: float = 1.0, sample: bool = True) -> LeaveOneOut:
+    def restore(cls, n: int, arrays: dict[str, np.ndarray], share: float = 1.0, sample: bool = True) -> LeaveOneOut:
         """The state `arrays` (of a first `n` faces, by `arrays()`, listing `share` of them) hold, in
         place: arrays mapped copy-on-write stay shared with the other processes mapping them until a
-        change writes a page."""
+        change writes a page, and no Python object is made per face or subject (`ById`, `Names`)."""
         state = cls(arrays["vectors"].shape[1], sample)
         if arrays["top"].shape[1:] != (state.width,):
             raise ValueError(f"the arrays list {arrays['top'].shape[1:]} other subjects a face, this guard {state.width}")
         for name in (*_ROWS, "counts"):
             setattr(state, f"_{name}", arrays[name])
-        state._n, state._names, state.share = n, list(names), share
+        state._n, state.share = n, share
+        state._by_id, state._names = ById(arrays["sorted_ids"], arrays["sorted_rows"]), Names.restore(arrays)
         state._on = _grown(sampled(arrays["ids"][:n], share), len(arrays["ids"]), False)
-        state._codes = {subject: code for code, subject in enumerate(names)}
-        state._row = dict(zip(arrays["ids"][:n].tolist(), range(n), strict=True))
-        state._subjects = int(np.count_nonzero(arrays["counts"][: len(names)]))
+        state._subjects = int(np.count_nonzero(arrays["counts"][: len(state._names)]))
         state._tail_current = False
         return state
 
@@ -412,8 +432,8 @@ class LeaveOneOut:
         `locked=False`: read without its lock, by a caller that keeps every change out meanwhile
         (the gallery follower's lock): its readers are not held while it is copied."""
         with self._lock if locked else nullcontext():
-            n, names, arrays, share = self._n, list(self._names), self._arrays(self._n), self.share
-        return LeaveOneOut.restore(n, names, arrays, share, self.sample)
+            n, arrays, share = self._n, self._arrays(self._n), self.share
+        return LeaveOneOut.restore(n, arrays, share, self.sample)
 
     def ids(self) -> np.ndarray:
         with self._lock:
@@ -450,14 +470,14 @@ class LeaveOneOut:
                 self._ids[:n], self._subject[:n], self._top[:n], self._top_subject[:n], self._score[:n], self._names, at_least, by_cosine
             )
 
-    def _subject_lists(self, subject: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], int]:
+    def _subject_lists(self, subject: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Names, int]:
         """A subject's faces (ids and codes), their lists searched from every face, the names by code
         and the subjects, as of one moment: under the lock only the faces' arrays are taken (and
         `_readers` counted: a change that would write them in place copies them first, `_unshare`);
         the search runs with the lock released."""
         with self._lock:
             n, vectors = self._n, self._vectors
-            rows = np.flatnonzero(self._subject[:n] == self._codes.get(subject, -1))
+            rows = np.flatnonzero(self._subject[:n] == self._names.code(subject))
             faces = Faces(vectors[:n], self._subject[:n], self._counts.copy(), self.width)
             ids, own, names, subjects = self._ids[rows], self._subject[rows], self._names, self._subjects
             self._readers += 1
@@ -478,10 +498,11 @@ class LeaveOneOut:
         with self._lock:
             before = self._subjects
             for face_id, subject, vector in zip(ids.tolist(), list(subjects), vectors, strict=True):
-                if face_id in self._row:
+                if self._by_id.get(face_id) >= 0:
                     continue
                 self._append(np.array([face_id], np.int64), [subject], vector[None])
                 row, code = self._n - 1, self._subject[self._n - 1]
+                self._by_id.set(face_id, row)
                 kept = np.flatnonzero(self._on[:row])  # the lists it may enter: a sampled guard's, a product with those faces only
                 cosines = self._vectors[: self._n] @ vector if self._on[row] else None
                 changed = self._enter(kept, self._vectors[kept] @ vector if cosines is None else cosines[kept], code)
@@ -498,7 +519,7 @@ class LeaveOneOut:
         """Faces gone: the lists that named one of their subjects are computed again."""
         with self._lock:
             before = self._subjects
-            rows = sorted((self._row.pop(int(i)) for i in np.asarray(ids).reshape(-1) if int(i) in self._row), reverse=True)
+            rows = sorted((row for i in np.asarray(ids).reshape(-1).tolist() if (row := self._by_id.pop(i)) >= 0), reverse=True)
             if not rows:
                 return
             if self._readers:  # a subject's scoring reads the arrays the rows move in
@@ -512,7 +533,7 @@ class LeaveOneOut:
                 if row != last:
                     for array in (self._vectors, self._ids, self._subject, self._top, self._top_subject, self._score, self._on):
                         array[row] = array[last]
-                    self._row[int(self._ids[row])] = row
+                    self._by_id.set(int(self._ids[row]), row)
                 self._n = last
             stale = np.flatnonzero(np.isin(self._top_subject[: self._n], touched).any(axis=1))
             self._relist(stale)
@@ -531,7 +552,8 @@ class LeaveOneOut:
         rows = max(capacity, self._n)
         out = {name: _grown(getattr(self, f"_{name}")[: self._n], rows, fill) for name, fill in _ROWS.items()}
         out["counts"] = _grown(self._counts[: len(self._names)], max(rows, len(self._names), 64), 0)
-        return out
+        out["sorted_ids"], out["sorted_rows"] = by_id(self._ids[: self._n], np.arange(self._n))
+        return {**out, **self._names.arrays()}
 
     def _append(self, ids: np.ndarray, subjects: list[str], vectors: np.ndarray) -> None:
         needed = self._n + len(ids)
@@ -551,20 +573,15 @@ class LeaveOneOut:
         self._vectors[new], self._ids[new], self._subject[new] = vectors, ids, codes
         self._top[new], self._top_subject[new], self._score[new] = -np.inf, -1, -np.inf
         self._on[new] = sampled(ids, self.share)
-        for i, face_id in enumerate(ids.tolist()):
-            self._row[face_id] = self._n + i
         for code in codes.tolist():
             self._subjects += int(self._counts[code] == 0)
             self._counts[code] += 1
         self._n = needed
 
     def _code(self, subject: str) -> int:
-        code = self._codes.get(subject)
-        if code is None:
-            code = self._codes[subject] = len(self._names)
-            self._names.append(subject)
-            if code >= len(self._counts):
-                self._counts = _grown(self._counts, max(64, 2 * len(self._counts)), 0)
+        code = self._names.coded(subject)
+        if code >= len(self._counts):
+            self._counts = _grown(self._counts, max(64, 2 * len(self._counts)), 0)
         return code
 
     def _enter(self, rows: np.ndarray, cosines: np.ndarray, code: int) -> np.ndarray:
@@ -703,9 +720,7 @@ def follow(ids: np.ndarray, subjects: Iterable[str], vectors: np.ndarray, guard:
     these faces, or with `guard` off only which subject each face is."""
     if guard:
         return LeaveOneOut.build(ids, subjects, vectors)
-    roster = Roster()
-    roster.add(ids, subjects)
-    return roster
+    return Roster.of(ids, subjects)
 
 
 def _scores(top: np.ndarray, subjects: int) -> np.ndarray:
@@ -723,7 +738,7 @@ def _picked(
     top: np.ndarray,
     top_subject: np.ndarray,
     score: np.ndarray,
-    names: list[str],
+    names: Names,
     at_least: float,
     by_cosine: bool,
 ) -> list[tuple[int, str, str, float, float]]:

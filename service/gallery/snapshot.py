@@ -7,7 +7,10 @@ One process builds under the snapshot's file lock while the others wait for it, 
 what it saved: the guard's arrays copy-on-write (a change writes private copies of the pages it
 touches: the per-worker delta; each array has room for 1/8 more faces, so adding one does not copy
 them whole), the vectors read-only for the index (`index.MappedFaces`: a face removed since is
-masked, one added goes to the index's own small flat part). Every file is written under a name
+masked, one added goes to the index's own small flat part). The lookups beside them are arrays
+too (service/core/lookups.py): the guard's rows by face id, sorted (a roster's faces are saved in
+id order), and the subjects' names as UTF-8 bytes, offsets and their order, so that a worker makes
+no Python object per face or subject of the snapshot. Every file is written under a name
 of its own and switched to by the metadata's one atomic write (never rewritten in place, which a
 mapping would see), its sha256 in the metadata and checked before it is used; the store decides
 whether the state it reflects (`applied`, its stamp) is one it may start from.
@@ -28,17 +31,20 @@ import numpy as np
 from filelock import FileLock
 
 from service.core.fileio import replacing, sha256_file, write_atomically
+from service.core.lookups import ById, Names
 from service.core.open_set import LeaveOneOut, Roster
 from service.gallery.index import read_meta
 from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery.snapshot")
 
-FORMAT = 1  # the layout of the files below; another is never read
+FORMAT = 2  # the layout of the files below; another is never read
 ROOM = 8  # a snapshot's arrays have room for 1/ROOM more faces (at least MIN_ROOM) before a process copies them
 MIN_ROOM = 1024
-GUARD_ARRAYS = ("vectors", "ids", "subject", "top", "top_subject", "score", "counts")  # LeaveOneOut.arrays()
-ROSTER_ARRAYS = ("vectors", "ids", "subject")  # without the guard: which subject each face is, and its vector
+NAMES = ("names", "name_offsets", "name_order")  # the subjects by code (lookups.Names)
+BY_ID = ("sorted_ids", "sorted_rows")  # the guard's rows by face id (lookups.ById)
+GUARD_ARRAYS = ("vectors", "ids", "subject", "top", "top_subject", "score", "counts", *BY_ID, *NAMES)  # LeaveOneOut.arrays()
+ROSTER_ARRAYS = ("vectors", "ids", "subject", "counts", *NAMES)  # Roster.arrays(), rows by id, and each face's vector
 
 
 @dataclass
@@ -80,15 +86,13 @@ class SnapshotFiles:
                 if sha256_file(files[name]) != digest:
                     log.warning("gallery snapshot %s: %s does not match its sha256; building instead", self.meta.name, files[name].name)
                     return None
-            names = json.loads(files["names"].read_text())
             n = int(meta["n"])
             arrays = {name: np.load(files[name], mmap_mode="c") for name in (GUARD_ARRAYS if guard else ROSTER_ARRAYS)}
             ids, vectors = (np.load(files[name], mmap_mode="r")[:n] for name in ("ids", "vectors"))
             if guard:
-                roster: Roster | LeaveOneOut = LeaveOneOut.restore(n, names, arrays, float(meta.get("share", 1.0)))
+                roster: Roster | LeaveOneOut = LeaveOneOut.restore(n, arrays, float(meta.get("share", 1.0)))
             else:
-                roster = Roster()
-                roster.add(arrays["ids"][:n], np.array(names, object)[arrays["subject"][:n]].tolist())
+                roster = Roster(ById(ids, arrays["subject"][:n]), Names.restore(arrays), arrays["counts"])
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("gallery snapshot %s unreadable (%s); building instead", self.meta.name, exc)
             return None
@@ -136,20 +140,15 @@ class SnapshotFiles:
         a killed writer's). The caller holds the lock."""
         if isinstance(roster, LeaveOneOut):
             n = len(roster.ids())
-            arrays, names = roster.arrays(n + max(MIN_ROOM, n // ROOM)), roster.names()
+            arrays = roster.arrays(n + max(MIN_ROOM, n // ROOM))
         else:
             if faces is None:
                 raise ValueError("a roster is saved with its faces' vectors")
-            ids, subjects, vectors = faces
+            ids, _, vectors = faces
             n, capacity = len(ids), len(ids) + max(MIN_ROOM, len(ids) // ROOM)
-            unique, codes = np.unique(np.array(subjects, object), return_inverse=True) if n else (np.array([], object), [])
-            names = unique.tolist()
-            arrays = {
-                "vectors": np.asarray(vectors, np.float32),
-                "ids": np.asarray(ids, np.int64),
-                "subject": np.asarray(codes, np.int32).reshape(-1),
-            }
-            arrays = {name: np.concatenate([a, np.zeros((capacity - n, *a.shape[1:]), a.dtype)]) for name, a in arrays.items()}
+            arrays = roster.arrays()  # its faces by id: the vectors in that order too
+            rows = {"ids": arrays["ids"], "subject": arrays["subject"], "vectors": np.asarray(vectors, np.float32)[np.argsort(ids)]}
+            arrays.update({name: np.concatenate([a, np.zeros((capacity - n, *a.shape[1:]), a.dtype)]) for name, a in rows.items()})
         stem = f"{self.name}.{uuid.uuid4().hex[:12]}"
         files: dict[str, list[str]] = {}
         for name, array in arrays.items():
@@ -157,9 +156,6 @@ class SnapshotFiles:
             with replacing(path, suffix=".npy", durable=False) as tmp:  # derived: the metadata's write is the durable switch
                 np.save(tmp, array)
             files[name] = [path.name, sha256_file(path)]
-        path = self.directory / f"{stem}.names.json"
-        write_atomically(path, json.dumps(names).encode(), durable=False)
-        files["names"] = [path.name, sha256_file(path)]
         meta = {**stamp, "format": FORMAT, "guard": isinstance(roster, LeaveOneOut), "dim": int(arrays["vectors"].shape[1]), "n": n}
         if isinstance(roster, LeaveOneOut):
             meta["share"] = roster.share  # of the faces it lists (open_set.sampled)
