@@ -442,8 +442,8 @@ class FaissIndex:
         return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
     def search_hiding(self, queries: np.ndarray, k: int, hidden: np.ndarray) -> np.ndarray | None:
-        """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` out of
-        the way: its vector zeroed in the graph's flat storage for that one search (under the write
+        """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` (or
+        the row of faces, -1 for none) out of the way: their vectors zeroed in the graph's flat storage for that one search (under the write
         lock, restored before it is released), so it neither answers nor draws the search to it, as a
         face that was never enrolled would not. None for other indexes (and an HNSW graph over codes),
         where a query's own vector has no such pull or cannot be hidden."""
@@ -455,24 +455,24 @@ class FaissIndex:
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
         with self._lock.read():
             id_map = faiss.vector_to_array(self._index.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+        hidden = hidden.reshape(len(queries), -1)
         order = np.argsort(id_map, kind="stable")
         nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
         out = np.full((len(queries), k), -1, np.int64)
         if _search_threads:
             faiss.omp_set_num_threads(_search_threads)
         for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
-            with self._lock.write():  # one search with a vector changed: nothing else reads the index meanwhile
+            node = node[id_map[node] == face]  # the faces of the row that are in the graph
+            with self._lock.write():  # one search with vectors changed: nothing else reads the index meanwhile
                 xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * self.dim).reshape(-1, self.dim)
-                kept = xb[node].copy() if id_map[node] == face else None
-                if kept is not None:
-                    xb[node] = 0
+                kept = xb[node].copy()
+                xb[node] = 0
                 try:
                     params = self._skip_removed() if self._removed else None
                     found = self._index.search(query[None], min(k, self.size), params=params)[1][0]  # type: ignore[call-arg]
                     out[row, : len(found)] = found
                 finally:
-                    if kept is not None:
-                        xb[node] = kept
+                    xb[node] = kept
         return out
 
     def _skip_removed(self) -> faiss.SearchParameters:
