@@ -47,6 +47,7 @@ from service.gallery.index import (
     open_index,
     read_meta,
     save_index,
+    saved_and_mapped,
     tuned,
 )
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -363,7 +364,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
 
         index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
         if loaded is None:
-            save_index(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
+            index = saved_and_mapped(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
         return index, loaded
 
     # subjects
