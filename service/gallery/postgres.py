@@ -85,6 +85,7 @@ from service.gallery.sync import (
     snapshot_reaches,
     snapshot_stamp,
 )
+from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery")
 
@@ -365,6 +366,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
         index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
         if loaded is None:
             index = saved_and_mapped(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
+            release_freed()  # the heap of the copy built, now mapped instead
         return index, loaded
 
     # subjects

@@ -57,6 +57,7 @@ from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFa
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
 from service.gallery.snapshot import Snapshot, SnapshotFiles
+from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery")
 
@@ -436,7 +437,10 @@ def persisted_index(
     index, loaded = open_index(
         config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sampler(db, collection, embedder, faces), rows
     )
-    return index if loaded is not None else saved_and_mapped(config, index, embedder.sha256, {"faces": faces})
+    if loaded is None:
+        index = saved_and_mapped(config, index, embedder.sha256, {"faces": faces})
+        release_freed()  # the heap of the copy built, now mapped instead
+    return index
 
 
 def built_state(
