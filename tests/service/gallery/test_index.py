@@ -12,7 +12,7 @@ import faiss
 import numpy as np
 import pytest
 
-from service.gallery.index import FaissIndex, IndexConfig, ReadWriteLock, best_subjects, open_index, read_meta, save_index
+from service.gallery.index import FaissIndex, IndexConfig, MappedIndex, ReadWriteLock, best_subjects, open_index, read_meta, save_index
 from tests.polling import wait_until
 from tests.requirements import need
 
@@ -348,6 +348,7 @@ def test_faces_added_and_removed_after_the_map_are_searched_as_a_flat_index_woul
     data = path.with_name(meta["file"])
     before = data.read_bytes()
     index = FaissIndex.load(path, meta, params)
+    assert isinstance(index.base, MappedIndex)  # the saved file, not a copy of this process's
     index.add(np.arange(5000, 5080), more)
     gone = np.r_[np.arange(1000, 1090), np.arange(5000, 5010)]
     assert index.remove(gone) == 100 and index.size == 580
@@ -408,6 +409,7 @@ def test_workers_saving_their_mapped_index_at_once_leave_one_consistent_file(tmp
     config, meta = saved(tmp_path, "HNSW16", "efSearch=500", unit(300))
     path = config.path("a" * 64)
     workers = [FaissIndex.load(path, meta, "efSearch=500") for _ in range(5)]
+    assert all(isinstance(index.base, MappedIndex) for index in workers)
     added = [unit(40, seed=10 + i) for i in range(len(workers))]
     for i, index in enumerate(workers):
         index.add(np.arange(10_000 * (i + 1), 10_000 * (i + 1) + 40), added[i])

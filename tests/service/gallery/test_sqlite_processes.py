@@ -3,6 +3,7 @@ and follows the change log, so what one commits is in every other's next search,
 one that fell behind the log rebuilds its index from the faces in the background, never in a request. Two stores on one file stand for
 two processes (each its own connection and index). Synthetic embeddings, no models."""
 
+import os
 import threading
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from service.core.models.manifest import EmbedderKey
 from service.gallery import sqlite
-from service.gallery.index import IndexConfig
+from service.gallery.index import IndexConfig, MappedIndex
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
 from tests.polling import wait_until
@@ -210,5 +211,36 @@ def test_a_rebuild_the_log_outran_catches_up_by_difference(tmp_path, monkeypatch
         assert first.id not in {c.face_id for c in b.search(unit(1), top_k=10)}
     finally:
         release.set()
+        a.close()
+        b.close()
+
+
+def test_workers_map_the_one_saved_hnsw_index_and_search_what_changed_since(tmp_path):
+    """Issue 44: the first process builds the HNSW graph and saves it, and every process, the builder
+    too, maps the saved file (one inode, nothing read into a copy of its own); faces enrolled and
+    deleted since, through either, are searched by both as a flat index searches the store as it is."""
+    store = SqliteGallery.open(tmp_path, KEY, index=IndexConfig("Flat", "", tmp_path / "index"))
+    for i in range(60):
+        store.create_subject(f"s{i}", {}, f"s{i}")
+        store.add_faces(f"s{i}", [NewFace(unit(100 + i))])
+    store.close()
+    config = IndexConfig("HNSW16", "efSearch=256", tmp_path / "index")
+    a, b = SqliteGallery.open(tmp_path, KEY, index=config), SqliteGallery.open(tmp_path, KEY, index=config)
+    try:
+        files = {os.fstat(s.index.base._fd).st_ino for s in (a, b) if isinstance(s.index.base, MappedIndex)}
+        assert len(files) == 1 and len(list((tmp_path / "index").glob("*.faiss"))) == 1
+        a.create_subject("new", {}, "new")
+        a.add_faces("new", [NewFace(unit(7)), NewFace(unit(8))])
+        b.delete_subject("s3")
+        b.delete_subject("s4")
+        exact = SqliteGallery.open(tmp_path, KEY, index=IndexConfig("Flat", "", None))
+        try:
+            for seed in [7, 8, 103, 104, *range(110, 130)]:
+                expected = [c.subject_id for c in exact.search(unit(seed), top_k=10)]
+                assert found(a, seed) == found(b, seed) == expected
+        finally:
+            exact.close()
+        assert a.index.size == b.index.size == 60
+    finally:
         a.close()
         b.close()
