@@ -580,7 +580,11 @@ class FaissIndex:
             if self.search_params:
                 faiss.ParameterSpace().set_index_parameters(graph, self.search_params)  # type: ignore[arg-type]  # the string overload
             own = min(k, int(self._index.ntotal))
-            more_scores, more = self._index.search(queries, own) if own else (np.zeros((len(queries), 0)), np.zeros((len(queries), 0)))
+            more_scores, more = (
+                self._index.search(queries, own)
+                if own
+                else (np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64))
+            )
         found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
         if found is None:
             return None

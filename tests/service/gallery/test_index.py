@@ -400,6 +400,11 @@ def test_the_recall_check_tunes_widens_and_hides_faces_in_the_mapped_index(tmp_p
     found = index.search_hiding(queries, 8, hidden)
     np.testing.assert_array_equal(found, private.search_hiding(queries, 8, hidden))
     assert not np.isin(found, [1001, 7001]).any() and not (found == hidden[:, None]).any()
+    fresh, plain = FaissIndex.load(config.path("a" * 64), meta, "efSearch=512"), FaissIndex(16, "HNSW16", "efSearch=512")
+    plain.add(np.arange(1000, 1300), vectors)
+    alone = fresh.search_hiding(vectors[:5], 8, hidden[:5])  # nothing added since: the graph's answers alone
+    assert alone is not None and alone.dtype == np.int64
+    np.testing.assert_array_equal(alone, plain.search_hiding(vectors[:5], 8, hidden[:5]))
     assert config.path("a" * 64).with_name(meta["file"]).read_bytes() == before
 
 
