@@ -423,6 +423,8 @@ class FaissIndex:
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
         self.changes = 0
+        self.since_mapped = 0  # faces added or removed since its file was mapped (`remapped` maps a newer one)
+        self.saved_as: tuple[Path, dict[str, Any]] | None = None  # a mapped file's metadata path and what names its model
         self.widened_from: str | None = None  # the parameters before the recall check widened them
         self._exact: faiss.IndexIDMap2 | None = None  # a flat copy searches are answered from (use_exact)
         self._journal: list[tuple[np.ndarray, np.ndarray | None]] | None = None  # writes while that copy is read from the store
@@ -504,6 +506,7 @@ class FaissIndex:
             self._removed.difference_update(ids.tolist())
             self.dirty = True
             self.changes += len(ids)
+            self.since_mapped += len(ids)
             self._keep_exact(ids, vectors)
 
     def remove(self, ids: np.ndarray) -> int:
@@ -513,6 +516,7 @@ class FaissIndex:
         with self._lock.write():
             self.dirty = True
             self.changes += len(ids)
+            self.since_mapped += len(ids)
             self._keep_exact(ids, None)
             # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
             # overload), and an HNSW one here is an IndexIDMap, which has id_map
@@ -674,6 +678,15 @@ class FaissIndex:
             if orphan.name != data.name:
                 orphan.unlink(missing_ok=True)
 
+    def take_over(self, other: FaissIndex) -> None:
+        """What `other`, the index this one replaces, was searched with: the parameters in force (as the
+        recall check widened them), the exact copy it answered from; marked to be saved at shutdown."""
+        if other.search_params != self.search_params:
+            self._set_params(other.search_params)
+        self.widened_from, self.changes, self.since_mapped = other.widened_from, other.changes, 0
+        self._exact, self._journal = other._exact, other._journal
+        self.dirty = True
+
     def _whole(self) -> tuple[faiss.Index, set[int], int]:
         """The index to save, its removed ids and dead nodes: this one, or (a mapped file) the file
         read into this process with the faces removed and added since (under the write lock)."""
@@ -697,7 +710,9 @@ class FaissIndex:
         file = path.with_name(meta["file"])
         if index_kind(meta["spec"]) != "faiss-flat":
             base = MappedIndex(file, meta.get("removed", []), meta.get("dead", 0))
-            return cls(meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False))
+            index = cls(meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False))
+            index.saved_as = (path, {"model_sha256": meta.get("model_sha256"), "requested": meta.get("requested")})
+            return index
         built = faiss.read_index(str(file))
         return cls(
             meta["dim"],
@@ -877,6 +892,30 @@ def saved_and_mapped(config: IndexConfig, index: FaissIndex, model_sha256: str, 
             return index
         mapped = FaissIndex.load(path, meta, index.requested_params)
     return tuned(mapped)
+
+
+def remapped(index: FaissIndex, applied: int, mapped_at: int, replay: Callable[[FaissIndex, int], bool]) -> FaissIndex | None:
+    """`index` (its file mapped as of change `mapped_at`, the changes since in its own part, as of
+    `applied`) as a file mapped anew, under the index's file lock: the host's file saved by another
+    process as of a later change, up to `applied`, with `replay(fresh, change)` applying the log
+    since (False: the log no longer reaches it); else this index saved as of `applied` (its faces
+    merged into a new file, which the other processes then map). None: the host's file is newer
+    than `applied` (this process maps it once it caught up). The file's metadata names no state of
+    the store: a start uses it only once a shutdown's save has stamped it (`dirty`)."""
+    if index.saved_as is None:
+        return None
+    path, names = index.saved_as
+    with saves(path):
+        meta = read_meta(path)
+        saved = meta.get("applied", -1) if meta and meta.get("spec") == index.spec and meta.get("dim") == index.dim else -1
+        if saved > applied:
+            return None
+        fresh = FaissIndex.load(path, meta, index.requested_params) if mapped_at < saved and meta is not None else None
+        if fresh is None or not replay(fresh, saved):
+            index.save(path, {**names, "applied": applied})
+            fresh = FaissIndex.load(path, read_meta(path) or {}, index.requested_params)
+    fresh.take_over(index)
+    return fresh
 
 
 def best_subjects(
