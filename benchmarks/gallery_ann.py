@@ -542,7 +542,7 @@ def main() -> None:
                 index = FaissIndex.load(path, meta, "")
                 load_s = time.perf_counter() - started if IndexConfig(spec, directory=cache).path("0" * 64) else float("nan")
             for search in param.split("|"):  # several search settings on one build
-                index = FaissIndex(dim, spec, search, index._index)  # the same build, these parameters (or the default: tuned)
+                index = FaissIndex(dim, spec, search, index._index, base=index.base)  # the same build (mapped), these parameters (or tuned)
                 index.tune()
                 found = [rescored(index, vectors, q) for q in queries]
                 top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])

@@ -13,6 +13,9 @@ comparison on the same machine. `--store postgres` fills a database of a Postgre
 for the run from Debian's `postgresql` binaries (tests/postgres.py), which the workers share.
 
     FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3
+
+`--index HNSW32` (any FACEGATE_INDEX) serves an approximate index, built by the first worker and
+saved; every worker maps the saved file (the last column: its PSS summed over the tree).
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ def tree(root: int) -> list[int]:
     return out
 
 
-def pss_kib(pid: int, under: Path | None = None) -> int:
-    """The process's PSS in KiB: all of it, or (`under`) that of the files mapped from that folder."""
+def pss_kib(pid: int, under: Path | None = None, suffix: str = "") -> int:
+    """The process's PSS in KiB: all of it, or (`under`) that of the files mapped from that folder
+    (`suffix`: those whose name ends so)."""
     with suppress(OSError):
         if under is None:
             return next(int(line.split()[1]) for line in open(f"/proc/{pid}/smaps_rollup") if line.startswith("Pss:"))
@@ -69,7 +73,7 @@ def pss_kib(pid: int, under: Path | None = None) -> int:
         for line in open(f"/proc/{pid}/smaps"):
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line: its path last, when it has one
-                inside = len(fields) >= 6 and fields[5].startswith(str(under))
+                inside = len(fields) >= 6 and fields[5].startswith(str(under)) and fields[5].endswith(suffix)
             elif inside and fields[0] == "Pss:":
                 total += int(fields[1])
         return total
@@ -126,9 +130,12 @@ def role(pid: int, root: int, preloaded: bool) -> str:
     return "?"
 
 
-def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool, database: str = "") -> tuple[float, int, int, int]:
-    """Seconds until every worker is ready, PSS of the tree, of the snapshot files in it (KiB),
-    processes; `by_process`: each process's PSS printed too."""
+def start(
+    checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool, database: str = "", index: str = "Flat"
+) -> tuple[float, int, int, int, int]:
+    """Seconds until every worker is ready, PSS of the tree, of the files mapped from the index
+    folder in it (the snapshot's and a saved HNSW or IVF index's), of the index's own (KiB),
+    processes; `by_process`: each process's PSS printed too. `index`: FACEGATE_INDEX."""
     port = free_port()
     env = {
         **os.environ,
@@ -138,6 +145,7 @@ def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: 
         "FACEGATE_EMBEDDER": str(embedder),
         "FACEGATE_DEVICE": "cpu",
         "FACEGATE_API_KEYS": "",
+        "FACEGATE_INDEX": index,
     }
     command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port), "--workers", str(workers)]
     log = open(data / f"server-{workers}.log", "wb")  # noqa: SIM115  (closed below)
@@ -158,8 +166,10 @@ def start(checkout: Path, data: Path, embedder: Path, workers: int, by_process: 
         if by_process:
             preloaded = any(role(pid, process.pid, False) == "workers' forkserver" for pid in pids)
             for pid in sorted(pids, key=lambda p: role(p, process.pid, preloaded)):
-                print(f"  {role(pid, process.pid, preloaded):>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB")
-        return seconds, sum(pss_kib(p) for p in pids), sum(pss_kib(p, data / "index") for p in pids), len(pids)
+                name, index_mib = role(pid, process.pid, preloaded), pss_kib(pid, data / "index", ".faiss") / 1024
+                print(f"  {name:>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB (of it the mapped index {index_mib:.1f})")
+        mapped, own = (sum(pss_kib(p, data / "index", suffix) for p in pids) for suffix in ("", ".faiss"))
+        return seconds, sum(pss_kib(p) for p in pids), mapped, own, len(pids)
     finally:
         process.terminate()
         with suppress(subprocess.TimeoutExpired):
@@ -176,6 +186,7 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=REPO, help="the source tree whose server is started")
     parser.add_argument("--by-process", action="store_true", help="print each process's PSS and what it is")
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--index", default="Flat", help="FACEGATE_INDEX: Flat, HNSW32, IVF1024,Flat…")
     args = parser.parse_args()
     if not os.environ.get("FACEGATE_MODEL_CACHE"):
         sys.exit("set FACEGATE_MODEL_CACHE (the detector, for readiness)")
@@ -202,14 +213,14 @@ def main() -> None:
         load = os.getloadavg()[0]
         print(
             f"server of {args.checkout}; {args.store}; {args.faces} synthetic {DIM}-d faces, one per subject, "
-            f"the open-set guard on; load {load:.1f}"
+            f"the open-set guard on; index {args.index}; load {load:.1f}"
         )
-        print(f"{'workers':>7} {'ready s':>8} {'processes':>9} {'PSS MiB':>8} {'snapshot PSS MiB':>16}")
+        print(f"{'workers':>7} {'ready s':>8} {'processes':>9} {'PSS MiB':>8} {'mapped PSS MiB':>14} {'of it the index':>15}")
         for workers in args.workers:
             for stale in (gallery / "index").glob("*"):  # each start from the store alone: nothing saved by the last
                 stale.unlink()
-            seconds, pss, mapped, processes = start(args.checkout, gallery, embedder, workers, args.by_process, database)
-            print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>16.0f}", flush=True)
+            seconds, pss, mapped, own, processes = start(args.checkout, gallery, embedder, workers, args.by_process, database, args.index)
+            print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>14.0f} {own / 1024:>15.0f}", flush=True)
     finally:
         if server is not None:
             server.stop()

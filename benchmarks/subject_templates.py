@@ -42,13 +42,16 @@ def subject_scores(probes: np.ndarray, gallery: np.ndarray, faces: int, template
     return mean if template == "mean" else np.maximum(best, mean)
 
 
-def calibrated(emb, labels, size: int, faces: int, template: str, pairs: dict[int, set[int]], samples: int, seed: int) -> dict:
-    """T at RATES for the best subject's `template` score, from strangers to seeded galleries of the
-    calibration identities (one person under two names not compared), as calibrate-open-set draws them."""
+def calibrated(
+    emb, labels, size: int, faces: int, template: str, pairs: dict[int, set[int]], samples: int, seed: int, pool=None, rates=RATES
+) -> dict:
+    """T at `rates` for the best subject's `template` score, from strangers to seeded galleries of the
+    calibration identities (one person under two names not compared), as calibrate-open-set draws them;
+    `pool` (a mask over the sorted identities): only those enrolled, every identity still a stranger."""
     rng = np.random.default_rng([seed, faces, size])
     identities, inverse = np.unique(labels, return_inverse=True)
     photos = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse))[:-1])
-    eligible = np.array([i for i, p in enumerate(photos) if len(p) >= faces])
+    eligible = np.array([i for i, p in enumerate(photos) if len(p) >= faces and (pool is None or pool[i])])
     per_gallery = -(-samples // max(GALLERIES, min(samples // 10, -(-GALLERY_FACES // (size * faces)))))
     gathered, count = [], 0
     while count < samples:
@@ -65,7 +68,7 @@ def calibrated(emb, labels, size: int, faces: int, template: str, pairs: dict[in
         count += len(probes)
     scores = np.concatenate(gathered)
     scores = scores[np.isfinite(scores)]
-    return {q: threshold_at(scores, q) for q in RATES}
+    return {q: threshold_at(scores, q) for q in rates}
 
 
 def main() -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -218,25 +220,42 @@ class ReadWriteLock:
                 self._cond.notify_all()
 
 
-class MappedFaces:
-    """A flat index's faces as of a snapshot that every worker of the host maps (snapshot.py):
-    searched in place (`faiss.knn` over the mapped rows: nothing copied, one copy per host in the
-    page cache), never written. A face removed since is masked; one added goes to the index's own flat part."""
+class MappedIds:
+    """The ids of the faces a host's processes share mapped read-only, as saved: a face removed since
+    is masked here, never written there (`dead`: nodes of a saved HNSW graph that are no face and
+    no removed id, those of an id added again)."""
 
-    def __init__(self, ids: np.ndarray, vectors: np.ndarray):
-        self.ids, self.vectors = ids, vectors
+    def __init__(self, ids: np.ndarray, removed: Iterable[int] = (), dead: int = 0):
+        self.ids = ids
         self._sorted = np.sort(ids)  # its own: which ids are here, without a set of every face
-        self.removed: set[int] = set()
+        self.removed: set[int] = set(removed)
+        self.dead = dead
 
     @property
     def size(self) -> int:
-        return len(self.ids) - len(self.removed)
+        return len(self.ids) - len(self.removed) - self.dead
 
     def remove(self, ids: np.ndarray) -> int:
         at = np.clip(np.searchsorted(self._sorted, ids), 0, max(len(self._sorted) - 1, 0))
         held = set(ids[self._sorted[at] == ids].tolist()) - self.removed if len(self._sorted) else set()
         self.removed |= held
         return len(held)
+
+    def removed_ids(self) -> np.ndarray:
+        return np.fromiter(self.removed, np.int64, len(self.removed))
+
+    def sample(self) -> np.ndarray:
+        return np.setdiff1d(self.ids, self.removed_ids())
+
+
+class MappedFaces(MappedIds):
+    """A flat index's faces as of a snapshot that every worker of the host maps (snapshot.py):
+    searched in place (`faiss.knn` over the mapped rows: nothing copied, one copy per host in the
+    page cache), never written. A face removed since is masked; one added goes to the index's own flat part."""
+
+    def __init__(self, ids: np.ndarray, vectors: np.ndarray):
+        super().__init__(ids)
+        self.vectors = vectors
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's k best faces here (−inf and −1 where there are fewer), asking for as many
@@ -247,11 +266,103 @@ class MappedFaces:
         scores, rows = faiss.knn(queries, self.vectors, take, metric=faiss.METRIC_INNER_PRODUCT)
         found = np.where(rows >= 0, self.ids[np.maximum(rows, 0)], -1)
         if self.removed:
-            found[np.isin(found, np.fromiter(self.removed, np.int64, len(self.removed)))] = -1
+            found[np.isin(found, self.removed_ids())] = -1
         return np.where(found >= 0, scores, -np.inf).astype(np.float32), found
 
-    def sample(self) -> np.ndarray:
-        return np.setdiff1d(self.ids, np.fromiter(self.removed, np.int64, len(self.removed)))
+
+class MappedIndex(MappedIds):
+    """An HNSW or IVF index's saved file, memory-mapped read-only by every process of the host that
+    opens it (FAISS's IO_FLAG_MMAP_IFC: the graph's links and vectors, or the inverted lists, stay
+    in the page cache, one copy per host; FAISS 1.15 aborts on an add to such an index, so it is
+    never written). A face removed since is skipped while searching (an IDSelector); one added goes
+    to the index's own flat part, and both are merged into the file it saves (`FaissIndex.save`)."""
+
+    def __init__(self, file: Path, removed: Iterable[int] = (), dead: int = 0):
+        self._fd = os.open(file, os.O_RDONLY)  # what `private_copy` reads once another save unlinked the file
+        weakref.finalize(self, os.close, self._fd)
+        self.index = faiss.read_index(str(file), faiss.IO_FLAG_MMAP_IFC)
+        self.ivf = faiss.try_extract_index_ivf(self.index)
+        removed = set(removed)
+        super().__init__(stored_ids(self.index), removed, dead - len(removed))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.removed:
+            return self.index.search(queries, k)
+        return self.index.search(queries, k, params=skipping(self.index, self.removed_ids()))  # type: ignore[call-arg]
+
+    def private_copy(self) -> faiss.Index:
+        """The saved index read into this process's memory: what a save adds to and removes from."""
+        offset = 0
+
+        def read(size: int) -> bytes:
+            nonlocal offset
+            chunk = os.pread(self._fd, size, offset)
+            offset += len(chunk)
+            return chunk
+
+        return faiss.read_index(faiss.PyCallbackIOReader(read))  # type: ignore[attr-defined]  # the stubs lack the callback reader
+
+
+def stored_ids(index: faiss.Index) -> np.ndarray:
+    """The ids of every vector an index holds (an IVF index's lists one after the other)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return faiss.vector_to_array(index.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+    invlists: Any = ivf.invlists  # the stubs allow None, which an IVF index never has
+    lists = [faiss.rev_swig_ptr(invlists.get_ids(i), invlists.list_size(i)).copy() for i in range(ivf.nlist) if invlists.list_size(i)]
+    return np.concatenate(lists) if lists else np.empty(0, np.int64)
+
+
+def skipping(index: faiss.Index, removed: np.ndarray) -> faiss.SearchParameters:
+    """Search parameters that leave the `removed` ids out while searching (so k are found), at the
+    efSearch or nprobe the index is set to."""
+    selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(removed))
+    ivf = faiss.try_extract_index_ivf(index)
+    # faiss's stubs lack SearchParametersHNSW and SearchParametersIVF's keywords, and type downcast_index's IndexHNSW as a bare Index
+    params: Any
+    if ivf is not None:
+        params = faiss.SearchParametersIVF(sel=selector, nprobe=ivf.nprobe)  # type: ignore[call-arg]
+    else:
+        hnsw = faiss.downcast_index(index.index).hnsw  # type: ignore[attr-defined]
+        params = faiss.SearchParametersHNSW(sel=selector, efSearch=hnsw.efSearch)  # type: ignore[attr-defined]
+    params.keep_alive = removed  # the selector does not own the array
+    return params
+
+
+def hiding(
+    graph: faiss.Index,
+    removed: np.ndarray,
+    queries: np.ndarray,
+    k: int,
+    hidden: np.ndarray,
+    lock: Callable[[], Any],
+    with_scores: bool = False,
+) -> Any:
+    """`FaissIndex.search_hiding` on `graph` (an IndexIDMap over an HNSW graph over flat vectors; each
+    search under `lock()`): the ids, or (`with_scores`) scores and ids; None where its vectors are codes."""
+    storage = faiss.downcast_index(faiss.downcast_index(graph.index).storage)  # type: ignore[attr-defined]  # an IndexIDMap over IndexHNSW
+    if not isinstance(storage, faiss.IndexFlat):
+        return None
+    dim = storage.d
+    with lock():
+        id_map = faiss.vector_to_array(graph.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+    hidden = hidden.reshape(len(queries), -1)
+    order = np.argsort(id_map, kind="stable")
+    nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
+    scores, out = np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
+    for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
+        node = node[id_map[node] == face]  # the row's faces that are in the graph
+        with lock():  # one search with vectors changed: nothing else reads the index meanwhile
+            xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * dim).reshape(-1, dim)
+            kept = xb[node].copy()
+            xb[node] = 0
+            try:
+                params = skipping(graph, removed) if len(removed) else None
+                found_scores, found = graph.search(query[None], min(k, int(graph.ntotal)), params=params)  # type: ignore[call-arg]
+                scores[row, : found.shape[1]], out[row, : found.shape[1]] = found_scores[0], found[0]
+            finally:
+                xb[node] = kept
+    return (scores, out) if with_scores else out
 
 
 class FaissIndex:
@@ -261,7 +372,9 @@ class FaissIndex:
     "IVF4096,PQ32"...; `search_params` FAISS's ParameterSpace string ("efSearch=128", "nprobe=32").
     An IVF index keeps the ids itself; the others are wrapped in an id map. HNSW cannot remove a
     vector, so a removed face is remembered and filtered out (and the graph rebuilt at start-up once
-    too many are). Searches run side by side; a write (not safe beside a search) runs alone.
+    too many are). Searches run side by side; a write (not safe beside a search) runs alone. A
+    loaded HNSW or IVF index is its saved file mapped (`MappedIndex`), never written: this index's
+    own part is then a flat one with the faces added since.
     """
 
     shared = False  # this process's own copy
@@ -274,36 +387,44 @@ class FaissIndex:
         built: faiss.Index | None = None,
         removed: Iterable[int] = (),
         dead: int = 0,
-        base: MappedFaces | None = None,
+        base: MappedFaces | MappedIndex | None = None,
         held_back: bool = False,
     ):
         """A new index, or (`built`) one read from a file with its removed ids and whether its
         training held back the recall check's faces. `search_params` empty: facegate's default for
-        the index's kind and size, set by `tune`. `base` (flat only): the faces as of a snapshot the
-        host's workers share, searched beside this index's own."""
+        the index's kind and size, set by `tune`. `base`: what the host's workers share, searched
+        beside this index's own faces: a flat index's faces as of a snapshot, or an HNSW or IVF
+        index's mapped file (this index's own part then flat: the faces added since)."""
         self.dim, self.spec = dim, spec
         self.requested_params = search_params  # FACEGATE_INDEX_SEARCH_PARAMS
         self.search_params = search_params  # in force
         self.kind = index_kind(spec)
-        inner = built if built is not None else faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+        if base is not None and isinstance(base, MappedIndex) == (self.kind == "faiss-flat"):
+            raise ValueError("a flat index searches mapped faces, an HNSW or IVF index its mapped file")
+        inner: faiss.Index
+        if isinstance(base, MappedIndex):
+            inner = faiss.IndexFlatIP(dim)
+        else:
+            inner = built if built is not None else faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
         self._ivf = faiss.try_extract_index_ivf(inner) is not None
-        self._removable = self._ivf or self.kind == "faiss-flat"
+        self._removable = self._ivf or self.kind == "faiss-flat" or isinstance(base, MappedIndex)
         if built is not None:
             self._index = built
         else:
             self._index = inner if self._ivf else faiss.IndexIDMap2(inner) if self._removable else faiss.IndexIDMap(inner)
         self._removed: set[int] = set(removed)  # HNSW only: ids whose vector in the graph is no longer a face
         self._dead = dead  # HNSW only: graph nodes that are no longer faces (a re-added id leaves its old node behind)
-        if base is not None and self.kind != "faiss-flat":
-            raise ValueError("only a flat index searches mapped faces")
         self.base = base
+        self._searched = base.index if isinstance(base, MappedIndex) else self._index  # what the search parameters are set on
         if search_params:
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
-            faiss.ParameterSpace().set_index_parameters(self._index, search_params)  # type: ignore[arg-type]
+            faiss.ParameterSpace().set_index_parameters(self._searched, search_params)  # type: ignore[arg-type]
         self.held_back = held_back  # trained without the faces `held_back` names (an index trained before HELD_BACK: on all)
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
         self.changes = 0
+        self.since_mapped = 0  # faces added or removed since its file was mapped (`remapped` maps a newer one)
+        self.saved_as: tuple[Path, dict[str, Any]] | None = None  # a mapped file's metadata path and what names its model
         self.widened_from: str | None = None  # the parameters before the recall check widened them
         self._exact: faiss.IndexIDMap2 | None = None  # a flat copy searches are answered from (use_exact)
         self._journal: list[tuple[np.ndarray, np.ndarray | None]] | None = None  # writes while that copy is read from the store
@@ -314,7 +435,7 @@ class FaissIndex:
         they changed, else None."""
         if self.requested_params or self.widened_from is not None:  # given, or widened for a measured recall: kept
             return None
-        params = default_search_params(self._index, self.size)
+        params = default_search_params(self._searched, self.size)
         if params == self.search_params:
             return None
         self._set_params(params)
@@ -323,7 +444,7 @@ class FaissIndex:
     def widen(self) -> str | None:
         """Twice the efSearch or nprobe in force (the recall check measured too low a recall@1 with
         them), whoever chose them; the parameters now, or None where the index searches all it can."""
-        params = wider_params(self._index)
+        params = wider_params(self._searched)
         if params is None:
             return None
         if self.widened_from is None:
@@ -334,7 +455,7 @@ class FaissIndex:
     def _set_params(self, params: str) -> None:
         with self._lock.write():  # not beside a search, which reads them
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
-            faiss.ParameterSpace().set_index_parameters(self._index, params)  # type: ignore[arg-type]
+            faiss.ParameterSpace().set_index_parameters(self._searched, params)  # type: ignore[arg-type]
             self.search_params = params
 
     @property
@@ -368,7 +489,7 @@ class FaissIndex:
 
     @property
     def is_trained(self) -> bool:
-        return bool(self._index.is_trained)
+        return bool(self._searched.is_trained)
 
     def train(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Train on these faces, but those `held_back` names (the recall check's)."""
@@ -385,6 +506,7 @@ class FaissIndex:
             self._removed.difference_update(ids.tolist())
             self.dirty = True
             self.changes += len(ids)
+            self.since_mapped += len(ids)
             self._keep_exact(ids, vectors)
 
     def remove(self, ids: np.ndarray) -> int:
@@ -394,6 +516,7 @@ class FaissIndex:
         with self._lock.write():
             self.dirty = True
             self.changes += len(ids)
+            self.since_mapped += len(ids)
             self._keep_exact(ids, None)
             # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
             # overload), and an HNSW one here is an IndexIDMap, which has id_map
@@ -428,10 +551,10 @@ class FaissIndex:
                 return self._merged(queries, k)
             if not self._removed:
                 return self._index.search(queries, k)
-            return self._index.search(queries, k, params=self._skip_removed())
+            return self._index.search(queries, k, params=skipping(self._index, self._removed_ids()))  # type: ignore[call-arg]
 
     def _merged(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k best of the mapped faces and of this index's own (the faces added since)."""
+        """The k best of the mapped faces or index and of this index's own (the faces added since)."""
         assert self.base is not None
         own = min(k, int(self._index.ntotal))
         scores, ids = self.base.search(queries, k)
@@ -446,45 +569,37 @@ class FaissIndex:
         the row of faces, -1 for none) out of the way: their vectors zeroed in the graph's flat storage for that one search (under the write
         lock, restored before it is released), so it neither answers nor draws the search to it, as a
         face that was never enrolled would not. None for other indexes (and an HNSW graph over codes),
-        where a query's own vector has no such pull or cannot be hidden."""
+        where a query's own vector has no such pull or cannot be hidden. A mapped graph is never
+        written: it is hidden in a copy read for these searches (the file's size, for their time),
+        and the faces added since (flat, exact) are searched beside it without it."""
         if self.kind != "faiss-hnsw":
             return None
-        storage = faiss.downcast_index(faiss.downcast_index(self._index.index).storage)  # type: ignore[attr-defined]  # an IndexIDMap over IndexHNSW
-        if not isinstance(storage, faiss.IndexFlat):
-            return None
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
-        with self._lock.read():
-            id_map = faiss.vector_to_array(self._index.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
-        hidden = hidden.reshape(len(queries), -1)
-        order = np.argsort(id_map, kind="stable")
-        nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
-        out = np.full((len(queries), k), -1, np.int64)
         if _search_threads:
             faiss.omp_set_num_threads(_search_threads)
-        for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
-            node = node[id_map[node] == face]  # the faces of the row that are in the graph
-            with self._lock.write():  # one search with vectors changed: nothing else reads the index meanwhile
-                xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * self.dim).reshape(-1, self.dim)
-                kept = xb[node].copy()
-                xb[node] = 0
-                try:
-                    params = self._skip_removed() if self._removed else None
-                    found = self._index.search(query[None], min(k, self.size), params=params)[1][0]  # type: ignore[call-arg]
-                    out[row, : len(found)] = found
-                finally:
-                    xb[node] = kept
-        return out
+        if not isinstance(self.base, MappedIndex):
+            return hiding(self._index, self._removed_ids(), queries, k, hidden, self._lock.write)
+        with self._lock.read():
+            graph, removed = self.base.private_copy(), self.base.removed_ids()
+            if self.search_params:
+                faiss.ParameterSpace().set_index_parameters(graph, self.search_params)  # type: ignore[arg-type]  # the string overload
+            own = min(k, int(self._index.ntotal))
+            more_scores, more = (
+                self._index.search(queries, own)
+                if own
+                else (np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64))
+            )
+        found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
+        if found is None:
+            return None
+        scores, ids = found
+        more_scores = np.where((more[:, :, None] == hidden.reshape(len(queries), -1)[:, None, :]).any(2), -np.inf, more_scores)
+        scores, ids = np.concatenate([scores, more_scores], axis=1), np.concatenate([ids, more], axis=1)
+        order = np.argsort(np.where(ids >= 0, -scores, np.inf), axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(np.where(np.isfinite(scores), ids, -1), order, axis=1)
 
-    def _skip_removed(self) -> faiss.SearchParameters:
-        """HNSW search parameters that leave the removed faces out while searching (so k are found)."""
-        # faiss's stubs lack SearchParametersHNSW, and type downcast_index's IndexHNSW as a bare Index
-        hnsw = faiss.downcast_index(self._index.index).hnsw  # type: ignore[attr-defined]
-        removed = np.fromiter(self._removed, np.int64, len(self._removed))
-        params = faiss.SearchParametersHNSW(  # type: ignore[attr-defined]
-            sel=faiss.IDSelectorNot(faiss.IDSelectorBatch(removed)), efSearch=hnsw.efSearch
-        )
-        params.keep_alive = removed  # the selector does not own the array
-        return params
+    def _removed_ids(self) -> np.ndarray:
+        return np.fromiter(self._removed, np.int64, len(self._removed))
 
     @property
     def size(self) -> int:
@@ -538,18 +653,20 @@ class FaissIndex:
         """Write the index next to `path` and then `path` itself (JSON: `meta` + the index file's
         name), each with the one atomic write: a crash leaves the previous pair or the new one,
         never a mix. The caller holds the index's file lock (`save_index`): the data files no
-        metadata names (another writer's, or a crashed one's) are removed after the switch."""
+        metadata names (another writer's, or a crashed one's) are removed after the switch (a process
+        mapping one keeps it until it maps another: Linux frees an unlinked file's pages then)."""
         data = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:12]}.faiss")
         with replacing(data, suffix=".faiss") as tmp:
             with self._lock.write():  # dirty is reset: no change may slip in between
-                faiss.write_index(self._index, str(tmp))
+                index, removed, dead = self._whole()
+                faiss.write_index(index, str(tmp))
                 record = {
                     **meta,
                     "file": data.name,
                     "spec": self.spec,
                     "dim": self.dim,
-                    "removed": sorted(self._removed),
-                    "dead": self._dead,
+                    "removed": sorted(removed),
+                    "dead": dead,
                     "held_back": self.held_back,
                 }
                 self.dirty = False
@@ -561,9 +678,42 @@ class FaissIndex:
             if orphan.name != data.name:
                 orphan.unlink(missing_ok=True)
 
+    def take_over(self, other: FaissIndex) -> None:
+        """What `other`, the index this one replaces, was searched with: the parameters in force (as the
+        recall check widened them), the exact copy it answered from; marked to be saved at shutdown."""
+        if other.search_params != self.search_params:
+            self._set_params(other.search_params)
+        self.widened_from, self.changes, self.since_mapped = other.widened_from, other.changes, 0
+        self._exact, self._journal = other._exact, other._journal
+        self.dirty = True
+
+    def _whole(self) -> tuple[faiss.Index, set[int], int]:
+        """The index to save, its removed ids and dead nodes: this one, or (a mapped file) the file
+        read into this process with the faces removed and added since (under the write lock)."""
+        if not isinstance(self.base, MappedIndex):
+            return self._index, self._removed, self._dead
+        index, base = self.base.private_copy(), self.base
+        added = faiss.vector_to_array(self._index.id_map)  # type: ignore[attr-defined]  # an IndexIDMap2 over the faces added since
+        removed = set(base.removed) - set(added.tolist())  # a removed face added again: its new node answers, the old stays dead
+        dead = base.dead + len(base.removed)
+        if base.ivf is not None:  # an IVF index removes for good
+            index.remove_ids(base.removed_ids())  # type: ignore[arg-type]  # the Python wrapper's overload takes an id array
+            removed, dead = set(), 0
+        if len(added):
+            index.add_with_ids(self._index.index.reconstruct_n(0, len(added)), added)  # type: ignore[attr-defined,call-arg]
+        return index, removed, dead
+
     @classmethod
     def load(cls, path: Path, meta: dict[str, Any], search_params: str) -> FaissIndex:
-        built = faiss.read_index(str(path.with_name(meta["file"])))
+        """The saved index: an HNSW or IVF one mapped (`MappedIndex`), what every process of the host
+        then shares; a flat one (an IVF index with too few faces to train yet) read."""
+        file = path.with_name(meta["file"])
+        if index_kind(meta["spec"]) != "faiss-flat":
+            base = MappedIndex(file, meta.get("removed", []), meta.get("dead", 0))
+            index = cls(meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False))
+            index.saved_as = (path, {"model_sha256": meta.get("model_sha256"), "requested": meta.get("requested")})
+            return index
+        built = faiss.read_index(str(file))
         return cls(
             meta["dim"],
             meta["spec"],
@@ -611,6 +761,46 @@ class IndexConfig:
         return self.directory / f"{model_sha256[:16]}-{slug}.json"
 
 
+def saves(path: Path | None) -> Any:
+    """The index's file lock: the processes sharing a folder save (and map) one at a time."""
+    if path is None:
+        return nullcontext()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path.with_suffix(".lock"))
+
+
+def loaded(
+    path: Path | None,
+    meta: dict[str, Any] | None,
+    config: IndexConfig,
+    dim: int,
+    model_sha256: str,
+    count: int,
+    needed: int,
+    is_current: Callable[[dict[str, Any]], bool],
+) -> FaissIndex | None:
+    """The persisted index (mapped) when its file matches, else None (the caller holds `saves`)."""
+    if not (
+        path is not None
+        and meta
+        and meta.get("dim") == dim
+        and meta.get("model_sha256") == model_sha256
+        and meta.get("requested") == config.spec
+        and (meta.get("spec") == config.spec or count < needed)  # still too few faces to train: flat was right
+        and meta.get("dead", 0) <= REBUILD_REMOVED_FRACTION * max(count, 1)
+        and is_current(meta)
+    ):
+        return None
+    try:
+        started = time.monotonic()
+        index = FaissIndex.load(path, meta, config.search_params if meta["spec"] == config.spec else "")
+        log.info("gallery index %s: %d faces loaded from %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
+        return index
+    except RuntimeError as exc:  # a damaged or truncated file: build instead
+        log.warning("gallery index %s unreadable (%s): rebuilding", path, exc)
+        return None
+
+
 def open_index(
     config: IndexConfig,
     dim: int,
@@ -626,28 +816,15 @@ def open_index(
     exact (flat) until a restart finds enough. Returns the index and the metadata it was loaded
     with (None when built)."""
     path = config.path(model_sha256)
-    meta = read_meta(path) if path else None
     try:
         needed = train_size(config.spec, dim)
     except RuntimeError as exc:  # FAISS's own message says what it could not parse
         raise ValueError(f"FACEGATE_INDEX={config.spec!r} is not a FAISS index factory string for {dim}-d embeddings: {exc}") from None
-    if (
-        path is not None
-        and meta
-        and meta.get("dim") == dim
-        and meta.get("model_sha256") == model_sha256
-        and meta.get("requested") == config.spec
-        and (meta.get("spec") == config.spec or count < needed)  # still too few faces to train: flat was right
-        and meta.get("dead", 0) <= REBUILD_REMOVED_FRACTION * max(count, 1)
-        and is_current(meta)
-    ):
-        try:
-            started = time.monotonic()
-            index = FaissIndex.load(path, meta, config.search_params if meta["spec"] == config.spec else "")
-            log.info("gallery index %s: %d faces loaded from %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
-            return tuned(index), meta
-        except RuntimeError as exc:  # a damaged or truncated file: build instead
-            log.warning("gallery index %s unreadable (%s): rebuilding", path, exc)
+    with saves(path):  # mapped before another save may remove it
+        meta = read_meta(path) if path else None
+        index = loaded(path, meta, config, dim, model_sha256, count, needed, is_current)
+    if index is not None and meta is not None:
+        return tuned(index), meta
     spec = config.spec if count >= needed else "Flat"
     if spec != config.spec:
         log.info(
@@ -693,8 +870,7 @@ def save_index(config: IndexConfig, index: FaissIndex, model_sha256: str, state:
     if path is None or not index.dirty:
         return
     meta = {**state, "model_sha256": model_sha256, "requested": config.spec}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(path.with_suffix(".lock")):
+    with saves(path):
         saved = read_meta(path)
         if saved is not None and saved.get("spec") == index.spec and all(saved.get(k) == v for k, v in meta.items()):
             log.info("gallery index %s: the state it reflects is saved already (%s)", index.spec, path.name)
@@ -702,6 +878,44 @@ def save_index(config: IndexConfig, index: FaissIndex, model_sha256: str, state:
         started = time.monotonic()
         index.save(path, meta)
     log.info("gallery index %s: %d faces saved to %s in %.1f s", index.spec, index.size, path.name, time.monotonic() - started)
+
+
+def saved_and_mapped(config: IndexConfig, index: FaissIndex, model_sha256: str, state: dict[str, Any]) -> FaissIndex:
+    """A built index saved (`save_index`), and the file saved for `state` mapped in its place: the
+    builder too searches the host's one copy, not one of its own. `index` itself where none is
+    saved for that state (no folder, a flat index)."""
+    save_index(config, index, model_sha256, state)
+    path = config.path(model_sha256)
+    with saves(path):  # mapped before another save may remove it
+        meta = read_meta(path) if path is not None else None
+        if path is None or meta is None or meta.get("spec") != index.spec or any(meta.get(k) != v for k, v in state.items()):
+            return index
+        mapped = FaissIndex.load(path, meta, index.requested_params)
+    return tuned(mapped)
+
+
+def remapped(index: FaissIndex, applied: int, mapped_at: int, replay: Callable[[FaissIndex, int], bool]) -> FaissIndex | None:
+    """`index` (its file mapped as of change `mapped_at`, the changes since in its own part, as of
+    `applied`) as a file mapped anew, under the index's file lock: the host's file saved by another
+    process as of a later change, up to `applied`, with `replay(fresh, change)` applying the log
+    since (False: the log no longer reaches it); else this index saved as of `applied` (its faces
+    merged into a new file, which the other processes then map). None: the host's file is newer
+    than `applied` (this process maps it once it caught up). The file's metadata names no state of
+    the store: a start uses it only once a shutdown's save has stamped it (`dirty`)."""
+    if index.saved_as is None:
+        return None
+    path, names = index.saved_as
+    with saves(path):
+        meta = read_meta(path)
+        saved = meta.get("applied", -1) if meta and meta.get("spec") == index.spec and meta.get("dim") == index.dim else -1
+        if saved > applied:
+            return None
+        fresh = FaissIndex.load(path, meta, index.requested_params) if mapped_at < saved and meta is not None else None
+        if fresh is None or not replay(fresh, saved):
+            index.save(path, {**names, "applied": applied})
+            fresh = FaissIndex.load(path, read_meta(path) or {}, index.requested_params)
+    fresh.take_over(index)
+    return fresh
 
 
 def best_subjects(

@@ -47,6 +47,7 @@ from service.gallery.index import (
     open_index,
     read_meta,
     save_index,
+    saved_and_mapped,
     tuned,
 )
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
@@ -84,6 +85,7 @@ from service.gallery.sync import (
     snapshot_reaches,
     snapshot_stamp,
 )
+from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery")
 
@@ -363,7 +365,8 @@ class PostgresGallery(FollowedStore, GalleryStore):
 
         index, loaded = open_index(config, key.dim, sha, count, current, sample, batches)
         if loaded is None:
-            save_index(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
+            index = saved_and_mapped(config, index, sha, {"sequence": seq, "change": change_digest(conn, seq)})
+            release_freed()  # the heap of the copy built, now mapped instead
         return index, loaded
 
     # subjects

@@ -42,11 +42,22 @@ from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import ON_REQUEST, Derived, FollowedStore, Follower, add, remove
-from service.gallery.index import FaissIndex, IndexConfig, MappedFaces, best_subjects, index_kind, open_index, save_index, tuned
+from service.gallery.index import (
+    FaissIndex,
+    IndexConfig,
+    MappedFaces,
+    best_subjects,
+    index_kind,
+    open_index,
+    save_index,
+    saved_and_mapped,
+    tuned,
+)
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
 from service.gallery.names import name_key
 from service.gallery.snapshot import Snapshot, SnapshotFiles
+from service.runtime.heap import release_freed
 
 log = logging.getLogger("facegate.gallery")
 
@@ -422,12 +433,13 @@ def persisted_index(
     rows: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
 ) -> FaissIndex:
     """The persisted index where it holds exactly these faces (their fingerprint), else one built
-    from `rows` (trained on the collection's sample) and persisted."""
+    from `rows` (trained on the collection's sample), persisted and mapped (`saved_and_mapped`)."""
     index, loaded = open_index(
         config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sampler(db, collection, embedder, faces), rows
     )
     if loaded is None:
-        save_index(config, index, embedder.sha256, {"faces": faces})
+        index = saved_and_mapped(config, index, embedder.sha256, {"faces": faces})
+        release_freed()  # the heap of the copy built, now mapped instead
     return index
 
 

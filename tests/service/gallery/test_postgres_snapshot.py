@@ -6,6 +6,7 @@ of; the others map it and follow the log from that change. Against a real server
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 
 from service.gallery import follower, postgres
-from service.gallery.index import IndexConfig
+from service.gallery.index import IndexConfig, MappedIndex
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery
 from tests.polling import wait_until
@@ -142,3 +143,27 @@ def test_a_grown_delta_is_shared_and_mapped_anew(opened, tmp_path, monkeypatch):
     assert len({p.name.split(".")[1] for p in (tmp_path / "index").glob("*.ids.npy")}) == 1  # the older files removed
     assert mapped(second) and found(second, 507)[0] == "n7"  # type: ignore[arg-type]
     assert state(second)[:3] == state(first)[:3] and state(second)[3] == pytest.approx(state(first)[3], abs=1e-6)
+
+
+def test_replicas_past_the_bound_map_one_hnsw_file_saved_once(opened, tmp_path, monkeypatch):
+    """PostgreSQL's replicas share an HNSW index as SQLite's workers do: both map the file the
+    first saved; past the bound one saves its state and the other maps that file and applies the
+    log since (its follower's), both then answering as a flat index of the database does."""
+    monkeypatch.setattr(follower, "REMAP", 4)
+    fill(opened())
+    hnsw = config(tmp_path, "HNSW16")
+    a, b, exact = opened(hnsw), opened(hnsw), opened(IndexConfig("Flat", "", None))
+
+    def file_of(store: PostgresGallery) -> int | None:
+        base = getattr(store.index, "base", None)
+        return os.fstat(base._fd).st_ino if isinstance(base, MappedIndex) else None
+
+    first = file_of(a)
+    assert first is not None and file_of(b) == first
+    a.create_subject("new", {}, "new")
+    a.add_faces("new", [NewFace(unit(3000 + i)) for i in range(40)])  # past 1/8 of the 240 faces
+    b.delete_subject("s3")
+    wait_until(lambda: file_of(a) == file_of(b) != first, "both replicas map the file saved past the bound")
+    wait_until(lambda: a.index.size == b.index.size == exact.index.size, "both replicas applied every change")  # type: ignore[union-attr]
+    for seed in (3000, 3039, 1003, 1050):
+        assert found(a, seed) == found(b, seed) == found(exact, seed)  # type: ignore[arg-type]

@@ -3,14 +3,15 @@ and follows the change log, so what one commits is in every other's next search,
 one that fell behind the log rebuilds its index from the faces in the background, never in a request. Two stores on one file stand for
 two processes (each its own connection and index). Synthetic embeddings, no models."""
 
+import os
 import threading
 
 import numpy as np
 import pytest
 
 from service.core.models.manifest import EmbedderKey
-from service.gallery import sqlite
-from service.gallery.index import IndexConfig
+from service.gallery import follower, sqlite
+from service.gallery.index import IndexConfig, MappedIndex
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
 from tests.polling import wait_until
@@ -212,3 +213,79 @@ def test_a_rebuild_the_log_outran_catches_up_by_difference(tmp_path, monkeypatch
         release.set()
         a.close()
         b.close()
+
+
+def test_workers_map_the_one_saved_hnsw_index_and_search_what_changed_since(tmp_path):
+    """Issue 44: the first process builds the HNSW graph and saves it, and every process, the builder
+    too, maps the saved file (one inode, nothing read into a copy of its own); faces enrolled and
+    deleted since, through either, are searched by both as a flat index searches the store as it is."""
+    sixty_subjects(tmp_path)
+    config = IndexConfig("HNSW16", "efSearch=256", tmp_path / "index")
+    a, b = SqliteGallery.open(tmp_path, KEY, index=config), SqliteGallery.open(tmp_path, KEY, index=config)
+    try:
+        files = {os.fstat(s.index.base._fd).st_ino for s in (a, b) if isinstance(s.index.base, MappedIndex)}
+        assert len(files) == 1 and len(list((tmp_path / "index").glob("*.faiss"))) == 1
+        a.create_subject("new", {}, "new")
+        a.add_faces("new", [NewFace(unit(7)), NewFace(unit(8))])
+        b.delete_subject("s3")
+        b.delete_subject("s4")
+        assert_found_as_flat(tmp_path, [a, b], [7, 8, 103, 104, *range(110, 130)])
+        assert a.index.size == b.index.size == 60
+    finally:
+        a.close()
+        b.close()
+
+
+def sixty_subjects(data) -> None:
+    store = SqliteGallery.open(data, KEY, index=IndexConfig("Flat", "", data / "index"))
+    for i in range(60):
+        store.create_subject(f"s{i}", {}, f"s{i}")
+        store.add_faces(f"s{i}", [NewFace(unit(100 + i))])
+    store.close()
+
+
+def assert_found_as_flat(data, stores: list[SqliteGallery], seeds: list[int]) -> None:
+    """Each store's answers are those of a flat index built from the store as it is."""
+    exact = SqliteGallery.open(data, KEY, index=IndexConfig("Flat", "", None))
+    try:
+        for seed in seeds:
+            expected = [c.subject_id for c in exact.search(unit(seed), top_k=10)]
+            assert all(found(store, seed) == expected for store in stores), seed
+    finally:
+        exact.close()
+
+
+def mapped_file(store: SqliteGallery) -> int | None:
+    base = store.index.base if store.index is not None else None
+    return os.fstat(base._fd).st_ino if isinstance(base, MappedIndex) else None
+
+
+def test_a_worker_s_changes_past_the_bound_are_saved_once_and_mapped_by_every_worker(tmp_path, monkeypatch):
+    """Past REMAP changes (or 1/8 of the faces) since its file, a worker's follower saves its state as
+    the host's file, under the lock, and maps it; another past the bound maps that file and applies
+    the log since, rather than saving its own: one file for both, a flat part of neither's own, and
+    the answers a flat index gives."""
+    monkeypatch.setattr(follower, "REMAP", 4)  # 60 faces: the bound is 1/8 of them, 7
+    sixty_subjects(tmp_path)
+    config = IndexConfig("HNSW16", "efSearch=256", tmp_path / "index")
+    a, b = SqliteGallery.open(tmp_path, KEY, index=config), SqliteGallery.open(tmp_path, KEY, index=config)
+    try:
+        first = mapped_file(a)
+        assert first is not None and mapped_file(b) == first
+        a.create_subject("new", {}, "new")
+        a.add_faces("new", [NewFace(unit(200 + i)) for i in range(8)])
+        b.delete_subject("s3")
+        wait_until(lambda: mapped_file(a) == mapped_file(b) != first, "both workers map the file saved past the bound")
+        assert len(list((tmp_path / "index").glob("*.faiss"))) == 1
+        assert a.index.since_mapped == b.index.since_mapped == 0 and a.index.size == b.index.size == 67
+        a.add_faces("new", [NewFace(unit(300))])
+        b.delete_subject("s4")
+        assert_found_as_flat(tmp_path, [a, b], [3, 4, 103, 104, 300, *range(200, 208), *range(110, 120)])
+    finally:
+        a.close()
+        b.close()
+    again = SqliteGallery.open(tmp_path, KEY, index=config)  # the shutdown's save stamped the state: the next start maps it
+    try:
+        assert again.index.size == 67 and mapped_file(again) is not None
+    finally:
+        again.close()
