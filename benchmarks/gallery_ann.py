@@ -299,7 +299,8 @@ def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[
     """What the recall check estimates, measured: its held-out faces searched as new photos through
     the index of the gallery without them (`build`'s `leave_out`), against their exact best there;
     recall@1 at the search parameters given (FaissIndex's, '' for the default)."""
-    mated = probe.left_out[probe.left_out >= 0]
+    leaving = probe.leaving[probe.left_out >= 0]  # each face and its near copies
+    mated = np.unique(leaving[leaving >= 0])
     queries = probe.queries[probe.left_out >= 0]
     set_search_threads(2)  # built as the index it stands beside was
     index = build(spec, vectors, vectors.shape[1], mated)

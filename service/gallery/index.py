@@ -346,22 +346,22 @@ def hiding(
     dim = storage.d
     with lock():
         id_map = faiss.vector_to_array(graph.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
+    hidden = hidden.reshape(len(queries), -1)
     order = np.argsort(id_map, kind="stable")
     nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
     scores, out = np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
     for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
-        with lock():  # one search with a vector changed: nothing else reads the index meanwhile
+        node = node[id_map[node] == face]  # the row's faces that are in the graph
+        with lock():  # one search with vectors changed: nothing else reads the index meanwhile
             xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * dim).reshape(-1, dim)
-            kept = xb[node].copy() if id_map[node] == face else None
-            if kept is not None:
-                xb[node] = 0
+            kept = xb[node].copy()
+            xb[node] = 0
             try:
                 params = skipping(graph, removed) if len(removed) else None
                 found_scores, found = graph.search(query[None], min(k, int(graph.ntotal)), params=params)  # type: ignore[call-arg]
                 scores[row, : found.shape[1]], out[row, : found.shape[1]] = found_scores[0], found[0]
             finally:
-                if kept is not None:
-                    xb[node] = kept
+                xb[node] = kept
     return (scores, out) if with_scores else out
 
 
@@ -565,8 +565,8 @@ class FaissIndex:
         return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
     def search_hiding(self, queries: np.ndarray, k: int, hidden: np.ndarray) -> np.ndarray | None:
-        """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` out of
-        the way: its vector zeroed in the graph's flat storage for that one search (under the write
+        """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` (or
+        the row of faces, -1 for none) out of the way: their vectors zeroed in the graph's flat storage for that one search (under the write
         lock, restored before it is released), so it neither answers nor draws the search to it, as a
         face that was never enrolled would not. None for other indexes (and an HNSW graph over codes),
         where a query's own vector has no such pull or cannot be hidden. A mapped graph is never
@@ -593,7 +593,7 @@ class FaissIndex:
         if found is None:
             return None
         scores, ids = found
-        more_scores = np.where(more == hidden[:, None], -np.inf, more_scores)
+        more_scores = np.where((more[:, :, None] == hidden.reshape(len(queries), -1)[:, None, :]).any(2), -np.inf, more_scores)
         scores, ids = np.concatenate([scores, more_scores], axis=1), np.concatenate([ids, more], axis=1)
         order = np.argsort(np.where(ids >= 0, -scores, np.inf), axis=1, kind="stable")[:, :k]
         return np.take_along_axis(np.where(np.isfinite(scores), ids, -1), order, axis=1)
