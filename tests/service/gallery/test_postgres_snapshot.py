@@ -125,12 +125,14 @@ def test_workers_starting_at_once_build_once(opened, database_url, tmp_path):
     assert all(is_mapped for _, is_mapped in results)
 
 
-def test_a_grown_delta_is_shared_and_mapped_anew(opened, tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec", ["Flat", "HNSW16"])
+def test_a_grown_delta_is_shared_and_mapped_anew(opened, tmp_path, monkeypatch, spec):
     """After REMAP changes (and 1/8 of the faces) applied to its mapped snapshot, a replica saves its
-    state as the host's snapshot and maps it; another replica, past REMAP too, maps that one."""
+    state as the host's snapshot and maps it; another replica, past REMAP too, maps that one (an
+    HNSW index keeps its own file: the guard alone is mapped anew)."""
     monkeypatch.setattr(follower, "REMAP", 3)
     fill(opened(), 20)
-    first, second = opened(config(tmp_path)), opened(config(tmp_path))
+    first, second = opened(config(tmp_path, spec)), opened(config(tmp_path, spec))
     assert first.follower is not None and second.follower is not None
     before = first.follower.state.mapped  # type: ignore[union-attr]
     assert before == second.follower.state.mapped == first.applied  # type: ignore[union-attr]
