@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -83,6 +83,11 @@ class ChangeLog(Protocol):
     def shared_roster(self, after: int) -> Snapshot | None:
         """The host's snapshot of a change after `after`, its roster mapped, where the log still
         reaches it (to be brought up to date from there); else None."""
+        ...
+
+    def index_stamp(self, applied: int) -> dict[str, Any] | None:
+        """What the store's start checks a persisted index by (`save_index`'s state), for one as of
+        change `applied`; None where it cannot be told now (SQLite: the database is past it)."""
         ...
 
     def resync(self, state: Derived) -> None:
@@ -316,7 +321,11 @@ class Follower:
                 if state is None or self._early or self._closed or not isinstance(state.index, FaissIndex):
                     return  # own changes applied ahead of others: not one change's state
                 fresh = remapped(
-                    state.index, state.applied, self._index_at, lambda index, after: self._replay(after, state.applied, index=index)
+                    state.index,
+                    state.applied,
+                    self._index_at,
+                    lambda index, after: self._replay(after, state.applied, index=index),
+                    lambda: self.log.index_stamp(state.applied),  # a start after a kill maps it
                 )
                 if fresh is not None:
                     self._state, self._index_at = replace(state, index=fresh), state.applied

@@ -906,14 +906,21 @@ def saved_and_mapped(config: IndexConfig, index: FaissIndex, model_sha256: str, 
     return tuned(mapped)
 
 
-def remapped(index: FaissIndex, applied: int, mapped_at: int, replay: Callable[[FaissIndex, int], bool]) -> FaissIndex | None:
+def remapped(
+    index: FaissIndex,
+    applied: int,
+    mapped_at: int,
+    replay: Callable[[FaissIndex, int], bool],
+    stamp: Callable[[], dict[str, Any] | None] = lambda: None,
+) -> FaissIndex | None:
     """`index` (its file mapped as of change `mapped_at`, the changes since in its own part, as of
     `applied`) as a file mapped anew, under the index's file lock: the host's file saved by another
     process as of a later change, up to `applied`, with `replay(fresh, change)` applying the log
     since (False: the log no longer reaches it); else this index saved as of `applied` (its faces
-    merged into a new file, which the other processes then map). None: the host's file is newer
-    than `applied` (this process maps it once it caught up). The file's metadata names no state of
-    the store: a start uses it only once a shutdown's save has stamped it (`dirty`)."""
+    merged into a new file, which the other processes then map), with `stamp()`: what the store's
+    start checks a persisted index by, as of `applied` (None: not known now, so a start uses the
+    file only once a shutdown's save has stamped it). None: the host's file is newer than `applied`
+    (this process maps it once it caught up)."""
     if index.saved_as is None:
         return None
     path, names = index.saved_as
@@ -924,7 +931,7 @@ def remapped(index: FaissIndex, applied: int, mapped_at: int, replay: Callable[[
             return None
         fresh = FaissIndex.load(path, meta, index.requested_params) if mapped_at < saved and meta is not None else None
         if fresh is None or not replay(fresh, saved):
-            index.save(path, {**names, "applied": applied})
+            index.save(path, {**names, "applied": applied, **(stamp() or {})})
             fresh = FaissIndex.load(path, read_meta(path) or {}, index.requested_params)
     fresh.take_over(index)
     return fresh

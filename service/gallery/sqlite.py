@@ -532,6 +532,15 @@ class SqliteLog:
         finally:
             db.close()
 
+    def index_stamp(self, applied: int) -> dict[str, Any] | None:
+        self._db.execute("BEGIN")  # the change and the faces: one snapshot
+        try:
+            if self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0] != applied:
+                return None
+            return {"faces": fingerprint(self._db, self.collection, self.embedder.sha256)}
+        finally:
+            self._db.execute("COMMIT")
+
     def shared_roster(self, after: int) -> Snapshot | None:
         directory = self.config.directory
         if directory is None:

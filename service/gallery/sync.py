@@ -173,6 +173,10 @@ class PostgresLog:
             log.warning("gallery snapshot not shared: %s", exc)
             return False
 
+    def index_stamp(self, applied: int) -> dict[str, Any] | None:
+        with self.pool.connection() as conn:
+            return {"sequence": applied, "change": change_digest(conn, applied)}
+
     def shared_roster(self, after: int) -> Snapshot | None:
         if self.snapshots is None:
             return None
