@@ -357,37 +357,42 @@ class Follower:
         """The state mapped anew from the host's snapshot, now shared (`_grown`). A flat index searches
         the snapshot's faces: both are rebuilt from it. An HNSW or IVF index is kept (it is mapped
         anew on its own bound, `_remap_index`): the roster alone is mapped, the log since its change
-        applied to it off the lock but for the last BATCH changes, and swapped in."""
+        applied to it off the lock but for the last BATCH changes, and swapped in; where that fails
+        (the log pruned past it, own changes applied ahead), tried again REMAP changes later."""
         state = self._state
         if state is None or state.mapped is None:
             return
         if isinstance(getattr(state.index, "base", None), MappedFaces):
             self.rebuild("{next}: the changes since the mapped snapshot, now shared, are mapped anew")
-            return
-        snapshot = self.log.shared_roster(state.mapped)
+        elif not self._swap_roster(self.log.shared_roster(state.mapped)):
+            self._remap_after = self.applied
+
+    def _swap_roster(self, snapshot: Snapshot | None) -> bool:
+        """`snapshot`'s roster, brought to the state's change, swapped in for the state's (True)."""
         if snapshot is None:
-            self._remap_after = state.applied
-            return
+            return False
         roster, at = snapshot.roster, snapshot.applied
         while not self._stop.is_set():
             with self._lock:
                 state = self._state
                 if state is None or self._early or self._closed:
-                    return  # own changes applied ahead of others: not one change's state (tried again at the next step)
+                    return False  # own changes applied ahead of others: not one change's state
                 if at > state.applied:  # another process's, ahead of this state: the state brought up to it first
                     rows = self.log.changes(state.applied, at - state.applied)
                     if rows is None or len(rows) != at - state.applied:
-                        return
+                        return False
                     self._apply(state, rows)
                 if state.applied - at <= BATCH:
-                    if self._replay(at, state.applied, roster=roster):
-                        self._state = replace(state, roster=roster, mapped=snapshot.applied)
-                        log.info("gallery snapshot: the roster mapped anew as of change %d, at change %d", snapshot.applied, state.applied)
-                    return
+                    if not self._replay(at, state.applied, roster=roster):
+                        return False
+                    self._state = replace(state, roster=roster, mapped=snapshot.applied)
+                    log.info("gallery snapshot: the roster mapped anew as of change %d, at change %d", snapshot.applied, state.applied)
+                    return True
                 until = state.applied
             if not self._replay(at, until, roster=roster):
-                return
+                return False
             at = until
+        return False
 
     def _due(self, state: Derived) -> bool:
         """The changes applied to a mapped snapshot reached REMAP, or 1/8 of the faces (the room its

@@ -282,6 +282,31 @@ def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch, spec):
         second.close()
 
 
+def test_a_guard_mapped_anew_beside_an_hnsw_index_takes_the_log_since_its_change(tmp_path, monkeypatch):
+    """With an HNSW index, the guard alone is mapped anew: the host's snapshot of an earlier change,
+    the log since applied to it (here in batches of 2, off the lock, then the tail under it), swapped
+    in beside the index it had; then it is the guard a build from the store makes."""
+    monkeypatch.setattr(follower, "BATCH", 2)
+    filler = SqliteGallery.open(tmp_path, KEY)
+    fill(filler, 20)
+    filler.close()
+    store = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path, "HNSW16"))
+    try:
+        assert store.follower is not None and store.follower.state is not None
+        index, mapped = store.index, store.follower.state.mapped
+        for i in range(5):
+            store.create_subject(f"n{i}", {}, f"n{i}")
+            store.add_faces(f"n{i}", [NewFace(unit(500 + i))])
+        store.delete_subject("s3")
+        assert store.follower._swap_roster(store.follower.log.shared_roster(-1))  # the snapshot saved at start
+        assert store.follower.state.mapped == mapped and store.index is index  # type: ignore[union-attr]
+        alone = SqliteGallery.open(tmp_path, KEY)
+        assert state(alone)[:3] == state(store)[:3] and state(alone)[3] == pytest.approx(state(store)[3], abs=1e-6)
+        alone.close()
+    finally:
+        store.close()
+
+
 def test_searches_go_on_while_a_grown_state_is_copied_to_be_shared(tmp_path, monkeypatch):
     """The copy a re-share saves (`Follower._reshare`) is taken under the follower's lock, so no change
     lands in it half-way, but not under the guard's, and a search does not wait for the follower's
