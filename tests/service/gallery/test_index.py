@@ -422,9 +422,9 @@ def test_the_check_hides_faces_in_the_mapped_graph_without_a_copy_of_the_file(tm
     faces hidden and the graph's small arrays, well below the file's size."""
     if not Path("/proc/self/status").exists():
         need("LINUX_ROOT", "memory is read from /proc (Linux)")
-    vectors = unit(40_000, 32)
+    vectors = unit(40_000, 64)  # a 15 MiB file: the graph's own arrays (ids, levels) under 1 MiB
     config = IndexConfig("HNSW16", "", tmp_path)
-    built = FaissIndex(32, "HNSW16")
+    built = FaissIndex(64, "HNSW16")
     built.add(np.arange(1000, 41_000), vectors)
     save_index(config, built, "a" * 64, {"faces": [40_000]})
     del built
