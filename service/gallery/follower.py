@@ -28,13 +28,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from service.core.errors import GalleryLoading, GalleryUnavailable
 from service.core.open_set import LeaveOneOut, Roster
-from service.gallery.index import FaissIndex, MappedIndex, VectorIndex, remapped
+from service.gallery.index import FaissIndex, MappedFaces, MappedIndex, VectorIndex, remapped
+from service.gallery.snapshot import Snapshot
 
 log = logging.getLogger("facegate.gallery.follower")
 
@@ -77,6 +78,16 @@ class ChangeLog(Protocol):
     def share(self, state: Derived) -> bool:
         """Save `state` as the host's snapshot (unless a newer one is saved): True when there is one
         newer than the snapshot `state` maps, for `rebuild` to map (`state`: a copy no one changes)."""
+        ...
+
+    def shared_roster(self, after: int) -> Snapshot | None:
+        """The host's snapshot of a change after `after`, its roster mapped, where the log still
+        reaches it (to be brought up to date from there); else None."""
+        ...
+
+    def index_stamp(self, applied: int) -> dict[str, Any] | None:
+        """What the store's start checks a persisted index by (`save_index`'s state), for one as of
+        change `applied`; None where it cannot be told now (SQLite: the database is past it)."""
         ...
 
     def resync(self, state: Derived) -> None:
@@ -275,7 +286,7 @@ class Follower:
                 if not self.catch_up():
                     self.rebuild()
                 elif self._grown():
-                    self.rebuild("{next}: the changes since the mapped snapshot, now shared, are mapped anew")
+                    self._remap_roster()
                 elif self._index_grown():
                     self._remap_index()
                 failures = 0
@@ -309,27 +320,79 @@ class Follower:
                 state = self._state
                 if state is None or self._early or self._closed or not isinstance(state.index, FaissIndex):
                     return  # own changes applied ahead of others: not one change's state
-                fresh = remapped(state.index, state.applied, self._index_at, lambda index, after: self._replay(index, after, state.applied))
+                fresh = remapped(
+                    state.index,
+                    state.applied,
+                    self._index_at,
+                    lambda index, after: self._replay(after, state.applied, index=index),
+                    lambda: self.log.index_stamp(state.applied),  # a start after a kill maps it
+                )
                 if fresh is not None:
                     self._state, self._index_at = replace(state, index=fresh), state.applied
                     log.info("gallery index %s: mapped anew at change %d (%d faces)", fresh.spec, state.applied, fresh.size)
         finally:
             self._copying = False
 
-    def _replay(self, index: FaissIndex, after: int, until: int) -> bool:
-        """The log's changes after `after` up to `until` into an index no one searches yet; False where
-        the log no longer holds them."""
+    def _replay(self, after: int, until: int, index: FaissIndex | None = None, roster: Roster | LeaveOneOut | None = None) -> bool:
+        """The log's changes after `after` up to `until` into an index or a roster no one reads yet;
+        False where the log no longer holds them."""
         rows = self.log.changes(after, until - after) if until > after else []
         if rows is None or len(rows) != until - after:
             return False
         for _, op, face_ids in rows:
-            if op == "add":
-                found, _, vectors = self.log.faces(face_ids)
-                if len(found):
+            ids = np.array(face_ids, np.int64)
+            if op != "add" and roster is not None:  # a move re-reads the faces' subjects
+                roster.remove(ids)
+            if op == "remove" and index is not None:
+                index.remove(ids)
+            if op == "add" or (op == "move" and roster is not None):
+                found, subjects, vectors = self.log.faces(face_ids)
+                if len(found) and index is not None and op == "add":
                     index.add(found, vectors)
-            elif op == "remove":
-                index.remove(np.array(face_ids, np.int64))
+                if len(found) and roster is not None:
+                    roster.add(found, subjects, vectors)
         return True
+
+    def _remap_roster(self) -> None:
+        """The state mapped anew from the host's snapshot, now shared (`_grown`). A flat index searches
+        the snapshot's faces: both are rebuilt from it. An HNSW or IVF index is kept (it is mapped
+        anew on its own bound, `_remap_index`): the roster alone is mapped, the log since its change
+        applied to it off the lock but for the last BATCH changes, and swapped in; where that fails
+        (the log pruned past it, own changes applied ahead), tried again REMAP changes later."""
+        state = self._state
+        if state is None or state.mapped is None:
+            return
+        if isinstance(getattr(state.index, "base", None), MappedFaces):
+            self.rebuild("{next}: the changes since the mapped snapshot, now shared, are mapped anew")
+        elif not self._swap_roster(self.log.shared_roster(state.mapped)):
+            self._remap_after = self.applied
+
+    def _swap_roster(self, snapshot: Snapshot | None) -> bool:
+        """`snapshot`'s roster, brought to the state's change, swapped in for the state's (True)."""
+        if snapshot is None:
+            return False
+        roster, at = snapshot.roster, snapshot.applied
+        while not self._stop.is_set():
+            with self._lock:
+                state = self._state
+                if state is None or self._early or self._closed:
+                    return False  # own changes applied ahead of others: not one change's state
+                if at > state.applied:  # another process's, ahead of this state: the state brought up to it first
+                    rows = self.log.changes(state.applied, at - state.applied)
+                    if rows is None or len(rows) != at - state.applied:
+                        return False
+                    self._apply(state, rows)
+                if state.applied - at <= BATCH:
+                    if not self._replay(at, state.applied, roster=roster):
+                        return False
+                    self._state = replace(state, roster=roster, mapped=snapshot.applied)
+                    log.info("gallery snapshot: the roster mapped anew as of change %d, at change %d", snapshot.applied, state.applied)
+                    return True
+                until = state.applied
+            if not self._replay(at, until, roster=roster):
+                return False
+            at = until
+        return False
 
     def _due(self, state: Derived) -> bool:
         """The changes applied to a mapped snapshot reached REMAP, or 1/8 of the faces (the room its

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import mmap
 import os
 import threading
 import time
@@ -278,7 +279,7 @@ class MappedIndex(MappedIds):
     to the index's own flat part, and both are merged into the file it saves (`FaissIndex.save`)."""
 
     def __init__(self, file: Path, removed: Iterable[int] = (), dead: int = 0):
-        self._fd = os.open(file, os.O_RDONLY)  # what `private_copy` reads once another save unlinked the file
+        self._fd = os.open(file, os.O_RDONLY)  # what `private_copy` and `copy_on_write` read once another save unlinked the file
         weakref.finalize(self, os.close, self._fd)
         self.index = faiss.read_index(str(file), faiss.IO_FLAG_MMAP_IFC)
         self.ivf = faiss.try_extract_index_ivf(self.index)
@@ -301,6 +302,16 @@ class MappedIndex(MappedIds):
             return chunk
 
         return faiss.read_index(faiss.PyCallbackIOReader(read))  # type: ignore[attr-defined]  # the stubs lack the callback reader
+
+    @contextmanager
+    def copy_on_write(self) -> Iterator[faiss.Index]:
+        """The saved index over a private copy-on-write mapping of its file (MAP_PRIVATE, read by
+        FAISS in place: its vectors and links are the mapping's pages), valid inside the block: a
+        vector written copies its one page into this process, never the file nor another process's
+        pages. What the recall check hides a face in, rather than `private_copy` (the file's size)."""
+        size = os.fstat(self._fd).st_size
+        pages = np.frombuffer(mmap.mmap(self._fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE), np.uint8)
+        yield faiss.read_index(faiss.ZeroCopyIOReader(faiss.swig_ptr(pages), size))  # type: ignore[attr-defined]  # not in the stubs
 
 
 def stored_ids(index: faiss.Index) -> np.ndarray:
@@ -570,7 +581,7 @@ class FaissIndex:
         lock, restored before it is released), so it neither answers nor draws the search to it, as a
         face that was never enrolled would not. None for other indexes (and an HNSW graph over codes),
         where a query's own vector has no such pull or cannot be hidden. A mapped graph is never
-        written: it is hidden in a copy read for these searches (the file's size, for their time),
+        written: it is hidden in a copy-on-write mapping of its file (a page per face hidden),
         and the faces added since (flat, exact) are searched beside it without it."""
         if self.kind != "faiss-hnsw":
             return None
@@ -579,17 +590,18 @@ class FaissIndex:
             faiss.omp_set_num_threads(_search_threads)
         if not isinstance(self.base, MappedIndex):
             return hiding(self._index, self._removed_ids(), queries, k, hidden, self._lock.write)
-        with self._lock.read():
-            graph, removed = self.base.private_copy(), self.base.removed_ids()
-            if self.search_params:
-                faiss.ParameterSpace().set_index_parameters(graph, self.search_params)  # type: ignore[arg-type]  # the string overload
-            own = min(k, int(self._index.ntotal))
-            more_scores, more = (
-                self._index.search(queries, own)
-                if own
-                else (np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64))
-            )
-        found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
+        with self.base.copy_on_write() as graph:
+            with self._lock.read():
+                removed = self.base.removed_ids()
+                if self.search_params:
+                    faiss.ParameterSpace().set_index_parameters(graph, self.search_params)  # type: ignore[arg-type]  # the string overload
+                own = min(k, int(self._index.ntotal))
+                more_scores, more = (
+                    self._index.search(queries, own)
+                    if own
+                    else (np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64))
+                )
+            found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
         if found is None:
             return None
         scores, ids = found
@@ -894,14 +906,21 @@ def saved_and_mapped(config: IndexConfig, index: FaissIndex, model_sha256: str, 
     return tuned(mapped)
 
 
-def remapped(index: FaissIndex, applied: int, mapped_at: int, replay: Callable[[FaissIndex, int], bool]) -> FaissIndex | None:
+def remapped(
+    index: FaissIndex,
+    applied: int,
+    mapped_at: int,
+    replay: Callable[[FaissIndex, int], bool],
+    stamp: Callable[[], dict[str, Any] | None] = lambda: None,
+) -> FaissIndex | None:
     """`index` (its file mapped as of change `mapped_at`, the changes since in its own part, as of
     `applied`) as a file mapped anew, under the index's file lock: the host's file saved by another
     process as of a later change, up to `applied`, with `replay(fresh, change)` applying the log
     since (False: the log no longer reaches it); else this index saved as of `applied` (its faces
-    merged into a new file, which the other processes then map). None: the host's file is newer
-    than `applied` (this process maps it once it caught up). The file's metadata names no state of
-    the store: a start uses it only once a shutdown's save has stamped it (`dirty`)."""
+    merged into a new file, which the other processes then map), with `stamp()`: what the store's
+    start checks a persisted index by, as of `applied` (None: not known now, so a start uses the
+    file only once a shutdown's save has stamped it). None: the host's file is newer than `applied`
+    (this process maps it once it caught up)."""
     if index.saved_as is None:
         return None
     path, names = index.saved_as
@@ -912,7 +931,7 @@ def remapped(index: FaissIndex, applied: int, mapped_at: int, replay: Callable[[
             return None
         fresh = FaissIndex.load(path, meta, index.requested_params) if mapped_at < saved and meta is not None else None
         if fresh is None or not replay(fresh, saved):
-            index.save(path, {**names, "applied": applied})
+            index.save(path, {**names, "applied": applied, **(stamp() or {})})
             fresh = FaissIndex.load(path, read_meta(path) or {}, index.requested_params)
     fresh.take_over(index)
     return fresh

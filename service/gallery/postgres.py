@@ -307,7 +307,8 @@ class PostgresGallery(FollowedStore, GalleryStore):
                 else:
                     index, loaded = self._persisted_index(conn, seq, count)
                     roster = snapshot.roster if snapshot is not None else follow(*self._faces(conn), self.guard)
-                    state, how = Derived(index, roster, loaded["sequence"] if loaded else seq), "loaded" if loaded else "built"
+                    mapped = snapshot.applied if snapshot is not None and snapshot.mapped else None  # its guard re-shared past REMAP
+                    state, how = Derived(index, roster, loaded["sequence"] if loaded else seq, mapped), "loaded" if loaded else "built"
         log.info(
             "gallery database: %d faces searchable at change %d (%s in %.1f s)", index.size, state.applied, how, time.monotonic() - started
         )

@@ -347,7 +347,7 @@ def derived_state(
         finally:
             db.execute("COMMIT")
     log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, snapshot.applied)
-    return Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped and flat else None)
+    return Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped else None)
 
 
 def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> SnapshotFiles:
@@ -505,10 +505,10 @@ class SqliteLog:
             db.close()
 
     def share(self, state: Derived) -> bool:
-        """The guard as the host's snapshot, saved as of its change (a flat index: an older snapshot
-        maps, then the log since is applied), unless another process saved a newer one."""
+        """The guard as the host's snapshot, saved as of its change (mapped by `shared_roster`, or with a
+        flat index's faces by `rebuild`, then the log since applied), unless another process saved a newer one."""
         directory = self.config.directory
-        if directory is None or not isinstance(state.roster, LeaveOneOut) or index_kind(self.config.spec) != "faiss-flat":
+        if directory is None or not isinstance(state.roster, LeaveOneOut):
             return False
         files = snapshot_files(directory, self.embedder, self.guard)
         db = connect(self.path)
@@ -529,6 +529,44 @@ class SqliteLog:
         except OSError as exc:
             log.warning("gallery snapshot not shared: %s", exc)
             return False
+        finally:
+            db.close()
+
+    def index_stamp(self, applied: int) -> dict[str, Any] | None:
+        self._db.execute("BEGIN")  # the change and the faces: one snapshot
+        try:
+            if self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0] != applied:
+                return None
+            return {"faces": fingerprint(self._db, self.collection, self.embedder.sha256)}
+        finally:
+            self._db.execute("COMMIT")
+
+    def shared_roster(self, after: int) -> Snapshot | None:
+        directory = self.config.directory
+        if directory is None:
+            return None
+        files = snapshot_files(directory, self.embedder, self.guard)
+        db = connect(self.path)
+        try:
+            with files.lock():
+                db.execute("BEGIN")
+                try:
+                    applied = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+                    faces = fingerprint(db, self.collection, self.embedder.sha256)
+                    return files.load(
+                        self.guard,
+                        self.embedder.dim,
+                        lambda meta: (
+                            meta.get("applied", -1) > after
+                            and ours(meta, self.collection, self.embedder)
+                            and reaches(db, meta, applied, faces, True)
+                        ),  # an earlier change, the log since replayed
+                    )
+                finally:
+                    db.execute("COMMIT")
+        except OSError as exc:
+            log.warning("gallery snapshot not mapped: %s", exc)
+            return None
         finally:
             db.close()
 

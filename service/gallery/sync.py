@@ -26,7 +26,7 @@ from service.core.models.manifest import EmbedderKey
 from service.core.open_set import LeaveOneOut
 from service.gallery.follower import Change, Derived
 from service.gallery.pg_connections import CHANNEL, Listener
-from service.gallery.snapshot import SnapshotFiles
+from service.gallery.snapshot import Snapshot, SnapshotFiles
 from service.gallery.sqlite import ours
 
 log = logging.getLogger("facegate.gallery.sync")
@@ -172,6 +172,35 @@ class PostgresLog:
         except OSError as exc:
             log.warning("gallery snapshot not shared: %s", exc)
             return False
+
+    def index_stamp(self, applied: int) -> dict[str, Any] | None:
+        with self.pool.connection() as conn:
+            return {"sequence": applied, "change": change_digest(conn, applied)}
+
+    def shared_roster(self, after: int) -> Snapshot | None:
+        if self.snapshots is None:
+            return None
+        files, identity = self.snapshots
+        try:
+            with files.lock(), self.pool.connection() as conn, conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")  # the change and the count: one snapshot
+                seq = database_sequence(conn)
+                count = one_row(
+                    conn.execute(
+                        "SELECT COUNT(*) FROM faces WHERE collection = %s AND model_sha256 = %s", (self.collection, self.embedder.sha256)
+                    )
+                )[0]
+                return files.load(
+                    True,  # only a guard is shared again (`share`)
+                    self.embedder.dim,
+                    lambda meta: (
+                        meta.get("applied", -1) > after
+                        and snapshot_reaches(conn, meta, self.collection, self.embedder, identity, seq, count, True)
+                    ),
+                )
+        except OSError as exc:
+            log.warning("gallery snapshot not mapped: %s", exc)
+            return None
 
     def resync(self, state: Derived) -> None:
         raise RuntimeError("the PostgreSQL change log is never pruned: a replica never falls past it")

@@ -12,7 +12,9 @@ import faiss
 import numpy as np
 import pytest
 
+from service.gallery import index as index_module
 from service.gallery.index import FaissIndex, IndexConfig, MappedIndex, ReadWriteLock, best_subjects, open_index, read_meta, save_index
+from service.runtime.heap import release_freed
 from tests.polling import wait_until
 from tests.requirements import need
 
@@ -406,6 +408,44 @@ def test_the_recall_check_tunes_widens_and_hides_faces_in_the_mapped_index(tmp_p
     assert alone is not None and alone.dtype == np.int64
     np.testing.assert_array_equal(alone, plain.search_hiding(vectors[:5], 8, hidden[:5]))
     assert config.path("a" * 64).with_name(meta["file"]).read_bytes() == before
+
+
+def anonymous_kib() -> int:
+    """This process's resident anonymous memory (RssAnon): its heap and its private pages."""
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon:"))
+
+
+def test_the_check_hides_faces_in_the_mapped_graph_without_a_copy_of_the_file(tmp_path, monkeypatch):
+    """A face hidden for the recall check is zeroed in a copy-on-write mapping of the graph's file,
+    not in a copy read into the process (the file's size, 755 MiB at 1M faces, in every worker at
+    once): while the hidden graph lives, the process's anonymous memory has grown by the pages of the
+    faces hidden and the graph's small arrays, well below the file's size."""
+    if not Path("/proc/self/status").exists():
+        need("LINUX_ROOT", "memory is read from /proc (Linux)")
+    vectors = unit(40_000, 64)  # a 15 MiB file: the graph's own arrays (ids, levels) under 1 MiB
+    config = IndexConfig("HNSW16", "", tmp_path)
+    built = FaissIndex(64, "HNSW16")
+    built.add(np.arange(1000, 41_000), vectors)
+    save_index(config, built, "a" * 64, {"faces": [40_000]})
+    del built
+    release_freed()  # the build's heap given back: a copy of the file would not reuse it unseen
+    meta = read_meta(config.path("a" * 64))
+    file_kib = (tmp_path / meta["file"]).stat().st_size // 1024
+    index = FaissIndex.load(config.path("a" * 64), meta, "efSearch=64")
+    queries, hidden = vectors[:20], np.arange(1000, 1020)
+    index.search(queries, 9)
+    hiding, inside = index_module.hiding, []
+
+    def measured(*args, **kwargs):
+        found = hiding(*args, **kwargs)
+        inside.append(anonymous_kib())  # the hidden graph still lives
+        return found
+
+    monkeypatch.setattr(index_module, "hiding", measured)
+    before = anonymous_kib()
+    found = index.search_hiding(queries, 8, hidden)
+    assert found is not None and not (found == hidden[:, None]).any() and (found >= 0).all()
+    assert inside[0] - before < file_kib // 4, (inside[0] - before, file_kib)
 
 
 def test_workers_saving_their_mapped_index_at_once_leave_one_consistent_file(tmp_path):

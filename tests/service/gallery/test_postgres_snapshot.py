@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery
 from tests.polling import wait_until
 from tests.service.gallery.test_snapshot import config, count_builds, fill, state
-from tests.service.gallery.test_sqlite_processes import KEY, found, unit
+from tests.service.gallery.test_sqlite_processes import KEY, found, mapped_file, unit
 
 
 @pytest.fixture
@@ -125,12 +126,14 @@ def test_workers_starting_at_once_build_once(opened, database_url, tmp_path):
     assert all(is_mapped for _, is_mapped in results)
 
 
-def test_a_grown_delta_is_shared_and_mapped_anew(opened, tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec", ["Flat", "HNSW16"])
+def test_a_grown_delta_is_shared_and_mapped_anew(opened, tmp_path, monkeypatch, spec):
     """After REMAP changes (and 1/8 of the faces) applied to its mapped snapshot, a replica saves its
-    state as the host's snapshot and maps it; another replica, past REMAP too, maps that one."""
+    state as the host's snapshot and maps it; another replica, past REMAP too, maps that one (an
+    HNSW index keeps its own file: the guard alone is mapped anew)."""
     monkeypatch.setattr(follower, "REMAP", 3)
     fill(opened(), 20)
-    first, second = opened(config(tmp_path)), opened(config(tmp_path))
+    first, second = opened(config(tmp_path, spec)), opened(config(tmp_path, spec))
     assert first.follower is not None and second.follower is not None
     before = first.follower.state.mapped  # type: ignore[union-attr]
     assert before == second.follower.state.mapped == first.applied  # type: ignore[union-attr]
@@ -167,3 +170,32 @@ def test_replicas_past_the_bound_map_one_hnsw_file_saved_once(opened, tmp_path, 
     wait_until(lambda: a.index.size == b.index.size == exact.index.size, "both replicas applied every change")  # type: ignore[union-attr]
     for seed in (3000, 3039, 1003, 1050):
         assert found(a, seed) == found(b, seed) == found(exact, seed)  # type: ignore[arg-type]
+
+
+def remap_and_die(url: str, folder: str) -> None:
+    """A replica that adds past the bound, saves and maps its state as the host's file, and is killed
+    there: no shutdown's save."""
+    follower.REMAP = 4
+    store = PostgresGallery(url, KEY, pool_size=2, index=config(Path(folder), "HNSW16"))
+    first = mapped_file(store)  # type: ignore[arg-type]
+    store.create_subject("new", {}, "new")
+    store.add_faces("new", [NewFace(unit(3000 + i)) for i in range(40)])  # past 1/8 of the 240 faces
+    wait_until(lambda: mapped_file(store) not in (None, first), "the state saved past the bound and mapped")  # type: ignore[arg-type]
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_file_saved_past_the_bound_starts_the_next_replica_after_a_kill(opened, tmp_path, database_url):
+    """The file a replica saves past the bound is stamped with its change's digest, as a shutdown's
+    save is: after a kill -9 the next start maps it rather than building the index from the database."""
+    fill(opened())
+    replica = multiprocessing.get_context("spawn").Process(target=remap_and_die, args=(database_url, str(tmp_path)))
+    replica.start()
+    replica.join(120)
+    assert replica.exitcode == -signal.SIGKILL
+    saved = sorted(p.name for p in (tmp_path / "index").glob("*.faiss"))
+    again, exact = opened(config(tmp_path, "HNSW16")), opened(IndexConfig("Flat", "", None))
+    assert sorted(p.name for p in (tmp_path / "index").glob("*.faiss")) == saved and len(saved) == 1  # mapped, not built and saved
+    assert mapped_file(again) == (tmp_path / "index" / saved[0]).stat().st_ino  # type: ignore[arg-type]
+    assert again.index.size == exact.index.size and again.index.since_mapped == 0  # type: ignore[union-attr]
+    for seed in (3000, 3039, 1003, 1050):
+        assert found(again, seed) == found(exact, seed)  # type: ignore[arg-type]

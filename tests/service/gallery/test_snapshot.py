@@ -249,15 +249,17 @@ def test_workers_starting_at_once_build_once(tmp_path):
     assert all(mapped for _, mapped in results)
 
 
-def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec", ["Flat", "HNSW16", "IVF2,Flat"])
+def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch, spec):
     """After REMAP changes (and 1/8 of the faces) applied to its mapped snapshot, a process saves its
-    state as the host's snapshot and maps it; another process, past REMAP too, maps that one."""
+    state as the host's snapshot and maps it; another process, past REMAP too, maps that one. With
+    an HNSW or IVF index too, which keeps its own file: the guard's copied pages do not grow until restart."""
     monkeypatch.setattr(follower, "REMAP", 3)
     filler = SqliteGallery.open(tmp_path, KEY)
     fill(filler, 20)
     filler.close()
-    first = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
-    second = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    first = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path, spec))
+    second = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path, spec))
     try:
         assert first.follower is not None and second.follower is not None
         mapped = first.follower.state.mapped  # type: ignore[union-attr]
@@ -272,9 +274,37 @@ def test_a_grown_delta_is_shared_and_mapped_anew(tmp_path, monkeypatch):
         guard = second.leave_one_out()
         assert guard is not None and isinstance(guard._vectors, np.memmap)
         assert state(second) == state(first) and found(second, 507)[0] == "n7"
+        alone = SqliteGallery.open(tmp_path, KEY)  # built from the store: what the guard mapped anew and followed answers
+        assert state(alone)[:3] == state(second)[:3] and state(alone)[3] == pytest.approx(state(second)[3], abs=1e-6)
+        alone.close()
     finally:
         first.close()
         second.close()
+
+
+def test_a_guard_mapped_anew_beside_an_hnsw_index_takes_the_log_since_its_change(tmp_path, monkeypatch):
+    """With an HNSW index, the guard alone is mapped anew: the host's snapshot of an earlier change,
+    the log since applied to it (here in batches of 2, off the lock, then the tail under it), swapped
+    in beside the index it had; then it is the guard a build from the store makes."""
+    monkeypatch.setattr(follower, "BATCH", 2)
+    filler = SqliteGallery.open(tmp_path, KEY)
+    fill(filler, 20)
+    filler.close()
+    store = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path, "HNSW16"))
+    try:
+        assert store.follower is not None and store.follower.state is not None
+        index, mapped = store.index, store.follower.state.mapped
+        for i in range(5):
+            store.create_subject(f"n{i}", {}, f"n{i}")
+            store.add_faces(f"n{i}", [NewFace(unit(500 + i))])
+        store.delete_subject("s3")
+        assert store.follower._swap_roster(store.follower.log.shared_roster(-1))  # the snapshot saved at start
+        assert store.follower.state.mapped == mapped and store.index is index  # type: ignore[union-attr]
+        alone = SqliteGallery.open(tmp_path, KEY)
+        assert state(alone)[:3] == state(store)[:3] and state(alone)[3] == pytest.approx(state(store)[3], abs=1e-6)
+        alone.close()
+    finally:
+        store.close()
 
 
 def test_searches_go_on_while_a_grown_state_is_copied_to_be_shared(tmp_path, monkeypatch):

@@ -3,8 +3,11 @@ and follows the change log, so what one commits is in every other's next search,
 one that fell behind the log rebuilds its index from the faces in the background, never in a request. Two stores on one file stand for
 two processes (each its own connection and index). Synthetic embeddings, no models."""
 
+import multiprocessing
 import os
+import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,5 +290,37 @@ def test_a_worker_s_changes_past_the_bound_are_saved_once_and_mapped_by_every_wo
     again = SqliteGallery.open(tmp_path, KEY, index=config)  # the shutdown's save stamped the state: the next start maps it
     try:
         assert again.index.size == 67 and mapped_file(again) is not None
+    finally:
+        again.close()
+
+
+def remap_and_die(data: str) -> None:
+    """A worker that adds past the bound, saves and maps its state as the host's file, and is killed
+    there: no shutdown's save."""
+    follower.REMAP = 4  # 60 faces: the bound is 1/8 of the 68, 8
+    store = SqliteGallery.open(Path(data), KEY, index=IndexConfig("HNSW16", "efSearch=256", Path(data) / "index"))
+    first = mapped_file(store)
+    store.create_subject("new", {}, "new")
+    store.add_faces("new", [NewFace(unit(200 + i)) for i in range(8)])
+    wait_until(lambda: mapped_file(store) not in (None, first), "the state saved past the bound and mapped")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_file_saved_past_the_bound_starts_the_next_process_after_a_kill(tmp_path):
+    """The file a worker saves past the bound is stamped as of its change, as a shutdown's save is:
+    after a kill -9 the next start maps it rather than building the index from the store, and
+    answers as a flat index of the store does."""
+    sixty_subjects(tmp_path)
+    worker = multiprocessing.get_context("spawn").Process(target=remap_and_die, args=(str(tmp_path),))
+    worker.start()
+    worker.join(120)
+    assert worker.exitcode == -signal.SIGKILL
+    saved = sorted(p.name for p in (tmp_path / "index").glob("*.faiss"))
+    again = SqliteGallery.open(tmp_path, KEY, index=IndexConfig("HNSW16", "efSearch=256", tmp_path / "index"))
+    try:
+        assert sorted(p.name for p in (tmp_path / "index").glob("*.faiss")) == saved and len(saved) == 1  # mapped, not built and saved
+        assert mapped_file(again) == (tmp_path / "index" / saved[0]).stat().st_ino
+        assert again.index.size == 68 and again.index.since_mapped == 0  # type: ignore[union-attr]
+        assert_found_as_flat(tmp_path, [again], [3, 103, 119, *range(200, 208)])
     finally:
         again.close()
