@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -58,6 +58,28 @@ class Derived:
 
 
 Change = tuple[int, str, list[int]]  # (seq, "add", "remove" or "move", face ids)
+
+
+def replay(
+    rows: list[Change],
+    faces: Callable[[list[int]], tuple[np.ndarray, list[str], np.ndarray]],
+    index: FaissIndex | None = None,
+    roster: Roster | LeaveOneOut | None = None,
+) -> None:
+    """The changes `rows` into an index or a roster no one reads yet (`faces`: the store's now, by id):
+    a remapped snapshot's, or one an earlier change's snapshot starts a process with."""
+    for _, op, face_ids in rows:
+        ids = np.array(face_ids, np.int64)
+        if op != "add" and roster is not None:  # a move re-reads the faces' subjects
+            roster.remove(ids)
+        if op == "remove" and index is not None:
+            index.remove(ids)
+        if op == "add" or (op == "move" and roster is not None):
+            found, subjects, vectors = faces(face_ids)
+            if len(found) and index is not None and op == "add":
+                index.add(found, vectors)
+            if len(found) and roster is not None:
+                roster.add(found, subjects, vectors)
 
 
 class ChangeLog(Protocol):
@@ -339,18 +361,7 @@ class Follower:
         rows = self.log.changes(after, until - after) if until > after else []
         if rows is None or len(rows) != until - after:
             return False
-        for _, op, face_ids in rows:
-            ids = np.array(face_ids, np.int64)
-            if op != "add" and roster is not None:  # a move re-reads the faces' subjects
-                roster.remove(ids)
-            if op == "remove" and index is not None:
-                index.remove(ids)
-            if op == "add" or (op == "move" and roster is not None):
-                found, subjects, vectors = self.log.faces(face_ids)
-                if len(found) and index is not None and op == "add":
-                    index.add(found, vectors)
-                if len(found) and roster is not None:
-                    roster.add(found, subjects, vectors)
+        replay(rows, self.log.faces, index, roster)
         return True
 
     def _remap_roster(self) -> None:

@@ -37,7 +37,7 @@ from service.core.errors import FaceNotFound, GalleryUnavailable, StorageFull, S
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collection_names import DEFAULT
-from service.gallery.follower import Derived, FollowedStore, Follower
+from service.gallery.follower import Derived, FollowedStore, Follower, replay
 from service.gallery.index import (
     FaissIndex,
     IndexConfig,
@@ -76,8 +76,10 @@ from service.gallery.sqlite import (
 from service.gallery.sync import (
     PostgresLog,
     change_digest,
+    changes_after,
     database_identity,
     database_sequence,
+    faces_by_id,
     one_row,
     record_change,
     replication_status,
@@ -306,6 +308,9 @@ class PostgresGallery(FollowedStore, GalleryStore):
                     state, how = Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped else None), "mapped"
                 else:
                     index, loaded = self._persisted_index(conn, seq, count)
+                    if snapshot is not None and snapshot.applied < seq:  # an earlier change's: the roster brought up to `seq`
+                        since = changes_after(conn, self.collection, snapshot.applied, seq - snapshot.applied)
+                        replay(since, lambda face_ids: faces_by_id(conn, self.collection, key, face_ids), roster=snapshot.roster)
                     roster = snapshot.roster if snapshot is not None else follow(*self._faces(conn), self.guard)
                     mapped = snapshot.applied if snapshot is not None and snapshot.mapped else None  # its guard re-shared past REMAP
                     state, how = Derived(index, roster, loaded["sequence"] if loaded else seq, mapped), "loaded" if loaded else "built"
@@ -320,10 +325,8 @@ class PostgresGallery(FollowedStore, GalleryStore):
         if self._snapshots is None or self.index_config is None:
             return None
         files, identity = self._snapshots
-        key, flat = required_embedder(self.embedder), index_kind(self.index_config.spec) == "faiss-flat"
-        snapshot = files.load(
-            self.guard, key.dim, lambda meta: snapshot_reaches(conn, meta, self.collection, key, identity, seq, count, flat)
-        )
+        key = required_embedder(self.embedder)
+        snapshot = files.load(self.guard, key.dim, lambda meta: snapshot_reaches(conn, meta, self.collection, key, identity, seq, count))
         return snapshot or files.built(
             self.guard, snapshot_stamp(conn, seq, key, self.collection, identity), lambda: self._faces(conn), follow
         )

@@ -41,7 +41,7 @@ from service.core.errors import FaceNotFound, ModelUnavailable, StorageFull, Sub
 from service.core.models.manifest import EmbedderKey
 from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collection_names import DEFAULT
-from service.gallery.follower import ON_REQUEST, Derived, FollowedStore, Follower, add, remove
+from service.gallery.follower import ON_REQUEST, Change, Derived, FollowedStore, Follower, add, remove, replay
 from service.gallery.index import (
     FaissIndex,
     IndexConfig,
@@ -328,7 +328,7 @@ def derived_state(
             snapshot = files.load(
                 guard,
                 embedder.dim,
-                lambda meta: ours(meta, collection, embedder) and reaches(db, meta, applied, faces, flat),
+                lambda meta: ours(meta, collection, embedder) and reaches(db, meta, applied, faces),
             )
             if snapshot is not None and snapshot.applied != applied and not replayed(db, snapshot, collection, embedder):
                 log.warning(
@@ -339,15 +339,21 @@ def derived_state(
                 snapshot = files.built(
                     guard, stamp(db, applied, faces, embedder, collection), lambda: faces_of(db, collection, embedder, None), follow
                 )
-            if flat:
+            mapped = snapshot.applied if snapshot.mapped else None
+            if flat:  # searches the snapshot's faces in place: both followed from its change
                 index = tuned(FaissIndex(embedder.dim, config.spec, config.search_params, base=MappedFaces(snapshot.ids, snapshot.vectors)))
-            else:  # the snapshot is of `applied` (`reaches`): the persisted index, or one built from its faces
+                applied = snapshot.applied
+            else:  # the persisted index of `applied`, or one built from the faces; the roster brought up to it by the log
                 rows = lambda: iter([(snapshot.ids, snapshot.vectors)])  # noqa: E731
+                if snapshot.applied != applied:  # an earlier change's, which the log reaches (`reaches`)
+                    since = changes_after(db, collection, snapshot.applied, applied - snapshot.applied) or []
+                    replay(since, lambda face_ids: faces_of(db, collection, embedder, face_ids), roster=snapshot.roster)
+                    rows = lambda: ((ids, vectors) for ids, _, vectors in [faces_of(db, collection, embedder, None)])  # noqa: E731
                 index = persisted_index(db, collection, embedder, config, faces, rows)
         finally:
             db.execute("COMMIT")
-    log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, snapshot.applied)
-    return Derived(index, snapshot.roster, snapshot.applied, snapshot.applied if snapshot.mapped else None)
+    log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, applied)
+    return Derived(index, snapshot.roster, applied, mapped)
 
 
 def snapshot_files(directory: Path, embedder: EmbedderKey, guard: bool) -> SnapshotFiles:
@@ -366,21 +372,16 @@ def ours(meta: dict[str, Any], collection: str, embedder: EmbedderKey) -> bool:
     return meta.get("model_sha256") == embedder.sha256 and meta.get("collection", DEFAULT) == collection
 
 
-def reaches(db: sqlite3.Connection, meta: dict[str, Any], applied: int, faces: list[int], flat: bool) -> bool:
+def reaches(db: sqlite3.Connection, meta: dict[str, Any], applied: int, faces: list[int]) -> bool:
     """A snapshot may start the state: it is of the database as it is (the change and the faces'
-    fingerprint), or (a flat index, whose faces the snapshot holds) of an earlier change of this
-    database (the log's row there as it was) that the log still reaches, to be followed from there."""
+    fingerprint), or of an earlier change of this database (the log's row there as it was) that the
+    log still reaches, to be followed from there (a flat index's faces with it; with an HNSW or IVF
+    index, the roster alone, brought up to the persisted index's change at start)."""
     saved = meta.get("applied", -1)
     if saved == applied:
         return meta.get("faces") == faces
     first = db.execute("SELECT MIN(seq) FROM changes WHERE seq > ?", (saved,)).fetchone()[0]
-    return (
-        flat
-        and 0 <= saved < applied
-        and first == saved + 1
-        and meta.get("change") is not None
-        and meta.get("change") == change_at(db, saved)
-    )
+    return 0 <= saved < applied and first == saved + 1 and meta.get("change") is not None and meta.get("change") == change_at(db, saved)
 
 
 def replayed(db: sqlite3.Connection, snapshot: Snapshot, collection: str, embedder: EmbedderKey) -> bool:
@@ -399,6 +400,19 @@ def replayed(db: sqlite3.Connection, snapshot: Snapshot, collection: str, embedd
     )
     kept = np.setdiff1d(snapshot.ids, np.fromiter(removed, np.int64, len(removed)))
     return np.array_equal(np.union1d(kept, np.intersect1d(np.fromiter(added, np.int64, len(added)), now)), now)
+
+
+def changes_after(db: sqlite3.Connection, collection: str, after: int, limit: int) -> list[Change] | None:
+    """Up to `limit` of the log's changes after `after`, in order, as `collection` sees them; None once pruned past it."""
+    # another collection's change is read as an add of no face: nothing here, and the numbers stay without gaps
+    rows = db.execute(
+        "SELECT seq, CASE WHEN collection = ? THEN op ELSE 'add' END, CASE WHEN collection = ? THEN face_ids ELSE '[]' END "
+        "FROM changes WHERE seq > ? ORDER BY seq LIMIT ?",
+        (collection, collection, after, limit),
+    ).fetchall()
+    if rows and rows[0][0] != after + 1:  # pruned past it: the faces are the truth
+        return None
+    return [(seq, op, json.loads(face_ids)) for seq, op, face_ids in rows]
 
 
 def change_at(db: sqlite3.Connection, seq: int) -> str | None:
@@ -483,15 +497,7 @@ class SqliteLog:
         self._woken = threading.Event()
 
     def changes(self, after: int, limit: int) -> list[tuple[int, str, list[int]]] | None:
-        # another collection's change is read as an add of no face: nothing here, and the numbers stay without gaps
-        rows = self._db.execute(
-            "SELECT seq, CASE WHEN collection = ? THEN op ELSE 'add' END, CASE WHEN collection = ? THEN face_ids ELSE '[]' END "
-            "FROM changes WHERE seq > ? ORDER BY seq LIMIT ?",
-            (self.collection, self.collection, after, limit),
-        ).fetchall()
-        if rows and rows[0][0] != after + 1:  # pruned past it: the faces are the truth
-            return None
-        return [(seq, op, json.loads(face_ids)) for seq, op, face_ids in rows]
+        return changes_after(self._db, self.collection, after, limit)
 
     def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
         return faces_of(self._db, self.collection, self.embedder, face_ids)
@@ -559,7 +565,7 @@ class SqliteLog:
                         lambda meta: (
                             meta.get("applied", -1) > after
                             and ours(meta, self.collection, self.embedder)
-                            and reaches(db, meta, applied, faces, True)
+                            and reaches(db, meta, applied, faces)
                         ),  # an earlier change, the log since replayed
                     )
                 finally:

@@ -60,6 +60,29 @@ def change_digest(conn: psycopg.Connection, seq: int) -> str:
     return row[0] if row else ""
 
 
+def changes_after(conn: psycopg.Connection, collection: str, after: int, limit: int) -> list[Change]:
+    """Up to `limit` of the log's changes after `after`, in order, as `collection` sees them (the log is never pruned)."""
+    # another collection's change is read as an add of no face: nothing here, and the numbers stay without gaps
+    rows = conn.execute(
+        "SELECT seq, CASE WHEN collection = %s THEN op ELSE 'add' END, CASE WHEN collection = %s THEN face_ids ELSE '{}' END "
+        "FROM changes WHERE seq > %s ORDER BY seq LIMIT %s",
+        (collection, collection, after, limit),
+    ).fetchall()
+    return [(seq, op, list(face_ids)) for seq, op, face_ids in rows]
+
+
+def faces_by_id(
+    conn: psycopg.Connection, collection: str, embedder: EmbedderKey, face_ids: list[int]
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Ids, subjects and embeddings of those of `face_ids` the collection holds in `conn`'s snapshot, made by `embedder`."""
+    rows = conn.execute(
+        "SELECT id, subject_id, embedding FROM faces WHERE id = ANY(%s) AND collection = %s AND model_sha256 = %s",
+        (face_ids, collection, embedder.sha256),
+    ).fetchall()
+    vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), embedder.dim)
+    return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
+
+
 def database_identity(conn: psycopg.Connection) -> str | None:
     """The server's system identifier and the database's oid: which database a host's snapshot is of
     (two databases behind one data folder never share one). None where the server does not say."""
@@ -94,18 +117,18 @@ def snapshot_stamp(conn: psycopg.Connection, applied: int, embedder: EmbedderKey
 
 
 def snapshot_reaches(
-    conn: psycopg.Connection, meta: dict[str, Any], collection: str, embedder: EmbedderKey, identity: str, seq: int, faces: int, flat: bool
+    conn: psycopg.Connection, meta: dict[str, Any], collection: str, embedder: EmbedderKey, identity: str, seq: int, faces: int
 ) -> bool:
     """A snapshot may start the state at change `seq` (`faces`: the embedder's in the collection
     then): it is of this database, collection and embedder, its change's digest is the log's, and it
-    is of `seq` with as many faces, or (a flat index, whose faces it holds) of an earlier change, to
-    be followed from there (the log is never pruned: every change since is read)."""
+    is of `seq` with as many faces, or of an earlier change, to be followed from there (the log is
+    never pruned: every change since is read; with an HNSW or IVF index, by the roster alone at start)."""
     saved = meta.get("applied", -1)
     if meta.get("database") != identity or not ours(meta, collection, embedder) or not 0 <= saved <= seq:
         return False
     if meta.get("change") != change_digest(conn, saved):
         return False
-    return meta.get("n") == faces if saved == seq else flat
+    return saved < seq or meta.get("n") == faces
 
 
 class PostgresLog:
@@ -133,23 +156,12 @@ class PostgresLog:
 
     def changes(self, after: int, limit: int) -> list[Change] | None:
         with self.pool.connection() as conn:
-            # another collection's change is read as an add of no face: nothing here, and the numbers stay without gaps
-            rows = conn.execute(
-                "SELECT seq, CASE WHEN collection = %s THEN op ELSE 'add' END, CASE WHEN collection = %s THEN face_ids ELSE '{}' END "
-                "FROM changes WHERE seq > %s ORDER BY seq LIMIT %s",
-                (self.collection, self.collection, after, limit),
-            ).fetchall()
-        return [(seq, op, list(face_ids)) for seq, op, face_ids in rows]
+            return changes_after(conn, self.collection, after, limit)
 
     def faces(self, face_ids: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
         """The faces as they are now (a face deleted since is left out: its own change removes nothing)."""
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT id, subject_id, embedding FROM faces WHERE id = ANY(%s) AND collection = %s AND model_sha256 = %s",
-                (face_ids, self.collection, self.embedder.sha256),
-            ).fetchall()
-        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), self.embedder.dim)
-        return np.array([r[0] for r in rows], np.int64), [r[1] for r in rows], vectors
+            return faces_by_id(conn, self.collection, self.embedder, face_ids)
 
     def rebuild(self, current: Derived | None) -> Derived:
         """The first state only: the log is never pruned, so a replica never falls past it."""
@@ -195,7 +207,7 @@ class PostgresLog:
                     self.embedder.dim,
                     lambda meta: (
                         meta.get("applied", -1) > after
-                        and snapshot_reaches(conn, meta, self.collection, self.embedder, identity, seq, count, True)
+                        and snapshot_reaches(conn, meta, self.collection, self.embedder, identity, seq, count)
                     ),
                 )
         except OSError as exc:

@@ -19,7 +19,7 @@ from service.gallery.index import IndexConfig, MappedIndex
 from service.gallery.interface import NewFace
 from service.gallery.postgres import PostgresGallery
 from tests.polling import wait_until
-from tests.service.gallery.test_snapshot import config, count_builds, fill, state
+from tests.service.gallery.test_snapshot import assert_decides_as, config, count_builds, fill, state
 from tests.service.gallery.test_sqlite_processes import KEY, found, mapped_file, unit
 
 
@@ -198,4 +198,42 @@ def test_a_file_saved_past_the_bound_starts_the_next_replica_after_a_kill(opened
     assert mapped_file(again) == (tmp_path / "index" / saved[0]).stat().st_ino  # type: ignore[arg-type]
     assert again.index.size == exact.index.size and again.index.since_mapped == 0  # type: ignore[union-attr]
     for seed in (3000, 3039, 1003, 1050):
+        assert found(again, seed) == found(exact, seed)  # type: ignore[arg-type]
+
+
+def change_and_die(url: str, folder: str) -> None:
+    """A replica on an HNSW index that maps the guard's snapshot, deletes, merges and adds (three
+    changes, under REMAP: the guard is not shared again), its index saved past its bound as of the
+    last, and is killed there: no shutdown's save."""
+    follower.REMAP = 4
+    store = PostgresGallery(url, KEY, pool_size=2, index=config(Path(folder), "HNSW16"))
+    first = mapped_file(store)  # type: ignore[arg-type]
+    store.delete_subject("s3")
+    store.merge_subjects("s4", "s5")
+    store.create_subject("new", {}, "new")
+    store.add_faces("new", [NewFace(unit(3000 + i)) for i in range(40)])  # past 1/8 of the 240 faces
+    wait_until(lambda: mapped_file(store) not in (None, first), "the index saved past its bound and mapped")  # type: ignore[arg-type]
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_after_a_kill_an_earlier_guard_and_the_log_since_start_an_hnsw_index(opened, tmp_path, database_url, builds):
+    """After a kill -9 the next start maps the HNSW file saved as of the last change and the guard's
+    snapshot of an earlier one, the log since applied to the guard: not rebuilt, and deciding as a
+    guard built from the database does."""
+    fill(opened())
+    saved_at = opened(config(tmp_path)).applied  # the guard's snapshot, saved as of this change
+    assert len(builds) == 2
+    replica = multiprocessing.get_context("spawn").Process(target=change_and_die, args=(database_url, str(tmp_path)))
+    replica.start()
+    replica.join(120)
+    assert replica.exitcode == -signal.SIGKILL
+    saved = sorted(p.name for p in (tmp_path / "index").glob("*.faiss"))
+    again, exact = opened(config(tmp_path, "HNSW16")), opened(IndexConfig("Flat", "", None))
+    assert len(builds) == 3 and mapped(again)  # exact's: `again` mapped its guard
+    assert again.follower is not None and again.follower.state is not None and again.follower.state.mapped == saved_at
+    assert sorted(p.name for p in (tmp_path / "index").glob("*.faiss")) == saved and len(saved) == 1
+    assert mapped_file(again) == (tmp_path / "index" / saved[0]).stat().st_ino  # type: ignore[arg-type]
+    assert again.applied == exact.applied > saved_at
+    assert_decides_as(again, state(exact))
+    for seed in (3000, 3039, 1003, 1004, 1005, 1050):
         assert found(again, seed) == found(exact, seed)  # type: ignore[arg-type]

@@ -5,9 +5,12 @@ would; a snapshot that is stale, of another state or damaged is never used."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import threading
 import tracemalloc
 import weakref
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,7 @@ from service.gallery.index import IndexConfig
 from service.gallery.interface import GalleryStore, NewFace
 from service.gallery.sqlite import SqliteGallery
 from tests.polling import wait_until
-from tests.service.gallery.test_sqlite_processes import KEY, found, unit
+from tests.service.gallery.test_sqlite_processes import KEY, assert_found_as_flat, found, mapped_file, sixty_subjects, unit
 
 SUBJECTS = 120  # past the guard's 100 subjects: a tail to compare
 
@@ -59,6 +62,15 @@ def state(store: SqliteGallery) -> tuple:
     assert guard is not None
     scores = dict(zip(guard.ids().tolist(), guard._score[: len(guard.ids())].tolist(), strict=True))
     return shape.subjects, shape.faces, shape.tail, scores
+
+
+def assert_decides_as(store: GalleryStore, built: tuple) -> None:
+    """`store`'s guard decides as `built`, the `state` of a guard built from the store: the same shape,
+    its tail and scores but for float32 rounding (the products summed in another order)."""
+    got = state(store)  # type: ignore[arg-type]
+    tails = [astuple(tail) if tail is not None else () for tail in (got[2], built[2])]  # None: too few subjects for one
+    assert got[:2] == built[:2] and tails[0] == pytest.approx(tails[1], rel=1e-5)
+    assert got[3] == pytest.approx(built[3], abs=1e-6)
 
 
 def test_the_second_process_maps_what_the_first_built(tmp_path, builds):
@@ -187,13 +199,13 @@ def test_a_damaged_or_foreign_snapshot_is_built_again(tmp_path, builds):
     assert len(builds) == 5  # the snapshot's change is not the log's
     write_one(tmp_path, 4)
     SqliteGallery.open(tmp_path, KEY, index=config(tmp_path, "HNSW16")).close()
-    assert len(builds) == 7  # an index that is not flat starts only from a snapshot of the store as it is
+    assert len(builds) == 6  # mapped, the log since applied to the guard: with an index that is not flat too
     db = sqlite.connect(tmp_path / sqlite.DATABASE)  # a face changed outside the log (as `gallery reembed` does)
     db.execute("UPDATE faces SET model_sha256 = 'other' WHERE id = (SELECT MIN(id) FROM faces)")
     db.close()
     write_one(tmp_path, 5)
     SqliteGallery.open(tmp_path, KEY, index=config(tmp_path)).close()
-    assert len(builds) == 9  # the snapshot and the log since are not the store
+    assert len(builds) == 8  # the snapshot and the log since are not the store
 
 
 def test_a_snapshot_is_mapped_by_its_own_collection_only(tmp_path, builds):
@@ -305,6 +317,51 @@ def test_a_guard_mapped_anew_beside_an_hnsw_index_takes_the_log_since_its_change
         alone.close()
     finally:
         store.close()
+
+
+APPROXIMATE = {"HNSW16": "efSearch=256", "IVF1,Flat": "nprobe=1"}  # searched exhaustively at 60 faces: a flat index's answers
+
+
+def change_and_die(data: str, spec: str) -> None:
+    """A worker on an HNSW or IVF index that maps the guard's snapshot of the store as it was,
+    deletes, merges and adds (three changes, under REMAP: the guard is not shared again), its index
+    saved past its bound (nine faces) as of the last, and is killed there: no shutdown's save."""
+    follower.REMAP = 4
+    store = SqliteGallery.open(Path(data), KEY, index=IndexConfig(spec, APPROXIMATE[spec], Path(data) / "index"))
+    first = mapped_file(store)
+    store.delete_subject("s3")
+    store.merge_subjects("s4", "s5")
+    store.create_subject("new", {}, "new")
+    store.add_faces("new", [NewFace(unit(200 + i)) for i in range(8)])
+    wait_until(lambda: mapped_file(store) not in (None, first), "the index saved past its bound and mapped")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("spec", APPROXIMATE)
+def test_after_a_kill_an_earlier_guard_and_the_log_since_start_an_approximate_index(tmp_path, builds, spec):
+    """After a kill -9 the next start maps the HNSW or IVF file saved as of the last change and the
+    guard's snapshot of an earlier one, the log since applied to the guard: not rebuilt (O(N²)),
+    and deciding as a guard built from the store does."""
+    sixty_subjects(tmp_path)  # the guard's snapshot saved, as of its 60th change
+    assert len(builds) == 1
+    worker = multiprocessing.get_context("spawn").Process(target=change_and_die, args=(str(tmp_path), spec))
+    worker.start()
+    worker.join(120)
+    assert worker.exitcode == -signal.SIGKILL
+    index = tmp_path / "index"
+    saved = sorted(p.name for p in index.glob("*.faiss"))
+    again = SqliteGallery.open(tmp_path, KEY, index=IndexConfig(spec, APPROXIMATE[spec], index))
+    alone = SqliteGallery.open(tmp_path, KEY)
+    try:
+        assert len(builds) == 2  # alone's: `again` mapped its guard
+        assert again.follower is not None and again.follower.state is not None and again.follower.state.mapped == 60
+        assert sorted(p.name for p in index.glob("*.faiss")) == saved and mapped_file(again) == (index / saved[0]).stat().st_ino
+        assert again.applied == alone.applied == 63
+        assert_decides_as(again, state(alone))
+        assert_found_as_flat(tmp_path, [again], [3, 4, 5, 103, 104, 105, 119, *range(200, 208)])
+    finally:
+        again.close()
+        alone.close()
 
 
 def test_searches_go_on_while_a_grown_state_is_copied_to_be_shared(tmp_path, monkeypatch):
