@@ -349,7 +349,7 @@ def derived_state(
                     since = changes_after(db, collection, snapshot.applied, applied - snapshot.applied) or []
                     replay(since, lambda face_ids: faces_of(db, collection, embedder, face_ids), roster=snapshot.roster)
                     rows = lambda: ((ids, vectors) for ids, _, vectors in [faces_of(db, collection, embedder, None)])  # noqa: E731
-                index = persisted_index(db, collection, embedder, config, faces, rows)
+                index = persisted_index(db, collection, embedder, config, applied, faces, rows)
         finally:
             db.execute("COMMIT")
     log.info("gallery %s: %d faces searchable (%s) at change %d", path, index.size, index.spec, applied)
@@ -443,16 +443,25 @@ def persisted_index(
     collection: str,
     embedder: EmbedderKey,
     config: IndexConfig,
+    applied: int,
     faces: list[int],
     rows: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
 ) -> FaissIndex:
-    """The persisted index where it holds exactly these faces (their fingerprint), else one built
-    from `rows` (trained on the collection's sample), persisted and mapped (`saved_and_mapped`)."""
-    index, loaded = open_index(
-        config, embedder.dim, embedder.sha256, faces[0], lambda m: m.get("faces") == faces, sampler(db, collection, embedder, faces), rows
-    )
+    """The persisted index where it holds exactly these faces (their fingerprint), or is stamped as of
+    an earlier change the log still reaches (`reaches`: mapped, the log since applied to it, as
+    PostgreSQL's start does, rather than rebuilt after a kill -9); else one built from `rows`
+    (trained on the collection's sample), persisted and mapped (`saved_and_mapped`)."""
+    sample = sampler(db, collection, embedder, faces)
+    current = lambda m: m.get("faces") == faces or reaches(db, m, applied, faces)  # noqa: E731
+    index, loaded = open_index(config, embedder.dim, embedder.sha256, faces[0], current, sample, rows)
+    if loaded is not None and loaded.get("faces") != faces:  # an earlier change's: adds to its flat part, removes skipped
+        since = changes_after(db, collection, loaded["applied"], applied - loaded["applied"]) or []
+        replay(since, lambda face_ids: faces_of(db, collection, embedder, face_ids), index=index)
+        if index.size != faces[0]:
+            log.warning("gallery index: its faces and the log since do not make the store's (faces changed outside the log): building")
+            index, loaded = open_index(config, embedder.dim, embedder.sha256, faces[0], lambda m: False, sample, rows)
     if loaded is None:
-        index = saved_and_mapped(config, index, embedder.sha256, {"faces": faces})
+        index = saved_and_mapped(config, index, embedder.sha256, stamp(db, applied, faces, embedder, collection))
         release_freed()  # the heap of the copy built, now mapped instead
     return index
 
@@ -480,7 +489,7 @@ def built_state(
             for start in range(0, len(ids), 10_000):
                 yield ids[start : start + 10_000], vectors[start : start + 10_000]
 
-        index = persisted_index(db, collection, embedder, config, faces, batches)
+        index = persisted_index(db, collection, embedder, config, applied, faces, batches)
     finally:
         db.execute("COMMIT")
     log.info("gallery %s, collection %s: %d faces searchable (%s) at change %d", path, collection, index.size, index.spec, applied)
@@ -543,7 +552,7 @@ class SqliteLog:
         try:
             if self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0] != applied:
                 return None
-            return {"faces": fingerprint(self._db, self.collection, self.embedder.sha256)}
+            return stamp(self._db, applied, fingerprint(self._db, self.collection, self.embedder.sha256), self.embedder, self.collection)
         finally:
             self._db.execute("COMMIT")
 
@@ -676,7 +685,7 @@ class SqliteGallery(FollowedStore, GalleryStore):
             if state is None or state.applied != applied:
                 return
             faces = self._fingerprint()
-            save_index(self.index_config, index, key.sha256, {"faces": faces})
+            save_index(self.index_config, index, key.sha256, stamp(self._db, applied, faces, key, self.collection))
             if files is not None and isinstance(state.roster, LeaveOneOut) and files.applied() != applied:
                 try:
                     files.save(state.roster, stamp(self._db, applied, faces, key, self.collection))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sqlite3
 import threading
 import tracemalloc
 import weakref
@@ -428,3 +429,63 @@ def test_a_mapped_state_makes_no_python_object_per_face(tmp_path, guard):
     roster.add(np.array([ids[0], ids[2], 10 * n]), [subjects[0], subjects[2], "new"], vectors[:3])  # ids[2]: held already
     assert roster.shape() == open_set.GalleryShape(n, n)
     assert sorted(roster.ids().tolist()) == sorted([*ids[2:], ids[0], 10 * n])
+
+
+def save_change_and_die(data: str, spec: str) -> None:
+    """A worker that builds and saves the HNSW or IVF index as of the store's 60th change, then
+    deletes, merges and adds (under the remap bound: nothing saved again) and is killed: no shutdown's save."""
+    store = SqliteGallery.open(Path(data), KEY, index=IndexConfig(spec, APPROXIMATE[spec], Path(data) / "index"))
+    wait_until(lambda: mapped_file(store) is not None, "the index built, saved and mapped")
+    store.delete_subject("s3")
+    store.merge_subjects("s4", "s5")
+    store.create_subject("new", {}, "new")
+    store.add_faces("new", [NewFace(unit(200 + i)) for i in range(5)])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def killed_after_save(data: Path, spec: str) -> dict[str, int]:
+    """The index folder's files (name: inode) after `save_change_and_die` on the sixty subjects."""
+    sixty_subjects(data)
+    worker = multiprocessing.get_context("spawn").Process(target=save_change_and_die, args=(str(data), spec))
+    worker.start()
+    worker.join(120)
+    assert worker.exitcode == -signal.SIGKILL
+    return {p.name: p.stat().st_ino for p in (data / "index").glob("*.faiss")}
+
+
+@pytest.mark.parametrize("spec", APPROXIMATE)
+def test_after_a_kill_an_index_file_of_an_earlier_change_is_mapped_and_the_log_since_applied(tmp_path, spec):
+    """Issue 44: after a kill -9 that lost the changes since the index file's save, the next start maps
+    that file (stamped as of its change, which the log still reaches) and applies the log since to it,
+    the adds to its flat part, as PostgreSQL does: not rebuilt from every face, and answering as a
+    flat index of the store."""
+    saved = killed_after_save(tmp_path, spec)
+    index = tmp_path / "index"
+    again = SqliteGallery.open(tmp_path, KEY, index=IndexConfig(spec, APPROXIMATE[spec], index))
+    try:
+        assert {p.name: p.stat().st_ino for p in index.glob("*.faiss")} == saved and len(saved) == 1  # not built and saved again
+        assert mapped_file(again) == next(iter(saved.values()))
+        assert again.applied == 63 and again.index.since_mapped == 6 and again.index.size == 64  # type: ignore[union-attr]  # 5 added, 1 removed
+        assert_found_as_flat(tmp_path, [again], [3, 4, 5, 103, 104, 105, 119, *range(200, 205)])
+    finally:
+        again.close()
+
+
+def test_an_index_file_the_log_since_does_not_bring_to_the_store_is_built_again(tmp_path):
+    """A face written outside the log (as `facegate gallery reembed` writes) after the kill: the file
+    and the log since miss it, so the start builds the index from the faces, and finds it."""
+    saved = killed_after_save(tmp_path, "HNSW16")
+    db = sqlite3.connect(tmp_path / sqlite.DATABASE)
+    with db:
+        db.execute(
+            "INSERT INTO faces (collection, subject_id, embedding, model_name, model_sha256, created) "
+            "VALUES ('default', 's10', ?, ?, ?, 0)",
+            (sqlite.embedding_blob(unit(300)), KEY.name, KEY.sha256),
+        )
+    db.close()
+    again = SqliteGallery.open(tmp_path, KEY, index=IndexConfig("HNSW16", APPROXIMATE["HNSW16"], tmp_path / "index"))
+    try:
+        assert mapped_file(again) not in (None, *saved.values()) and again.index.size == 65  # type: ignore[union-attr]
+        assert_found_as_flat(tmp_path, [again], [3, 103, 300, *range(200, 205)])
+    finally:
+        again.close()

@@ -9,6 +9,7 @@ import pytest
 from service.core.alignment import template_chip
 from service.core.errors import FaceNotFound, SubjectExists, SubjectNotFound
 from service.core.models.manifest import EmbedderKey
+from service.gallery import sqlite
 from service.gallery.index import IndexConfig
 from service.gallery.interface import NewFace
 from service.gallery.sqlite import SqliteGallery
@@ -147,9 +148,8 @@ def test_an_approximate_index_is_persisted_and_loaded_at_restart(tmp_path, caplo
     g.close()
 
 
-def test_a_file_older_than_the_database_is_rebuilt(tmp_path, caplog):
-    """Faces enrolled while the index file was not saved (another process, a crash): its fingerprint
-    no longer matches, so the index is rebuilt and the new faces are searchable."""
+def older_file(tmp_path) -> None:
+    """An index file saved as of one face, then another enrolled while it was not saved (another process, a crash)."""
     g = SqliteGallery.open(tmp_path, KEY, index=hnsw(tmp_path))
     g.create_subject("A", {}, "a")
     g.add_faces("a", [NewFace(unit(0))])
@@ -158,9 +158,20 @@ def test_a_file_older_than_the_database_is_rebuilt(tmp_path, caplog):
     writer.create_subject("B", {}, "b")
     writer.add_faces("b", [NewFace(unit(1))])
     writer.close()
+
+
+@pytest.mark.parametrize(
+    ("kept", "started", "not_started"), [(10_000, "loaded from", "built"), (1, "built", "loaded from")], ids=["reached", "pruned"]
+)
+def test_a_file_older_than_the_database_takes_the_log_since_or_is_rebuilt(tmp_path, caplog, monkeypatch, kept, started, not_started):
+    """Its fingerprint no longer matches: where the log still reaches its change it is loaded and the
+    log since applied to it (issue 44), where the log is pruned past it the index is rebuilt from the
+    faces; either way the new face is searchable."""
+    monkeypatch.setattr(sqlite, "CHANGES_KEPT", kept)
+    older_file(tmp_path)
     caplog.set_level("INFO", "facegate.gallery.index")
     g = SqliteGallery.open(tmp_path, KEY, index=hnsw(tmp_path))
-    assert "built" in caplog.text and "loaded from" not in caplog.text
+    assert started in caplog.text and not_started not in caplog.text
     assert g.index.size == 2 and g.search(unit(1), 1)[0].subject_id == "b"
     g.close()
 
