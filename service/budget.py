@@ -14,6 +14,7 @@ model host, `SharedTally`); a normal photo never queues behind them."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -21,7 +22,9 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
-from service.core.errors import Overloaded
+from service.core.errors import ModelUnavailable, Overloaded
+
+TALLY_WAIT = 1.0  # seconds a worker waits for its host's answer to a `take`, then treats the host as away
 
 
 class Budget:
@@ -88,6 +91,34 @@ class SharedTally(Protocol):
     def give(self, client: str, amount: int) -> None: ...
 
 
+async def take_shared(shared: SharedTally, client: str, amount: int, cap: int, wait: float = TALLY_WAIT) -> bool:
+    """`shared.take`, its send off the event loop (it may wait on the link's lock) and its answer
+    waited for `wait` seconds at most: a host that does not answer in time (hung, starved, restarting)
+    is ModelUnavailable, never a request held without bound. What the host granted after the caller
+    stopped waiting (timed out, or its request cancelled) is given back, else the host-wide count
+    would stay short of it until this worker's connection ends."""
+    sending = asyncio.ensure_future(asyncio.to_thread(shared.take, client, amount, cap))
+    try:
+        asked = await asyncio.shield(sending)
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(asked)), wait)
+    except BaseException as exc:
+        sending.add_done_callback(lambda sent: _give_back_when_granted(shared, client, amount, sent))
+        if isinstance(exc, TimeoutError):
+            raise ModelUnavailable(f"the model host did not answer within {wait:g} s; retry shortly", retry_after=1) from None
+        raise
+
+
+def _give_back_when_granted(shared: SharedTally, client: str, amount: int, sent: asyncio.Future) -> None:
+    if sent.cancelled() or sent.exception() is not None:
+        return
+
+    def granted(answer: Future) -> None:
+        if not answer.cancelled() and answer.exception() is None and answer.result():
+            threading.Thread(target=shared.give, args=(client, amount), name="facegate-tally-give", daemon=True).start()
+
+    sent.result().add_done_callback(granted)
+
+
 class CostLanes:
     def __init__(
         self, threshold_megapixels: float, width: int, per_client_megapixels: float, wait: float, shared: SharedTally | None = None
@@ -103,11 +134,8 @@ class CostLanes:
         self.in_flight: Counter[str] = Counter()  # pixels by client, on the event loop only (without `shared`)
 
     async def _take(self, client: str, pixels: int) -> bool:
-        if self.shared is not None:
-            # sent off the loop (a send may wait on the link's lock); a host that cannot answer fails it with 503
-            asked = await asyncio.to_thread(self.shared.take, client, pixels, self.per_client)
-            taken: bool = await asyncio.wrap_future(asked)
-            return taken
+        if self.shared is not None:  # a host that cannot answer (in time) fails it with 503
+            return await take_shared(self.shared, client, pixels, self.per_client)
         if self.in_flight[client] and self.in_flight[client] + pixels > self.per_client:
             return False
         self.in_flight[client] += pixels

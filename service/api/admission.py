@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import console
 from service.api.error_handlers import error_response
-from service.budget import BodyBudget, SharedTally
+from service.budget import BodyBudget, SharedTally, take_shared
 from service.core.errors import FacegateError, Overloaded
 
 ALWAYS_ADMITTED = {"/healthz", "/readyz", "/metrics"}
@@ -121,6 +121,11 @@ def _shared_tally(scope: Scope) -> SharedTally | None:
     return hosted if isinstance(hosted, SharedTally) else None
 
 
+def _give(shared: SharedTally, name: str) -> None:
+    """One of `name`'s count back to the host, off the loop as its take (a send may wait on the link's lock)."""
+    asyncio.get_running_loop().run_in_executor(None, shared.give, name, 1)
+
+
 def client_address(scope: Scope) -> str:
     return (scope.get("client") or ("unknown",))[0]
 
@@ -163,16 +168,21 @@ class Admission:
         if self.waiting_for_key[client] <= 0:
             del self.waiting_for_key[client]  # the counter stays as small as the requests in flight
         if shared is not None:
-            shared.give(ANONYMOUS, 1)
-            shared.give(f"{ANONYMOUS} {client}", 1)
+            _give(shared, ANONYMOUS)
+            _give(shared, f"{ANONYMOUS} {client}")
 
     async def _shared_refusal(self, shared: SharedTally, client: str) -> str | None:
         """The host-wide count of unauthenticated requests (`facegate serve --workers N`: the model
         host's tally), taken for this one; the refusal where it is full."""
-        if not await asyncio.wrap_future(shared.take(ANONYMOUS, 1, self.unauthenticated)):
+        if not await take_shared(shared, ANONYMOUS, 1, self.unauthenticated):
             return self._all_taken()
-        if not await asyncio.wrap_future(shared.take(f"{ANONYMOUS} {client}", 1, self.per_client)):
-            shared.give(ANONYMOUS, 1)
+        try:
+            taken = await take_shared(shared, f"{ANONYMOUS} {client}", 1, self.per_client)
+        except BaseException:
+            _give(shared, ANONYMOUS)
+            raise
+        if not taken:
+            _give(shared, ANONYMOUS)
             return self._client_taken()
         return None
 
@@ -210,7 +220,7 @@ class Admission:
         if shared is not None:
             try:
                 refusal = await self._shared_refusal(shared, client)
-            except (OSError, EOFError, FacegateError):  # the model host is away (restarting): this process's counts hold
+            except (OSError, EOFError, FacegateError):  # the model host is away or slow to answer: this process's counts hold
                 shared, refusal = None, None
             if refusal:
                 return await error_response(Overloaded(refusal))(scope, receive, send)

@@ -1,15 +1,19 @@
 """The decoded-pixel budget (issue 23, defect 2): holders beyond it wait, a wait past its limit is
 503 overloaded, and an image larger than the whole budget still runs (alone). The cost lanes (issue
-45): costly images have a lane of their own and every client a cap on pixels in flight."""
+45): costly images have a lane of their own and every client a cap on pixels in flight, counted by
+the host's tally, whose answer is waited for a bounded time (issue 44)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import Future
 
 import pytest
 
-from service.budget import CLIENT, CostLanes, PixelBudget
-from service.core.errors import Overloaded
+from service.budget import CLIENT, CostLanes, PixelBudget, take_shared
+from service.core.errors import ModelUnavailable, Overloaded
+from tests.polling import wait_until
 
 
 def test_holders_beyond_the_budget_wait_and_time_out():
@@ -125,5 +129,80 @@ def test_a_client_has_a_cap_on_pixels_in_flight_and_one_image_always_fits():
         release.set()
         await asyncio.gather(*held)
         assert not lanes.in_flight
+
+    asyncio.run(scenario())
+
+
+class _LateTally:
+    """A host's tally whose answers come only when the test says (`answer`), as a hung or starved host's;
+    what each take and give ran on (the event loop or not) recorded."""
+
+    def __init__(self) -> None:
+        self.asked: list[Future] = []
+        self.given: list[tuple[str, int]] = []
+        self.on_loop: list[bool] = []
+
+    def take(self, client: str, amount: int, cap: int) -> Future:
+        self.on_loop.append(_on_loop())
+        self.asked.append(Future())
+        return self.asked[-1]
+
+    def give(self, client: str, amount: int) -> None:
+        self.on_loop.append(_on_loop())
+        self.given.append((client, amount))
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_host_that_does_not_answer_a_take_in_time_is_unavailable_and_its_late_grant_is_given_back():
+    """A take was awaited without bound, its send on the event loop: a host slow to answer held the
+    request (and, a send waiting on the link's lock, the whole loop). Now: 503 model_unavailable after
+    TALLY_WAIT, and a grant that arrives later is given back, off the loop."""
+
+    async def scenario():
+        tally = _LateTally()
+        started = time.monotonic()
+        with pytest.raises(ModelUnavailable) as refused:
+            await take_shared(tally, "address 10.0.0.1", 5, 10, wait=0.2)
+        assert 0.2 <= time.monotonic() - started < 2.0 and refused.value.retry_after == 1
+        tally.asked[0].set_result(True)  # the host took it after all
+        await asyncio.to_thread(wait_until, lambda: tally.given == [("address 10.0.0.1", 5)], "the late grant given back")
+        assert tally.on_loop == [False, False]
+
+    asyncio.run(scenario())
+
+
+def test_a_take_refused_late_or_answered_in_time_gives_nothing_back():
+    async def scenario():
+        tally = _LateTally()
+        with pytest.raises(ModelUnavailable):
+            await take_shared(tally, "c", 1, 1, wait=0.05)
+        tally.asked[0].set_result(False)  # refused late: nothing was taken
+        answered = asyncio.ensure_future(take_shared(tally, "c", 1, 1, wait=5.0))
+        await asyncio.to_thread(wait_until, lambda: len(tally.asked) == 2, "the second take sent")
+        tally.asked[1].set_result(True)
+        assert await answered is True
+        await asyncio.sleep(0.1)
+        assert tally.given == []
+
+    asyncio.run(scenario())
+
+
+def test_a_request_cancelled_while_its_take_is_unanswered_gives_the_late_grant_back():
+    async def scenario():
+        tally = _LateTally()
+        waiting = asyncio.ensure_future(take_shared(tally, "c", 3, 9, wait=30.0))
+        await asyncio.to_thread(wait_until, lambda: len(tally.asked) == 1, "the take sent")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        tally.asked[0].set_result(True)
+        await asyncio.to_thread(wait_until, lambda: tally.given == [("c", 3)], "the grant given back")
 
     asyncio.run(scenario())

@@ -20,6 +20,7 @@ from service.api.middleware import ABANDONED, BodyLimit, CancelOnDisconnect
 from service.budget import BodyBudget
 from service.core.errors import Overloaded
 from service.runtime.model_host import Tally
+from tests.polling import wait_until
 
 
 class Held:
@@ -407,6 +408,58 @@ def test_requests_whose_key_is_unknown_are_counted_across_the_workers_of_a_host(
         assert status == 503 and "FACEGATE_MAX_UNAUTHENTICATED_REQUESTS" in body["error"]["message"]
         held.release.set()
         assert [(await t)[0] for t in first] == [200] * 3
-        assert not tally.held
+        await asyncio.to_thread(wait_until, lambda: not tally.held, "every count given back (off the loop)")
 
     asyncio.run(scenario())
+
+
+def test_a_host_slow_to_answer_leaves_admission_to_this_workers_counts_and_gets_its_late_grant_back():
+    """The host's tally was asked on the event loop and awaited without bound: a host that did not
+    answer held every anonymous request (a chaos run waited 10 s for a 503). Now it is asked off the
+    loop and waited for TALLY_WAIT at most; then this worker's own counts decide, and what the host
+    granted late is given back."""
+
+    async def scenario():
+        tally = Tally()
+        host = _SilentTally(tally)
+        app = SimpleNamespace(state=SimpleNamespace(service=SimpleNamespace(hosted=host)))
+        admission = _admission(Held(), unauthenticated=3, per_client=1)
+        admission.app.release.set()
+        started = time.monotonic()
+        status, _ = await asyncio.wait_for(_call(admission, {**_scope("10.0.0.1", keyed=False), "app": app}), 10)
+        assert status == 200 and time.monotonic() - started < 5  # TALLY_WAIT (1 s), then admitted on its own counts
+        host.answer_all()  # the host took it after all: given back
+        await asyncio.to_thread(wait_until, lambda: not tally.held, "the late grant given back to the host")
+        assert not any(host.on_loop), host.on_loop
+
+    asyncio.run(scenario())
+
+
+class _SilentTally(_HostTally):
+    """A host's tally that answers only when `answer_all` is called; whether each call ran on the loop."""
+
+    def __init__(self, tally: Tally):
+        super().__init__(tally)
+        self.waiting: list[tuple[Future, str, int, int]] = []
+        self.on_loop: list[bool] = []
+
+    def take(self, client: str, amount: int, cap: int) -> Future:
+        self.on_loop.append(_running_loop())
+        self.waiting.append((Future(), client, amount, cap))
+        return self.waiting[-1][0]
+
+    def give(self, client: str, amount: int) -> None:
+        self.on_loop.append(_running_loop())
+        super().give(client, amount)
+
+    def answer_all(self) -> None:
+        for future, client, amount, cap in self.waiting:
+            future.set_result(self.tally.take(client, amount, cap, self.mine))
+
+
+def _running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
