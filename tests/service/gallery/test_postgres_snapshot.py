@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,14 @@ def test_replicas_past_the_bound_map_one_hnsw_file_saved_once(opened, tmp_path, 
         assert found(a, seed) == found(b, seed) == found(exact, seed)  # type: ignore[arg-type]
 
 
+def killed(replica: Callable[[str, str], None], database_url: str, folder: Path) -> None:
+    """Run `replica` in a process of its own, which ends killed by SIGKILL (no shutdown's save)."""
+    process = multiprocessing.get_context("spawn").Process(target=replica, args=(database_url, str(folder)))
+    process.start()
+    process.join(120)
+    assert process.exitcode == -signal.SIGKILL
+
+
 def remap_and_die(url: str, folder: str) -> None:
     """A replica that adds past the bound, saves and maps its state as the host's file, and is killed
     there: no shutdown's save."""
@@ -188,10 +197,7 @@ def test_a_file_saved_past_the_bound_starts_the_next_replica_after_a_kill(opened
     """The file a replica saves past the bound is stamped with its change's digest, as a shutdown's
     save is: after a kill -9 the next start maps it rather than building the index from the database."""
     fill(opened())
-    replica = multiprocessing.get_context("spawn").Process(target=remap_and_die, args=(database_url, str(tmp_path)))
-    replica.start()
-    replica.join(120)
-    assert replica.exitcode == -signal.SIGKILL
+    killed(remap_and_die, database_url, tmp_path)
     saved = sorted(p.name for p in (tmp_path / "index").glob("*.faiss"))
     again, exact = opened(config(tmp_path, "HNSW16")), opened(IndexConfig("Flat", "", None))
     assert sorted(p.name for p in (tmp_path / "index").glob("*.faiss")) == saved and len(saved) == 1  # mapped, not built and saved
@@ -223,10 +229,7 @@ def test_after_a_kill_an_earlier_guard_and_the_log_since_start_an_hnsw_index(ope
     fill(opened())
     saved_at = opened(config(tmp_path)).applied  # the guard's snapshot, saved as of this change
     assert len(builds) == 2
-    replica = multiprocessing.get_context("spawn").Process(target=change_and_die, args=(database_url, str(tmp_path)))
-    replica.start()
-    replica.join(120)
-    assert replica.exitcode == -signal.SIGKILL
+    killed(change_and_die, database_url, tmp_path)
     saved = sorted(p.name for p in (tmp_path / "index").glob("*.faiss"))
     again, exact = opened(config(tmp_path, "HNSW16")), opened(IndexConfig("Flat", "", None))
     assert len(builds) == 3 and mapped(again)  # exact's: `again` mapped its guard
