@@ -107,6 +107,7 @@ def serve(
 
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
     from service.core.cpus import available_cores
+    from service.runtime import heap
     from service.runtime.preload import fork_workers
     from service.runtime.ready_workers import host_folder
     from service.runtime.supervisor import model_host as hosting
@@ -129,6 +130,8 @@ def serve(
     workers = settings.workers if workers is None else workers
     workers = workers or max(2, available_cores() - 2)
     hosted = workers > 1 if model_host is None else model_host
+    if not hosted:  # the models run in the HTTP processes: their threads share two malloc arenas, as the model host's do
+        heap.fewer_arenas_here_and_in_children()
     if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
         os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
         os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")

@@ -5,7 +5,9 @@ uvicorn.run is replaced: nothing is served."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
+from contextlib import nullcontext
 
 import pytest
 from typer.testing import CliRunner
@@ -147,3 +149,25 @@ def test_a_taken_port_is_exactly_one_line_from_the_real_command(tmp_path):
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1"), lines
+
+
+def test_where_the_models_run_in_the_http_processes_their_threads_share_two_malloc_arenas(serve, monkeypatch):
+    """Without a model host each thread of the one process took a glibc arena of its own (20,000 faces:
+    445 MiB PSS, 373 with two arenas; docs/benchmarks.md); the model host already kept two."""
+    from service.runtime import heap, supervisor
+
+    called: list[int] = []
+    monkeypatch.setattr(heap, "fewer_arenas", called.append)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "unset below")  # recorded, so that what serve sets is undone after the test
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    result, _ = serve("--workers", "1")
+    assert result.exit_code == 0, result.output
+    assert called == [2] and os.environ["MALLOC_ARENA_MAX"] == "2"  # this process, and through glibc's variable its children
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the operator's
+    assert serve("--workers", "1")[0].exit_code == 0 and called == [2] and os.environ["MALLOC_ARENA_MAX"] == "4"
+
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setattr(supervisor, "model_host", lambda: nullcontext(None))  # a model host runs the models: its own two
+    monkeypatch.setattr("service.runtime.preload.fork_workers", lambda: None)
+    assert serve("--workers", "2")[0].exit_code == 0 and called == [2] and "MALLOC_ARENA_MAX" not in os.environ
