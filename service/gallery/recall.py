@@ -70,7 +70,8 @@ POLL_SECONDS = 5.0  # how often the thread looks at the index's change count
 # copies 0.850, 0.925, 0.985; LFW queries 0.914, 0.962, 0.994: docs/benchmarks.md). A mirrored chip
 # is nearer (cosine 0.99 with dlib-resnet-v1; two LFW photos of one person: 0.95).
 PERTURBED_COSINE = 0.97
-# The cosine at which an enrolled face counts as a copy of a held-out one (dlib-resnet-v1: 80 % of the
+# The cosine at which an enrolled face counts as a copy of a held-out one where the embedder's manifest
+# names none (its `near_copy`, benchmarks/near_copy.py); this one is dlib-resnet-v1's (80 % of the
 # mirror images and 85-100 % crops of a training crop reach it; of two LFW photos of one person 4.4 %,
 # of the training identities' 1.9 %: such a pair is left out with the face, its best the next photo).
 # The 99.9th percentile of same-person pairs (0.989) would miss half the copies (their median: 0.985).
@@ -169,14 +170,17 @@ class RecallCheck:
         poll: float = POLL_SECONDS,
         live: float = 0.0,
         live_interval: float = LIVE_INTERVAL,
+        near_copy: float = NEAR_COPY,
     ):
         """`index`: the store's index now (a store replaces it when it rebuilds; the check follows).
         `embed` and `template`: the active embedder and its alignment, to embed mirrored chips
         (None: every near copy is a perturbed embedding). `sample` 0 turns the check off. `live`: the
         share of /identify's queries kept (the last 2 × `sample`), 0: none; a check is due once
         `sample` / 2 more were kept, `live_interval` seconds after the last at the soonest, and ten
-        times as long as the last took (LIVE_DUTY)."""
+        times as long as the last took (LIVE_DUTY). `near_copy`: the embedder's cosine from which an
+        enrolled face is a near copy of a held-out one, left out with it."""
         self.store, self.follow, self.sample, self.every, self.minimum = store, index, sample, every, minimum
+        self.near_copy = near_copy
         self.embed, self.template, self.poll = embed, template, poll
         self.live, self.live_interval = LiveQueries(live, 2 * sample), live_interval
         self._live_at = (0, -math.inf)  # live queries kept, and time.monotonic(), at the last check
@@ -191,7 +195,8 @@ class RecallCheck:
     def from_settings(
         cls, settings: Settings, store: GalleryStore, index: Callable[[], VectorIndex | None], embedder: FaceEmbedder | None
     ) -> RecallCheck:
-        """The check of the service's gallery: mirrored chips are embedded by its embedder."""
+        """The check of the service's gallery: mirrored chips are embedded by its embedder, and near
+        copies start at its manifest's `near_copy`."""
         return cls(
             store,
             index,
@@ -201,6 +206,7 @@ class RecallCheck:
             embedder.embed if embedder else None,
             embedder.manifest.alignment if embedder else None,
             live=settings.index_recall_live,
+            near_copy=embedder.manifest.near_copy.cosine if embedder and embedder.manifest.near_copy else NEAR_COPY,
         )
 
     def offer(self, embedding: np.ndarray, decision: Decision) -> None:
@@ -258,7 +264,9 @@ class RecallCheck:
             self._live_at = (self.live.seen, started)
             probe = live_probe(self.store, *self.live.taken())
             if len(probe.queries) < max(self.sample // 2, 1):  # too few live mated queries yet: the gallery's own faces stand in
-                probe = replace(held_out(self.store, index, self.sample, self.embed, self.template), sampled=probe.sampled)
+                probe = replace(
+                    held_out(self.store, index, self.sample, self.embed, self.template, near_copy=self.near_copy), sampled=probe.sampled
+                )
             result = measured(self.store, index, probe, started)
             if result.recall_at_1 < self.minimum:
                 result = self._raise_recall(index, probe, result, started)

@@ -240,6 +240,21 @@ class OpenSetTable(StrictModel):
         return self
 
 
+class NearCopy(StrictModel):
+    """The cosine from which an enrolled face counts as a near copy of another (its mirror image, a
+    re-crop enrolled again): the index's recall check leaves a held-out face's near copies out with
+    it, as a new photo has none (service/gallery/recall.py). The embedder's own: a model less
+    invariant to a mirror or a crop puts its copies lower (`benchmarks/near_copy.py` measures it)."""
+
+    cosine: float = Field(gt=0, le=1)
+    copies_reaching: float = Field(ge=0, le=1, description="The share of the measured near copies at or above `cosine`.")
+    copies_median: float = Field(ge=-1, le=1)
+    genuine_pairs_reaching: float = Field(
+        ge=0, le=1, description="The share of LFW's genuine pairs (two photos of one person) at or above it: left out with a face too."
+    )
+    source: str = Field(description="What was measured, and how.")
+
+
 class Manifest(StrictModel):
     schema_version: Literal[1] = 1
     name: str
@@ -257,6 +272,9 @@ class Manifest(StrictModel):
     )
     open_set: OpenSetTable | None = Field(
         None, description="The margin score's table /identify decides FPIRs with (`facegate calibrate-open-set`); without it, cosines."
+    )
+    near_copy: NearCopy | None = Field(
+        None, description="Where the recall check's near copies start; without it, the bound measured on dlib-resnet-v1."
     )
     metrics: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
