@@ -58,6 +58,7 @@ from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.gallery.index import CANDIDATES, MAX_TRAIN_PER_LIST, FaissIndex, IndexConfig, read_meta, set_search_threads, train_size
 from service.gallery.recall import LiveQueries, Probe, held_out, live_probe, measured, passing
+from training.near_copy import near_copies
 
 PHOTOS = {".jpg", ".jpeg", ".png"}
 RECALL_SAMPLE = Settings.model_fields["index_recall_sample"].default  # the service's recall check, as configured by default
@@ -137,19 +138,6 @@ def aligned_crops(folder: Path, pipeline: FacePipeline, cache: Path) -> tuple[Pa
         shown(n)
     listing.write_text("\n".join(kept))
     return out, kept
-
-
-def near_copies(crop: np.ndarray, count: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """`count` near copies of an aligned crop: its mirror image, then crops of 85–100 % of it at a
-    random offset resized back, every other one mirrored."""
-    size = crop.shape[0]
-    out = [crop[:, ::-1]]
-    while len(out) < count:
-        side = int(size * rng.uniform(0.85, 1.0))
-        x, y = rng.integers(0, size - side + 1, 2)
-        copy = cv2.resize(crop[y : y + side, x : x + side], (size, size), interpolation=cv2.INTER_LINEAR)
-        out.append(copy[:, ::-1] if len(out) % 2 else copy)
-    return out[:count]
 
 
 def embed_folder(folder: Path, pipeline: FacePipeline, cache: Path, aligned: bool, copies: int = 0) -> tuple[np.ndarray, list[str]]:

@@ -28,12 +28,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench import machine_lines  # noqa: E402
-from benchmarks.gallery_ann import near_copies, photos_of  # noqa: E402
+from benchmarks.gallery_ann import photos_of  # noqa: E402
 from service.core.errors import FacegateError  # noqa: E402
 from service.core.pipeline import FacePipeline  # noqa: E402
 from service.core.settings import Settings  # noqa: E402
-
-BATCH = 32
+from training.near_copy import bound, copy_cosines  # noqa: E402
 
 
 def aligned(pipeline: FacePipeline, photo: Path) -> np.ndarray | None:
@@ -44,23 +43,6 @@ def aligned(pipeline: FacePipeline, photo: Path) -> np.ndarray | None:
     except FacegateError:
         return None
     return pipeline.align(image, faces[:1])[0] if faces else None
-
-
-def embedded(pipeline: FacePipeline, crops: list[np.ndarray]) -> np.ndarray:
-    embedder = pipeline.require_embedder()
-    return np.concatenate([embedder.embed(np.stack(crops[i : i + BATCH])) for i in range(0, len(crops), BATCH)])
-
-
-def copy_cosines(pipeline: FacePipeline, photos: list[Path], copies: int, rng: np.random.Generator) -> np.ndarray:
-    """Each face's cosine to each of its `copies` near copies."""
-    out = []
-    for photo in photos:
-        crop = aligned(pipeline, photo)
-        if crop is None:
-            continue
-        vectors = embedded(pipeline, [crop, *near_copies(crop, copies, rng)])
-        out.append(vectors[1:] @ vectors[0])
-    return np.concatenate(out)
 
 
 def genuine_pairs(lfw: Path, count: int, rng: np.random.Generator) -> list[tuple[Path, Path]]:
@@ -79,7 +61,7 @@ def pair_cosines(pipeline: FacePipeline, pairs: list[tuple[Path, Path]]) -> np.n
     for a, b in pairs:
         crops = [aligned(pipeline, a), aligned(pipeline, b)]
         if crops[0] is not None and crops[1] is not None:
-            vectors = embedded(pipeline, crops)  # type: ignore[arg-type]  # both checked above
+            vectors = pipeline.require_embedder().embed(np.stack(crops))  # type: ignore[arg-type]  # both checked above
             out.append(float(vectors[0] @ vectors[1]))
     return np.array(out)
 
@@ -100,9 +82,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     photos = photos_of(args.train)
     drawn = [photos[i] for i in sorted(rng.choice(len(photos), min(args.faces, len(photos)), replace=False))]
-    copies = copy_cosines(pipeline, drawn, args.copies, rng)
+    crops = [crop for crop in (aligned(pipeline, photo) for photo in drawn) if crop is not None]
+    copies = copy_cosines(pipeline.require_embedder().embed, crops, rng, args.copies)
     pairs = pair_cosines(pipeline, genuine_pairs(args.lfw, args.pairs, rng))
-    bound = round(float(np.quantile(copies, 1 - args.reach)) * 200) / 200
+    source = f"benchmarks/near_copy.py: {len(crops)} training faces x {args.copies} copies, {len(pairs)} LFW genuine pairs"
+    block = bound(copies, pairs, source, args.reach)
     for line in machine_lines():
         print(line)
     print(
@@ -114,15 +98,7 @@ def main() -> None:
         f"{1 - args.reach:.0%} quantile {np.quantile(copies, 1 - args.reach):.4f}"
     )
     print(f"LFW genuine pairs: median {np.median(pairs):.4f}, 99.9th percentile {np.quantile(pairs, 0.999):.4f}")
-    block = {
-        "cosine": bound,
-        "copies_reaching": round(float((copies >= bound).mean()), 3),
-        "copies_median": round(float(np.median(copies)), 4),
-        "genuine_pairs_reaching": round(float((pairs >= bound).mean()), 4),
-        "source": f"benchmarks/near_copy.py: {len(copies) // args.copies} training faces x {args.copies} copies, "
-        f"{len(pairs)} LFW genuine pairs",
-    }
-    print(json.dumps({"near_copy": block}, indent=2))
+    print(json.dumps({"near_copy": None if block is None else block.model_dump()}, indent=2))
 
 
 if __name__ == "__main__":

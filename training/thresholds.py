@@ -34,8 +34,9 @@ import numpy as np
 from service.core.fileio import replacing
 from service.core.models.cohort import as_norm
 from service.core.models.embedder import l2_normalize
-from service.core.models.manifest import FarCurve, Manifest, far_key
+from service.core.models.manifest import FarCurve, Manifest, NearCopy, far_key
 from service.core.settings import Settings
+from training import near_copy
 from training.config import TrainConfig
 from training.pair_evaluation import OnnxEmbedder
 from training.verification import FARS
@@ -64,6 +65,7 @@ class Calibration:
     realized: dict[str, dict[str, float | None]] = field(default_factory=dict)  # FAR → {far, tar} on these pairs
     omitted: dict[str, str] = field(default_factory=dict)  # FAR → why
     same_person: dict[str, int] = field(default_factory=dict)  # same_person_pairs()'s report
+    near_copy: NearCopy | None = None  # where the model's near copies start (training/near_copy.py)
 
     def as_dict(self) -> dict:
         return {
@@ -253,7 +255,12 @@ def heldout_source(manifest: Manifest, data: Path | None):
 
 def embed_source(embedder, source) -> tuple[np.ndarray, np.ndarray]:
     """(unit embeddings, labels) of every aligned crop of `source`, embedded as the service embeds."""
-    return l2_normalize(embedder.raw(np.stack([source.load(i)[0] for i in range(len(source))]))), np.asarray(source.labels)
+    return embed_crops(embedder, [source.load(i)[0] for i in range(len(source))]), np.asarray(source.labels)
+
+
+def embed_crops(embedder, crops) -> np.ndarray:
+    """Unit embeddings of aligned crops, as the service embeds them."""
+    return l2_normalize(embedder.raw(np.stack(crops)))
 
 
 def cached_embeddings(embedder, source, origin: str, cache: Path | None) -> tuple[np.ndarray, np.ndarray]:
@@ -295,10 +302,13 @@ def calibrate(manifest_path: Path, settings: Settings, data: Path | None = None,
     if report["identity_pairs"]:
         genuine, impostor = pair_scores(embeddings, labels, one_person=one_person)
     result = calibrate_scores(genuine, impostor, fars, identities=len(np.unique(labels)), images=len(labels), same_person=report)
+    copied = [source.load(i)[0] for i in near_copy.drawn(len(source))]
+    result.near_copy = near_copy.measure(lambda batch: embed_crops(embedder, batch), copied, genuine, origin)
     if write:
         manifest = Manifest.load(manifest_path)
         manifest.thresholds = result.thresholds
         manifest.far_curve = FarCurve(**result.curve) if result.curve else None
+        manifest.near_copy = result.near_copy
         manifest.metrics = {**manifest.metrics, "calibration": {"source": origin, **result.as_dict()}}
         manifest.save(manifest_path)
     return result, origin

@@ -44,7 +44,17 @@ def calibrate(
     for key, why in result.omitted.items():
         table.add_row(key, "omitted", why, "")
     Console().print(table)
-    console.print(f"calibrated on the {origin}" + ("" if dry_run else f"; thresholds written to {manifest_path}"))
+    near = result.near_copy
+    console.print(
+        "near copies (the recall check's): "
+        + (
+            "none nearer than unrelated faces: no bound"
+            if near is None
+            else f"from cosine {near.cosine:g} ({near.copies_reaching:.0%} of the copies, "
+            f"{near.genuine_pairs_reaching:.1%} of the genuine pairs)"
+        )
+    )
+    console.print(f"calibrated on the {origin}" + ("" if dry_run else f"; thresholds and near-copy bound written to {manifest_path}"))
     if result.identities < FEW_IDENTITIES:
         console.print(
             f"[yellow]warning:[/yellow] only {result.identities} identities: thresholds from so few people are noisy and will not "

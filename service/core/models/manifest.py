@@ -244,13 +244,13 @@ class NearCopy(StrictModel):
     """The cosine from which an enrolled face counts as a near copy of another (its mirror image, a
     re-crop enrolled again): the index's recall check leaves a held-out face's near copies out with
     it, as a new photo has none (service/gallery/recall.py). The embedder's own: a model less
-    invariant to a mirror or a crop puts its copies lower (`benchmarks/near_copy.py` measures it)."""
+    invariant to a mirror or a crop puts its copies lower (`training/near_copy.py` measures it)."""
 
     cosine: float = Field(gt=0, le=1)
     copies_reaching: float = Field(ge=0, le=1, description="The share of the measured near copies at or above `cosine`.")
     copies_median: float = Field(ge=-1, le=1)
     genuine_pairs_reaching: float = Field(
-        ge=0, le=1, description="The share of LFW's genuine pairs (two photos of one person) at or above it: left out with a face too."
+        ge=0, le=1, description="The share of the genuine pairs measured (two photos of one person) at or above it: left out too."
     )
     source: str = Field(description="What was measured, and how.")
 

@@ -41,6 +41,10 @@ def test_calibrate_command_writes_thresholds_the_service_loads(tmp_path):
     assert report["impostor_pairs"] == 4900 and report["genuine_pairs"] == 50 and report["identities"] == 50
     assert set(report["omitted"]) == {"1e-3", "1e-4", "1e-5"}
     assert report["realized"]["1e-2"]["far"] <= 0.01
+    near = manifest.near_copy  # where the recall check's near copies start, the model's own
+    assert (
+        near is not None and 0 < near.cosine <= 1 and near.source.startswith("100 faces x 4 copies and 50 genuine pairs of all identities")
+    )
     # the model file is untouched, so the service still accepts it with its new thresholds
     loaded = load_model(str(manifest_path), manifest_path.parent, manifest_path.parent, device="cpu")
     assert loaded.manifest.thresholds == manifest.thresholds
