@@ -78,7 +78,10 @@ class GalleryStore(Protocol):
         """The names of those of `subject_ids` that hold their name's key (others are left out)."""
         ...
 
-    def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]: ...
+    def list_subjects(self, limit: int, offset: int, search: str | None = None) -> tuple[list[Subject], int]:
+        """A page of subjects in creation order, and how many there are; with `search`, only those
+        whose name or id holds it, compared by their name keys (`service.gallery.names`: NFC, lower case)."""
+        ...
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
         """A subject holding its name's key takes the new name's with it (SubjectExists if another holds that)."""

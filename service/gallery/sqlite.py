@@ -192,6 +192,7 @@ SUBJECT_SELECT = (
     "(SELECT COUNT(*) FROM faces f WHERE f.collection = s.collection AND f.subject_id = s.id), "
     "s.name_key IS NOT NULL FROM subjects s "
 )
+SEARCH_SQLITE = "AND (instr(facegate_name_key(s.name), ?) > 0 OR instr(facegate_name_key(s.id), ?) > 0)"
 # subjects and faces per collection (`facegate gallery stats`), every collection a subject or face names
 COLLECTION_COUNTS = (
     "SELECT collection, SUM(subject), SUM(face) FROM (SELECT collection, 1 AS subject, 0 AS face FROM subjects "
@@ -625,7 +626,7 @@ def connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
         db.execute(f"PRAGMA {pragma}")
-    db.create_function("facegate_name_key", 1, name_key, deterministic=True)  # migration 4
+    db.create_function("facegate_name_key", 1, name_key, deterministic=True)  # migration 4, and the subjects' search
     return db
 
 
@@ -842,10 +843,14 @@ class SqliteGallery(FollowedStore, GalleryStore):
                 out.update(rows)
         return out
 
-    def list_subjects(self, limit: int, offset: int) -> tuple[list[Subject], int]:
+    def list_subjects(self, limit: int, offset: int, search: str | None = None) -> tuple[list[Subject], int]:
+        # the name key in SQL is the same Python function (`connect` registers it): the same folding as a name's
+        where, params = ("", ()) if search is None else (SEARCH_SQLITE, (name_key(search),) * 2)
         with self._lock:
-            total = self._db.execute("SELECT COUNT(*) FROM subjects WHERE collection = ?", (self.collection,)).fetchone()[0]
-            return self._subject_rows("ORDER BY s.created, s.id LIMIT ? OFFSET ?", (limit, offset)), total
+            total = self._db.execute(
+                f"SELECT COUNT(*) FROM subjects s WHERE s.collection = ? {where}", (self.collection, *params)
+            ).fetchone()[0]
+            return self._subject_rows(f"{where} ORDER BY s.created, s.id LIMIT ? OFFSET ?", (*params, limit, offset)), total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
         try:

@@ -47,10 +47,20 @@ def list_subjects(
     service: ServiceDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    search: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=256,
+            pattern=r"^[^\x00]+$",  # PostgreSQL's text holds no NUL: refused here, as a name with one is
+            description="Only subjects whose name or id contains this, in any case (`total` counts them).",
+        ),
+    ] = None,
 ) -> SubjectPage:
     """Subjects in creation order, a page at a time: up to `limit`, fewer when FACEGATE_MAX_PAGE_BYTES
-    would be exceeded (always at least one); continue from `next_offset`."""
-    subjects, total = service.gallery.list_subjects(limit, offset)
+    would be exceeded (always at least one); continue from `next_offset`. `search` looks through the
+    whole gallery in the store (the console's search), not a page of it."""
+    subjects, total = service.gallery.list_subjects(limit, offset, search)
     page: list[SubjectOut] = []
     used = PAGE_ENVELOPE
     for subject in subjects:

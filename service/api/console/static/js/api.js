@@ -83,14 +83,12 @@ export function formData(fields) {
   return form;
 }
 
-/** Every subject, page by page (for a search over the whole gallery); stops after `most`. */
-export async function* allSubjects(most = 20000) {
+/** The subjects whose name or id contains `text` in any case, found by the server through the whole gallery, page by page. */
+export async function* subjectsMatching(text) {
   let offset = 0;
-  let seen = 0;
-  while (offset !== null && seen < most) {
-    const page = await call("GET", "subjects", { query: { limit: 1000, offset } });
-    for (const subject of page.subjects) yield { subject, total: page.total };
-    seen += page.subjects.length;
+  while (offset !== null) {
+    const page = await call("GET", "subjects", { query: { limit: 1000, offset, search: text } });
+    yield* page.subjects;
     offset = page.next_offset;
   }
 }

@@ -3,7 +3,7 @@
 // FPIR they are flagged at in plain words; or one subject's pairs (#/duplicates?subject=ID:
 // ?subject_id=), which a large gallery offers where it keeps no whole list. Names and ids are text.
 
-import { ApiError, allSubjects, call, path } from "./api.js";
+import { ApiError, call, path, subjectsMatching } from "./api.js";
 import { busy, confirmAction, field, flash, h, replace, say, statusLine } from "./dom.js";
 import { faceThumb } from "./gallery.js";
 import { number, oneIn, sentence } from "./words.js";
@@ -61,20 +61,16 @@ async function pickSubject(typed, status, fpir) {
   }
   const needle = typed.toLowerCase();
   const named = [];
-  let scanned = 0;
-  let total = 0;
-  for await (const { subject, total: all } of allSubjects()) {
-    [scanned, total] = [scanned + 1, all];
+  for await (const subject of subjectsMatching(typed)) {
     if (subject.name.toLowerCase() === needle) named.push(subject);
   }
   if (named.length === 1) return named[0].id;
-  const where = scanned < total ? ` among the first ${scanned.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} subjects (type its id)` : "";
   if (!named.length) {
-    say(status, "problem", `No subject has the id or the name “${typed}”${where}.`);
+    say(status, "problem", `No subject has the id or the name “${typed}”.`);
     return null;
   }
   const links = named.slice(0, MATCHES).map((s) => h("li", {}, h("a", { href: address(s.id, fpir) }, s.name), h("span", { class: "meta" }, " id ", h("code", {}, s.id))));
-  say(status, "problem", `${named.length} subjects are named “${typed}”${where}: pick one.`, h("ul", {}, links));
+  say(status, "problem", `${named.length} subjects are named “${typed}”: pick one.`, h("ul", {}, links));
   return null;
 }
 

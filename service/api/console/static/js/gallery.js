@@ -1,7 +1,7 @@
 // Gallery: subjects with search and paging, a subject's faces (thumbnails where the service keeps
 // chips), its name and metadata, and the deletes. Every name, id and metadata value is text.
 
-import { allSubjects, ApiError, call, path } from "./api.js";
+import { ApiError, call, path } from "./api.js";
 import { busy, confirmAction, field, flash, h, replace, say, statusLine, when } from "./dom.js";
 import { objectUrl } from "./images.js";
 import { sentence } from "./words.js";
@@ -91,21 +91,11 @@ export async function renderList(main, { params, refresh }) {
   );
   say(status, "busy", "Loading subjects…");
   if (query) {
-    const needle = query.toLowerCase();
-    let total = 0;
-    let scanned = 0;
-    let found = 0;
-    for await (const { subject, total: all } of allSubjects()) {
-      total = all;
-      scanned += 1;
-      if (subject.name.toLowerCase().includes(needle) || subject.id.toLowerCase().includes(needle)) {
-        found += 1;
-        if (found <= MAX_MATCHES) list.append(subjectItem(subject));
-      }
-    }
-    const where = scanned < total ? `the first ${scanned.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} subjects` : `all ${total.toLocaleString("en-US")} subjects`;
-    const shown = found > MAX_MATCHES ? ` (the first ${MAX_MATCHES} shown: narrow the search)` : "";
-    say(status, "ok", `${found} ${found === 1 ? "subject matches" : "subjects match"} “${query}” in ${where}${shown}.`);
+    const page = await call("GET", "subjects", { query: { limit: MAX_MATCHES, search: query } });
+    for (const subject of page.subjects) list.append(subjectItem(subject));
+    const found = page.total;
+    const shown = found > page.subjects.length ? ` (the first ${page.subjects.length} shown: narrow the search)` : "";
+    say(status, "ok", `${found.toLocaleString("en-US")} ${found === 1 ? "subject matches" : "subjects match"} “${query}”${shown}.`);
     return;
   }
   const page = await call("GET", "subjects", { query: { limit: PAGE, offset } });
