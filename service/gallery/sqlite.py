@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -844,13 +844,21 @@ class SqliteGallery(FollowedStore, GalleryStore):
         return out
 
     def list_subjects(self, limit: int, offset: int, search: str | None = None) -> tuple[list[Subject], int]:
-        # the name key in SQL is the same Python function (`connect` registers it): the same folding as a name's
-        where, params = ("", ()) if search is None else (SEARCH_SQLITE, (name_key(search),) * 2)
-        with self._lock:
-            total = self._db.execute(
-                f"SELECT COUNT(*) FROM subjects s WHERE s.collection = ? {where}", (self.collection, *params)
-            ).fetchone()[0]
-            return self._subject_rows(f"{where} ORDER BY s.created, s.id LIMIT ? OFFSET ?", (*params, limit, offset)), total
+        if search is None:
+            with self._lock:
+                total = self._db.execute("SELECT COUNT(*) FROM subjects WHERE collection = ?", (self.collection,)).fetchone()[0]
+                return self._subject_rows("ORDER BY s.created, s.id LIMIT ? OFFSET ?", (limit, offset)), total
+        # A search reads every subject's name through the name key's own Python function (`connect`
+        # registers it: the same folding as a name's), 0.3-0.4 s at 100,000 subjects: on a connection of
+        # its own (WAL: a reader waits for no one), the store's lock left to the requests meanwhile.
+        params = (self.collection, *(name_key(search),) * 2)
+        with closing(connect(self.path)) as db:
+            total = db.execute(f"SELECT COUNT(*) FROM subjects s WHERE s.collection = ? {SEARCH_SQLITE}", params).fetchone()[0]
+            rows = db.execute(
+                f"{SUBJECT_SELECT}WHERE s.collection = ? {SEARCH_SQLITE} ORDER BY s.created, s.id LIMIT ? OFFSET ?",
+                (*params, limit, offset),
+            ).fetchall()
+        return [subject_record(r) for r in rows], total
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
         try:
