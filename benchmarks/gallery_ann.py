@@ -112,6 +112,16 @@ class Progress:
             print(f"  {self.what}: {done:,} of {self.total:,} ({done / (now - self.started):.0f}/s)", file=sys.stderr, flush=True)
 
 
+def aligned(pipeline: FacePipeline, photo: Path) -> np.ndarray | None:
+    """The photo's largest face aligned for the embedder (RGB), or None where none is found."""
+    try:
+        image = pipeline.decode(photo.read_bytes())
+        faces = pipeline.detect(image)
+    except FacegateError:
+        return None
+    return pipeline.align(image, faces[:1])[0] if faces else None
+
+
 def aligned_crops(folder: Path, pipeline: FacePipeline, cache: Path) -> tuple[Path, list[str]]:
     """The largest face of every photo under `folder`, aligned for the embedder through the service's
     pipeline and kept as JPEG under `cache` once (an interrupted run goes on where it stopped); the
@@ -125,15 +135,10 @@ def aligned_crops(folder: Path, pipeline: FacePipeline, cache: Path) -> tuple[Pa
     for n, photo in enumerate(photos, 1):
         rel = f"{photo.parent.name}/{photo.stem}.jpg"
         if not (out / rel).exists():
-            try:
-                image = pipeline.decode(photo.read_bytes())
-                faces = pipeline.detect(image)
-            except FacegateError:
-                faces = []
-            if not faces:
+            if (crop := aligned(pipeline, photo)) is None:
                 continue
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            cv2.imwrite(str(out / rel), pipeline.align(image, faces[:1])[0][..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
+            cv2.imwrite(str(out / rel), crop[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
         kept.append(rel)
         shown(n)
     listing.write_text("\n".join(kept))

@@ -28,21 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench import machine_lines  # noqa: E402
-from benchmarks.gallery_ann import photos_of  # noqa: E402
-from service.core.errors import FacegateError  # noqa: E402
+from benchmarks.gallery_ann import aligned, photos_of  # noqa: E402
 from service.core.pipeline import FacePipeline  # noqa: E402
 from service.core.settings import Settings  # noqa: E402
 from training.near_copy import bound, copy_cosines  # noqa: E402
-
-
-def aligned(pipeline: FacePipeline, photo: Path) -> np.ndarray | None:
-    """The photo's largest face, aligned for the embedder (None: no face found)."""
-    try:
-        image = pipeline.decode(photo.read_bytes())
-        faces = pipeline.detect(image)
-    except FacegateError:
-        return None
-    return pipeline.align(image, faces[:1])[0] if faces else None
 
 
 def genuine_pairs(lfw: Path, count: int, rng: np.random.Generator) -> list[tuple[Path, Path]]:

@@ -14,6 +14,7 @@ import pytest
 from service.budget import CLIENT, CostLanes, PixelBudget, take_shared
 from service.core.errors import ModelUnavailable, Overloaded
 from tests.polling import wait_until
+from tests.service.api.test_event_loop import on_event_loop
 
 
 def test_holders_beyond_the_budget_wait_and_time_out():
@@ -143,21 +144,13 @@ class _LateTally:
         self.on_loop: list[bool] = []
 
     def take(self, client: str, amount: int, cap: int) -> Future:
-        self.on_loop.append(_on_loop())
+        self.on_loop.append(on_event_loop())
         self.asked.append(Future())
         return self.asked[-1]
 
     def give(self, client: str, amount: int) -> None:
-        self.on_loop.append(_on_loop())
+        self.on_loop.append(on_event_loop())
         self.given.append((client, amount))
-
-
-def _on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def test_a_host_that_does_not_answer_a_take_in_time_is_unavailable_and_its_late_grant_is_given_back():

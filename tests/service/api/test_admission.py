@@ -21,6 +21,7 @@ from service.budget import BodyBudget
 from service.core.errors import Overloaded
 from service.runtime.model_host import Tally
 from tests.polling import wait_until
+from tests.service.api.test_event_loop import on_event_loop
 
 
 class Held:
@@ -444,22 +445,14 @@ class _SilentTally(_HostTally):
         self.on_loop: list[bool] = []
 
     def take(self, client: str, amount: int, cap: int) -> Future:
-        self.on_loop.append(_running_loop())
+        self.on_loop.append(on_event_loop())
         self.waiting.append((Future(), client, amount, cap))
         return self.waiting[-1][0]
 
     def give(self, client: str, amount: int) -> None:
-        self.on_loop.append(_running_loop())
+        self.on_loop.append(on_event_loop())
         super().give(client, amount)
 
     def answer_all(self) -> None:
         for future, client, amount, cap in self.waiting:
             future.set_result(self.tally.take(client, amount, cap, self.mine))
-
-
-def _running_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from service.api.auth import ApiKeys, KeyConfigError
 from tests.conftest import LFW_PEOPLE, aligned_crop_png
 from tests.polling import wait_until
-from tests.service.api.test_event_loop import _on_loop
+from tests.service.api.test_event_loop import on_event_loop
 from tests.service.api.test_routes import error
 from tests.service.gallery.old_schema import sqlite_at
 
@@ -168,7 +168,7 @@ def test_a_collection_is_never_opened_on_the_event_loop_and_answers_loading_mean
     original = app_module.open_gallery
 
     def held_open(*args, **kwargs):
-        calls.append(_on_loop())
+        calls.append(on_event_loop())
         assert release.wait(30)
         return original(*args, **kwargs)
 

@@ -20,7 +20,8 @@ from tests.polling import wait_until
 from tests.service.api.test_routes import error, new_subject
 
 
-def _on_loop() -> bool:
+def on_event_loop() -> bool:
+    """Whether the caller runs on an asyncio event loop (in its thread)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -37,7 +38,7 @@ def loop_calls(monkeypatch):
         original = getattr(module, name)
 
         def wrapper(*args, **kwargs):
-            seen.append((name, _on_loop()))
+            seen.append((name, on_event_loop()))
             return original(*args, **kwargs)
 
         monkeypatch.setattr(module, name, wrapper)
