@@ -148,6 +148,7 @@ CHANGES_KEPT = 10_000  # changes kept in the log; older ones are deleted as new 
 FOLLOW_SECONDS = 0.1  # how often a process's follower looks for changes other processes committed
 
 DATABASE = "gallery.sqlite3"  # the file under FACEGATE_DATA_DIR
+BUSY_SECONDS = 10.0  # how long a statement waits for another process's write (SQLite's busy timeout)
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
 # faces of the collection's (the first and third parameter) active model (the second and fourth)
 # whose subject has another: the recall check's queries
@@ -621,10 +622,26 @@ class SqliteLog:
         self._db.close()
 
 
+def write_ahead_log(db: sqlite3.Connection) -> None:
+    """WAL mode, tried again while busy: SQLite answers the switch "database is locked" at once, its
+    busy timeout not waited, while another connection opens or closes the file (workers starting
+    together on a new gallery: one in 15 or so starts failed so)."""
+    deadline = time.monotonic() + BUSY_SECONDS
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """A connection to the gallery file (transactions opened explicitly: isolation_level=None)."""
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-    for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=10000"):
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_SECONDS)
+    write_ahead_log(db)
+    for pragma in ("synchronous=FULL", "foreign_keys=ON"):
         db.execute(f"PRAGMA {pragma}")
     db.create_function("facegate_name_key", 1, name_key, deterministic=True)  # migration 4, and the subjects' search
     return db

@@ -63,14 +63,21 @@ class Server:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+                raise AssertionError(f"server exited with {self.process.returncode}:\n{self.failure()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise AssertionError(f"server not ready in {START_TIMEOUT}s:\n{self.log.read_text()[-3000:]}")
+        raise AssertionError(f"server not ready in {START_TIMEOUT}s:\n{self.failure()}")
+
+    def failure(self) -> str:
+        """The log from its first error (its cause: a traceback's last lines are uvicorn's shutdown), and its end."""
+        text = self.log.read_text()
+        first = text.find("ERROR")
+        cause = text[first : first + 4000] if first >= 0 else ""
+        return f"{cause}\n[...]\n{text[-2000:]}" if cause else text[-3000:]
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:

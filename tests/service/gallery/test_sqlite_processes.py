@@ -324,3 +324,29 @@ def test_a_file_saved_past_the_bound_starts_the_next_process_after_a_kill(tmp_pa
         assert_found_as_flat(tmp_path, [again], [3, 103, 119, *range(200, 208)])
     finally:
         again.close()
+
+
+def open_together(path: Path, start, errors) -> None:
+    """One worker's start-up: open the gallery file (migrating it if need be) at the same moment as the others."""
+    start.wait(10)
+    try:
+        SqliteGallery(path, None, None).close()
+    except Exception as exc:  # reported to the test, which names it
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_workers_starting_together_on_a_new_gallery_all_open_it(tmp_path):
+    """SQLite answers a switch to WAL "database is locked" at once, without waiting its busy timeout,
+    while another connection opens or closes the file: workers starting on a new gallery failed so
+    (one start in 15 here, three processes), and the server with them."""
+    context = multiprocessing.get_context("fork")  # the module is imported already: the race, not the imports, is timed
+    errors = context.Queue()
+    for trial in range(50):
+        start = context.Barrier(3)
+        workers = [context.Process(target=open_together, args=(tmp_path / str(trial) / "g.sqlite3", start, errors)) for _ in range(3)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+            assert worker.exitcode == 0
+        assert errors.empty(), f"trial {trial}: {errors.get()}"
