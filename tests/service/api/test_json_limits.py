@@ -3,11 +3,10 @@ invalid_json on every JSON route, and parsing runs off the event loop."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import service.api.requests as requests_module
+from tests.service.api.test_event_loop import on_event_loop
 
 
 @pytest.mark.parametrize("path", ["/subjects", "/verify", "/identify", "/embed"])
@@ -42,11 +41,7 @@ def test_json_is_parsed_off_the_event_loop(api, monkeypatch):
     original = requests_module.parse_json
 
     def spy(raw):
-        try:
-            asyncio.get_running_loop()
-            on_loop.append(True)
-        except RuntimeError:  # no loop runs in this thread: a worker thread
-            on_loop.append(False)
+        on_loop.append(on_event_loop())
         return original(raw)
 
     monkeypatch.setattr(requests_module, "parse_json", spy)
