@@ -535,7 +535,8 @@ def main() -> None:
                 index = FaissIndex.load(path, meta, "")
                 load_s = time.perf_counter() - started if IndexConfig(spec, directory=cache).path("0" * 64) else float("nan")
             for search in param.split("|"):  # several search settings on one build
-                index = FaissIndex(dim, spec, search, index._index, base=index.base)  # the same build (mapped), these parameters (or tuned)
+                # the same build (mapped), these parameters (or tuned); trained as it was (the check draws the faces it held back)
+                index = FaissIndex(dim, spec, search, index._index, base=index.base, held_back=index.held_back)
                 index.tune()
                 found = [rescored(index, vectors, q) for q in queries]
                 top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])
