@@ -93,7 +93,6 @@ log = logging.getLogger("facegate.gallery")
 
 MIGRATIONS = Path(__file__).with_name("migrations")  # NNNN_name.sql, applied in order, each once
 MIGRATION_LOCK = 0x66616365_67617465  # pg_advisory_xact_lock key: replicas starting together migrate one at a time
-SEARCH_POSTGRES = "AND (strpos(lower(normalize(s.name, NFC)), %s) > 0 OR strpos(lower(normalize(s.id, NFC)), %s) > 0)"
 NAME_KEY_INDEX = "subjects_name_key"  # migrations/0002_subject_names.sql
 NAME_KEYS_LOWERED = 3  # migrations/0003_name_keys_lowered.sql, whose step is _lower_name_keys
 LOAD_BATCH = 50_000  # rows per fetch while loading the index
@@ -422,11 +421,20 @@ class PostgresGallery(FollowedStore, GalleryStore):
         return out
 
     def list_subjects(self, limit: int, offset: int, search: str | None = None) -> tuple[list[Subject], int]:
-        # lower() as the database's collation lowers (every letter under a UTF-8 locale, ASCII ones under "C")
-        where, params = ("", ()) if search is None else (SEARCH_POSTGRES, (name_key(search),) * 2)
         with self._conn() as conn:
-            total = one_row(conn.execute(f"SELECT COUNT(*) FROM subjects s WHERE s.collection = %s {where}", (self.collection, *params)))[0]
-            return self._subject_rows(conn, f"{where} ORDER BY s.created, s.id LIMIT %s OFFSET %s", (*params, limit, offset)), total
+            if search is None:
+                total = one_row(conn.execute("SELECT COUNT(*) FROM subjects WHERE collection = %s", (self.collection,)))[0]
+                return self._subject_rows(conn, "ORDER BY s.created, s.id LIMIT %s OFFSET %s", (limit, offset)), total
+            # Every name read and folded here, by the name key's own function, as SQLite's search does:
+            # PostgreSQL's lower() folds as the database's collation does (ASCII only under "C"), and
+            # normalize() fails on a SQL_ASCII database.
+            key = name_key(search)
+            with conn.cursor(name="facegate_search") as cursor:
+                cursor.itersize = LOAD_BATCH
+                cursor.execute("SELECT id, name FROM subjects WHERE collection = %s ORDER BY created, id", (self.collection,))
+                found = [subject_id for subject_id, name in cursor if key in name_key(name) or key in name_key(subject_id)]
+            page = found[offset : offset + limit]
+            return self._subject_rows(conn, "AND s.id = ANY(%s) ORDER BY s.created, s.id", (page,)), len(found)
 
     def update_subject(self, subject_id: str, name: str | None, metadata: dict[str, Any] | None) -> Subject:
         try:

@@ -302,6 +302,7 @@ def test_a_sql_ascii_database_reads_text_as_text(postgres_server):
         assert store.index.size == 1 and store.search(unit(0), 1)[0].face_id == face.id
         subject = store.get_subject("zoe")
         assert subject.name == "Zoë Ångström" and subject.metadata == {"site": "Malmö"}
+        assert [s.id for s in store.list_subjects(10, 0, search="ÅNGSTRÖM")[0]] == ["zoe"]  # the console's search, in any case under "C"
     finally:
         store.close()
 
