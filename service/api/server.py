@@ -12,7 +12,13 @@ it gets the body deadline only.
 h11 checks its size limit only while a header block is incomplete: a larger block that arrives in
 one read was parsed and served. Here a parsed block is measured again before the app sees it, and
 both refusals answer 431 `headers_too_large` in the JSON error shape (uvicorn's own answer to a bad
-request is a plain-text 400, which this protocol also answers in the JSON shape)."""
+request is a plain-text 400, which this protocol also answers in the JSON shape).
+
+uvicorn writes a response's status line and headers, then its body, in two writes: a process killed
+between the two (a replica stopped under load) left a proxy holding a 201's headers and no body,
+which it can only pass on torn, where a response never begun is its clean 502. Here the head waits
+for the body's first write (`OneWriteHead`): a response whose body is one chunk, as every JSON answer
+is, reaches the socket whole or not at all."""
 
 from __future__ import annotations
 
@@ -43,7 +49,7 @@ class HeaderDeadlineProtocol(H11Protocol):
         self.app = _HeaderLimit(self.app, self.header_limit)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(OneWriteHead(transport))  # type: ignore[arg-type]  # a transport in all but its class
         self._arm_header_deadline()
 
     def on_response_complete(self) -> None:
@@ -87,6 +93,31 @@ class HeaderDeadlineProtocol(H11Protocol):
         for event in (h11.Response(status_code=error.status, headers=headers), h11.Data(data=bytes(response.body)), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
+
+
+class OneWriteHead:
+    """The connection's transport, but a final response's head (not a 100 Continue, which the client
+    waits for) is held until the next write, and written with it."""
+
+    def __init__(self, transport: asyncio.Transport):
+        self._transport = transport
+        self._head = b""
+
+    def write(self, data: bytes) -> None:
+        if data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 1"):
+            self._head += data
+            return
+        data, self._head = self._head + data, b""
+        if data:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head:
+            self.write(b"")
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
 
 def _too_large(limit: int) -> str:
