@@ -73,16 +73,17 @@ class SnapshotFiles:
         with FileLock(self.directory / f"{self.name}.lock"):
             yield
 
-    def load(self, guard: bool, dim: int, accept: Callable[[dict[str, Any]], bool]) -> Snapshot | None:
+    def load(self, guard: bool, dim: int, accept: Callable[[dict[str, Any]], bool], hashed: bool = True) -> Snapshot | None:
         """The snapshot mapped, when its metadata names this format, `guard` and `dim`, `accept`
         takes the state it reflects, and every file has the sha256 it was saved with; else None
-        (absent, stale or damaged: the caller builds)."""
+        (absent, stale or damaged: the caller builds). `hashed=False`: the files are not read for
+        their sha256 (just saved by the caller, under the lock, which hashed them as it wrote)."""
         meta = read_meta(self.meta)
         if not meta or meta.get("format") != FORMAT or meta.get("guard") != guard or meta.get("dim") != dim or not accept(meta):
             return None
         try:
             files = {name: self.directory / file for name, (file, _) in meta["files"].items()}
-            for name, (_, digest) in meta["files"].items():
+            for name, (_, digest) in meta["files"].items() if hashed else ():
                 if sha256_file(files[name]) != digest:
                     log.warning("gallery snapshot %s: %s does not match its sha256; building instead", self.meta.name, files[name].name)
                     return None
@@ -116,7 +117,7 @@ class SnapshotFiles:
         applied = stamp["applied"]
         try:
             self.save(roster, stamp, read)
-            snapshot = self.load(guard, vectors.shape[1], lambda meta: meta.get("applied") == applied)
+            snapshot = self.load(guard, vectors.shape[1], lambda meta: meta.get("applied") == applied, hashed=False)
         except OSError as exc:
             log.warning("gallery snapshot not saved (%s): this worker keeps its own copy", exc)
             snapshot = None

@@ -94,6 +94,26 @@ def test_the_second_process_maps_what_the_first_built(tmp_path, builds):
             store.close()
 
 
+def test_the_builder_reads_each_file_it_saved_once_for_its_sha256(tmp_path, monkeypatch):
+    """The builder hashes each file as it saves it and maps it without reading it again (a guard's
+    files are about 1 GiB at 1M faces); a process that maps the snapshot it did not write checks them."""
+    first = SqliteGallery.open(tmp_path, KEY)
+    fill(first)
+    first.close()
+    hashed: list[str] = []
+    sha256_file = snapshot.sha256_file
+    monkeypatch.setattr(snapshot, "sha256_file", lambda path: hashed.append(path.name) or sha256_file(path))
+    built = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+    try:
+        assert hashed and len(hashed) == len(set(hashed))  # each saved file once
+        hashed.clear()
+        mapped = SqliteGallery.open(tmp_path, KEY, index=config(tmp_path))
+        mapped.close()
+        assert hashed and len(hashed) == len(set(hashed))  # the other process checks each once
+    finally:
+        built.close()
+
+
 def test_the_builder_serves_the_mapped_copy_and_frees_its_own(tmp_path, monkeypatch):
     """The process that built the snapshot serves from the mapped files, as the others do: the guard
     it built and the faces it read are freed before the heap is given back (`release_freed`), not
