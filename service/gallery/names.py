@@ -17,7 +17,16 @@ case folding of before are lowered again by a migration (SQLite 4, PostgreSQL 3)
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 
 
 def name_key(name: str) -> str:
     return unicodedata.normalize("NFC", name).lower()
+
+
+def holding(search: str, subjects: Iterable[tuple[str, str]]) -> list[str]:
+    """The ids of those (id, name) whose name or id holds `search`, compared by their keys, in the
+    order given: `GET /subjects?search=` on either store, folded here rather than by a database's
+    lower(), which PostgreSQL applies as its collation says (ASCII letters only under "C")."""
+    key = name_key(search)
+    return [subject_id for subject_id, name in subjects if key in name_key(name) or key in name_key(subject_id)]

@@ -52,7 +52,7 @@ from service.gallery.index import (
 )
 from service.gallery.interface import Candidate, FaceRecord, GalleryStore, NewFace, Subject
 from service.gallery.milvus import MilvusIndex, open_milvus
-from service.gallery.names import name_key
+from service.gallery.names import holding, name_key
 from service.gallery.pg_connections import Connections
 from service.gallery.snapshot import Snapshot, SnapshotFiles
 from service.gallery.sqlite import (
@@ -425,14 +425,11 @@ class PostgresGallery(FollowedStore, GalleryStore):
             if search is None:
                 total = one_row(conn.execute("SELECT COUNT(*) FROM subjects WHERE collection = %s", (self.collection,)))[0]
                 return self._subject_rows(conn, "ORDER BY s.created, s.id LIMIT %s OFFSET %s", (limit, offset)), total
-            # Every name read and folded here, by the name key's own function, as SQLite's search does:
-            # PostgreSQL's lower() folds as the database's collation does (ASCII only under "C"), and
-            # normalize() fails on a SQL_ASCII database.
-            key = name_key(search)
+            # every name read and folded in Python (`holding`): normalize() fails on a SQL_ASCII database
             with conn.cursor(name="facegate_search") as cursor:
                 cursor.itersize = LOAD_BATCH
                 cursor.execute("SELECT id, name FROM subjects WHERE collection = %s ORDER BY created, id", (self.collection,))
-                found = [subject_id for subject_id, name in cursor if key in name_key(name) or key in name_key(subject_id)]
+                found = holding(search, cursor)
             page = found[offset : offset + limit]
             return self._subject_rows(conn, "AND s.id = ANY(%s) ORDER BY s.created, s.id", (page,)), len(found)
 

@@ -77,7 +77,7 @@ class SnapshotFiles:
         """The snapshot mapped, when its metadata names this format, `guard` and `dim`, `accept`
         takes the state it reflects, and every file has the sha256 it was saved with; else None
         (absent, stale or damaged: the caller builds). `hashed=False`: the files are not read for
-        their sha256 (just saved by the caller, under the lock, which hashed them as it wrote)."""
+        their sha256 (just saved by the caller, under the lock, which hashed them then)."""
         meta = read_meta(self.meta)
         if not meta or meta.get("format") != FORMAT or meta.get("guard") != guard or meta.get("dim") != dim or not accept(meta):
             return None
