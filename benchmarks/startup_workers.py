@@ -9,8 +9,9 @@ The gallery: `--faces` synthetic unit vectors (128-d, one subject each, the open
 by the tests' small ONNX embedder, inserted straight into SQLite; once every worker is ready, one
 `/identify` through each (its index and guard in use, as when serving), then the memory. `--checkout DIR` runs the server
 of another source tree (e.g. `git archive` of the commit before) on the same gallery, for a paired
-comparison on the same machine. `--store postgres` fills a database of a PostgreSQL server started
-for the run from Debian's `postgresql` binaries (tests/postgres.py), which the workers share.
+comparison on the same machine. The server starts through the `facegate` script, as the image's
+does. `--store postgres` fills a database of a PostgreSQL server started for the run from Debian's
+`postgresql` binaries (tests/postgres.py), which the workers share.
 
     FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -130,6 +132,18 @@ def role(pid: int, root: int, preloaded: bool) -> str:
     return "?"
 
 
+def console_script(checkout: Path, folder: Path) -> Path:
+    """The `facegate` script as pip writes it for `checkout`'s pyproject (its `[project.scripts]` entry),
+    in `folder`: the server starts as the image's `facegate serve` does, and multiprocessing runs that
+    script again in every process it starts (a `python -c` start has no script, and hid that cost)."""
+    found = re.search(r'^facegate = "([\w.]+):(\w+)"', (checkout / "pyproject.toml").read_text(), re.MULTILINE)
+    assert found is not None, f"no facegate script in {checkout}/pyproject.toml"
+    module, function = found.groups()
+    script = folder / "facegate"
+    script.write_text(f"import sys\nfrom {module} import {function}\nif __name__ == '__main__':\n    sys.exit({function}())\n")
+    return script
+
+
 def start(
     checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool, database: str = "", index: str = "Flat"
 ) -> tuple[float, int, int, int, int]:
@@ -147,7 +161,7 @@ def start(
         "FACEGATE_API_KEYS": "",
         "FACEGATE_INDEX": index,
     }
-    command = [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port), "--workers", str(workers)]
+    command = [sys.executable, str(console_script(checkout, data)), "serve", "--port", str(port), "--workers", str(workers)]
     log = open(data / f"server-{workers}.log", "wb")  # noqa: SIM115  (closed below)
     started = time.monotonic()
     process = subprocess.Popen(command, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -156,10 +170,13 @@ def start(
         seconds = time.monotonic() - started
         clients = ready_workers(f"http://127.0.0.1:{port}", workers, time.monotonic() + 900)
         image = base64.b64encode(aligned_crop_png(1)).decode()
-        for client in clients.values():  # one search each: the index's and the guard's pages in use, as when serving
-            response = client.post("/identify", json={"image": image, "aligned": True})
-            if response.status_code != 200:
-                raise RuntimeError(f"/identify answered {response.status_code}: {response.text}")
+        other = base64.b64encode(aligned_crop_png(2)).decode()
+        for client in clients.values():  # one search each: the index's and the guard's pages in use, as when serving;
+            # and a pair of images, decoded at once: a worker's decoders all started, as under load (FACEGATE_WORKER_THREADS)
+            for path, body in (("/identify", {"image": image}), ("/verify", {"image1": image, "image2": other})):
+                response = client.post(path, json={**body, "aligned": True})
+                if response.status_code != 200:
+                    raise RuntimeError(f"{path} answered {response.status_code}: {response.text}")
             client.close()
         time.sleep(2)  # the decoders' start after readiness settles
         pids = tree(process.pid)

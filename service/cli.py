@@ -568,5 +568,5 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":  # `python -m service.cli`, as the `facegate` script runs it
+if __name__ == "__main__":  # `python -m service.cli` (the `facegate` script runs service.entry)
     main()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,8 +77,27 @@ def test_missing_embedder_names_the_setting(model_cache, monkeypatch, lfw):
         get_settings.cache_clear()
 
 
+def installed_script() -> Path:
+    """The `facegate` script pip wrote into this environment (make test installs the project)."""
+    script = Path(sys.executable).with_name("facegate")
+    assert script.is_file(), f"no console script at {script}: install the project (make install-test)"
+    return script
+
+
 def test_console_script_has_every_command():
-    result = subprocess.run([sys.executable, "-c", "from service.cli import main; main()", "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, installed_script(), "--help"], capture_output=True, text=True)
     assert result.returncode == 0
     for command in ("serve", "models", "detect", "embed", "compare", "bench", "heads", "align", "train", "eval", "export", "model-info"):
         assert command in result.stdout
+
+
+def test_console_script_run_again_in_a_child_process_imports_no_command_line():
+    """multiprocessing runs the main script again in every process it starts (the model host, each
+    HTTP worker, each image decoder), as runpy does here: the `facegate` script may import there only
+    its small entry module, not the command line's Typer, Rich and settings (23 MiB a decoder)."""
+    code = (
+        "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__mp_main__'); "
+        "print(sorted(name for name in ('typer', 'rich', 'pydantic', 'service.cli') if name in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code, installed_script()], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
