@@ -60,14 +60,10 @@ def _raise_open_file_limit() -> None:
 def _check_can_start(settings, host: str, port: int) -> None:
     """What would fail only after the models are loaded, said in one line before: a taken address
     (uvicorn binds after start-up) and a PostgreSQL gallery or Milvus index without its client."""
-    from importlib.util import find_spec
+    from service.gallery.extras import missing_extra
 
-    from service.gallery.factory import MILVUS_EXTRA_MISSING, POSTGRES_EXTRA_MISSING
-
-    if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
-        fail(POSTGRES_EXTRA_MISSING)
-    if settings.milvus_uri and find_spec("pymilvus") is None:
-        fail(MILVUS_EXTRA_MISSING)
+    if missing := missing_extra(settings):
+        fail(missing)
     try:
         with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass

@@ -4,25 +4,19 @@ searches it: FAISS in this process (FACEGATE_INDEX) or Milvus shared by all (FAC
 
 from __future__ import annotations
 
-from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 from service.core.errors import GalleryUnavailable
 from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
 from service.gallery.collection_names import DEFAULT, folder
+from service.gallery.extras import POSTGRES_EXTRA_MISSING, missing_extra
 from service.gallery.index import IndexConfig
 
 if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra
     from service.gallery.pg_connections import Connections
     from service.gallery.postgres import PostgresGallery
     from service.gallery.sqlite import SqliteGallery
-
-POSTGRES_EXTRA_MISSING = "FACEGATE_DATABASE_URL is set, but the PostgreSQL driver is not installed: pip install 'facegate[postgres]'"
-MILVUS_EXTRA_MISSING = (
-    "FACEGATE_MILVUS_URI is set, but Milvus' client is not installed: pip install 'facegate[milvus]' "
-    "(the image: build it with --build-arg SERVE_EXTRAS=postgres,milvus, as compose.milvus.yaml does)"
-)
 
 
 def open_gallery(
@@ -37,8 +31,8 @@ def open_gallery(
     no index is loaded and no changes followed. `background` (the server): the index and guard are
     built after it returns (searches 503 gallery_loading meanwhile). `connections`: PostgreSQL's pool
     and listener every collection of the server shares (`shared_connections`)."""
-    if settings.milvus_uri and find_spec("pymilvus") is None:
-        raise GalleryUnavailable(MILVUS_EXTRA_MISSING)
+    if missing := missing_extra(settings):
+        raise GalleryUnavailable(missing)
     if settings.database_url.get_secret_value():
         return open_postgres(settings, embedder, searchable, background, collection, connections)
     from service.gallery.sqlite import SqliteGallery

@@ -7,7 +7,9 @@ SIGBUS in the middle of a request. What does not fit travels inline in the messa
 
 An arena is named for the worker that made it (`arena-<pid>`): a worker that crashes (uvicorn
 starts its replacement under a new pid) cannot remove its own, so whoever outlives it does
-(`sweep`, which the model host's supervisor runs)."""
+(`sweep`, which the model host's supervisor runs). NumPy is imported where an arena's blocks are
+read as arrays (the worker and the host have it already), not with the module: `facegate serve`'s
+process imports it only to sweep, and NumPy would add 16 MiB there."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import mmap
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BLOCK = 64 * 1024
 PREFIX = "arena-"
@@ -96,10 +100,14 @@ class Arena:
 
     def view(self, offset: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         """The array at `offset`, in place (no copy)."""
+        import numpy as np
+
         return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset)
 
     def put(self, array: np.ndarray) -> int | None:
         """Copy `array` into newly allocated blocks; their offset, or None when it does not fit."""
+        import numpy as np
+
         offset = self.allocate(array.nbytes)
         if offset is not None:
             np.copyto(self.view(offset, array.shape, array.dtype.str), array)

@@ -253,6 +253,19 @@ def test_a_killed_worker_is_forked_again_and_its_decoders_go(workers_server):
         client.close()
 
 
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_serves_own_process_loads_no_model_or_gallery_library(workers_server):
+    """`facegate serve` beside its workers and model host only supervises: it maps none of NumPy,
+    OpenCV, FAISS or onnxruntime (its check of the stores' extras once imported them all, and the
+    arenas' sweep NumPy: 70 MiB of private memory it never used)."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "reads the process's mappings from /proc")
+    for client in one_client_per_worker(workers_server.url).values():  # every worker ready: the parent's start-up is done
+        client.close()
+    maps = Path(f"/proc/{workers_server.process.pid}/maps").read_text()
+    assert sorted(name for name in ("_multiarray_umath", "cv2", "libfaiss", "onnxruntime") if name in maps) == []
+
+
 def test_readyz_answers_for_every_worker(tmp_path, embedder_manifest, model_cache):
     """uvicorn's workers accept once their lifespan start-up returns, before their warm-up and their
     gallery's first build are done (the port answers meanwhile). One worker's warm-up is held here
