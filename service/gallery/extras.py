@@ -4,7 +4,7 @@ import the stores (FAISS, NumPy and OpenCV: 55 MiB of private memory it never us
 
 from __future__ import annotations
 
-from importlib.util import find_spec
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,8 +19,8 @@ MILVUS_EXTRA_MISSING = (
 
 def missing_extra(settings: Settings) -> str | None:
     """What the settings' stores need and this installation lacks, said as the error; None when nothing."""
-    if settings.database_url.get_secret_value() and find_spec("psycopg") is None:
+    if settings.database_url.get_secret_value() and importlib.util.find_spec("psycopg") is None:
         return POSTGRES_EXTRA_MISSING
-    if settings.milvus_uri and find_spec("pymilvus") is None:
+    if settings.milvus_uri and importlib.util.find_spec("pymilvus") is None:
         return MILVUS_EXTRA_MISSING
     return None

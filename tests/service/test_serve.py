@@ -116,7 +116,6 @@ def test_a_milvus_uri_without_the_client_names_the_build_argument(serve, monkeyp
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pymilvus" else real(name, *a))
-    monkeypatch.setattr(factory, "find_spec", importlib.util.find_spec)
     result, started = serve(FACEGATE_MILVUS_URI="http://milvus:19530")
     assert result.exit_code == 2 and started is None
     assert "SERVE_EXTRAS=postgres,milvus" in result.output.replace("\n", "")
