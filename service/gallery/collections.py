@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 
 log = logging.getLogger(__name__)
+
+START_RETRY_SECONDS = 30.0  # how long a start-up collection is tried again while a server fault keeps it from opening
+START_RETRY_FIRST, START_RETRY_CAP = 0.5, 5.0  # seconds before the first try again, doubling up to the cap
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,30 @@ class Collections:
         self._closed = False  # no opening starts once closing began (a request during shutdown)
         self._lock = threading.Lock()
 
-    def open(self, name: str) -> Collection:
+    def open(self, name: str, retry_for: float = START_RETRY_SECONDS) -> Collection:
         """`name`'s state, opened here if need be (blocks: never on the event loop); the host counts
-        as ready only once its index is built (`loading`)."""
+        as ready only once its index is built (`loading`). A server fault (503 gallery_unavailable: a
+        database that does not answer yet, a file another process holds) is tried again with backoff
+        for `retry_for` seconds before it is raised: uvicorn stops the whole server when one worker
+        fails its start-up, a worker it restarts after a crash included."""
         self._at_start.add(name)
-        self._start(name)
-        with self._lock:
-            opening = self._opening.get(name)
-        if opening is not None:
-            opening.join()
-        return self.get(name)
+        deadline = time.monotonic() + retry_for
+        attempt = 0
+        while True:
+            self._start(name)
+            with self._lock:
+                opening = self._opening.get(name)
+            if opening is not None:
+                opening.join()
+            try:
+                return self.get(name)
+            except GalleryUnavailable as exc:
+                delay = min(START_RETRY_CAP, START_RETRY_FIRST * 2**attempt)
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("collection %r could not be opened (%s): trying again in %.1f s", name, exc.message, delay)
+                time.sleep(delay)
+                attempt += 1
 
     def get(self, name: str) -> Collection:
         """`name`'s state if it is open; else GalleryLoading while it opens (or its opening's error)."""

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.core.errors import GalleryLoading, GalleryUnavailable
+from service.core.errors import GalleryLoading, GalleryUnavailable, InvalidParameters
 from service.gallery.collections import Collections
 from tests.polling import wait_until
 
@@ -55,6 +55,40 @@ def test_an_openings_error_is_answered_once_then_tried_again():
         states.get("home")
     opener.release.set()
     assert wait_until(lambda: "home" in states.opened(), "home open on the second try") and len(opener.calls) == 2
+
+
+class FailingOpener:
+    """Raises each error of `errors` in turn, one per call, then opens."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.calls = list(errors), 0
+
+    def __call__(self, name: str):
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return SimpleNamespace(name=name, gallery=SimpleNamespace(loading=False), close=lambda: None)
+
+
+def test_start_up_tries_a_server_fault_again_with_backoff(monkeypatch):
+    """A database not answering yet, or SQLite's file held by another process (an OperationalError,
+    a server fault): start-up tries again, since a worker that fails its start-up stops the server."""
+    monkeypatch.setattr("service.gallery.collections.START_RETRY_FIRST", 0.01)
+    opener = FailingOpener(GalleryUnavailable("the database does not answer"), RuntimeError("database is locked"))
+    state = Collections(opener).open("home", retry_for=10)
+    assert state.name == "home" and opener.calls == 3
+
+
+def test_start_up_raises_a_lasting_fault_after_its_retries_and_any_other_error_at_once(monkeypatch):
+    monkeypatch.setattr("service.gallery.collections.START_RETRY_FIRST", 0.01)
+    opener = FailingOpener(*[GalleryUnavailable("the database does not answer")] * 100)
+    with pytest.raises(GalleryUnavailable):
+        Collections(opener).open("home", retry_for=0.2)
+    assert 2 <= opener.calls < 100
+    opener = FailingOpener(InvalidParameters("this gallery was made by another embedder"))  # a lasting fault, not the server's
+    with pytest.raises(InvalidParameters):
+        Collections(opener).open("home", retry_for=10)
+    assert opener.calls == 1
 
 
 def test_nothing_opens_once_closing_began():
