@@ -66,7 +66,7 @@ class Settings(BaseSettings):
         min_length=1,
         description=(
             "The only batch sizes the detector runs at (images of concurrent requests of one input size; each warmed at each size). "
-            "Unset: [1, 2, 4, 8] on a CPU, up to 32 on a GPU."
+            "Unset: [1, 2] on a CPU, up to 32 on a GPU."
         ),
     )
     detect_sizes: list[int] = Field(
