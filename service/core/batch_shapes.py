@@ -19,11 +19,12 @@ Rows = TypeVar("Rows", np.ndarray, list[np.ndarray])
 
 
 # The batch sizes a model runs at unless FACEGATE_BATCH_SIZES / FACEGATE_DETECT_BATCH_SIZES say: on a
-# CPU a padded row costs its full compute, so the largest stays small (the detector's batches of 4 and
-# 8 ran no more images a second there and held about 150 MiB more of onnxruntime's arena: docs/sizing.md);
-# a GPU runs 32 or 128 rows in little more time than one, and a model host batching for many workers fills them.
+# CPU a padded row costs its full compute, so the largest stays small (the embedder's batches of 16
+# and 32, the detector's of 4 and 8 ran no more images a second there, and held about 45 and 150 MiB
+# more of onnxruntime's arena: docs/sizing.md); a GPU runs 32 or 128 rows in little more time than
+# one, and a model host batching for many workers fills them.
 DEFAULT_SIZES = {
-    ("embedder", False): (1, 2, 4, 8, 16, 32),
+    ("embedder", False): (1, 2, 4, 8),
     ("embedder", True): (1, 2, 4, 8, 16, 32, 64, 128),
     ("detector", False): (1, 2),
     ("detector", True): (1, 2, 4, 8, 16, 32),

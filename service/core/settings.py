@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         min_length=1,
         description=(
             "The only batch sizes the embedder runs at (JSON list): a batch is padded to the next, split above the largest; "
-            "each is warmed up at start-up. Unset: [1, 2, 4, 8, 16, 32] on a CPU, up to 128 on a GPU."
+            "each is warmed up at start-up. Unset: [1, 2, 4, 8] on a CPU, up to 128 on a GPU."
         ),
     )
     detect_batch_sizes: list[int] | None = Field(
