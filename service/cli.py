@@ -126,8 +126,9 @@ def serve(
     workers = settings.workers if workers is None else workers
     workers = workers or max(2, available_cores() - 2)
     hosted = workers > 1 if model_host is None else model_host
-    if not hosted:  # the models run in the HTTP processes: their threads share two malloc arenas, as the model host's do
-        heap.fewer_arenas_here_and_in_children()
+    # The models run in the HTTP processes: their threads share two malloc arenas, as the model host's do. With a model
+    # host the HTTP processes run none: one arena, whose top the idle trim gives back (a thread arena's top it cannot).
+    heap.fewer_arenas_here_and_in_children(1 if hosted else 2)
     if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
         os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
         os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")

@@ -20,7 +20,7 @@ from service.api.admission import Admission
 from service.api.auth import ApiKeys
 from service.api.compat import deepstack
 from service.api.deps import Service
-from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, CancelOnDisconnect, RequestMetrics
+from service.api.middleware import PUBLIC_PATHS, ApiKeyAuth, BodyLimit, CancelOnDisconnect, NoteWork, RequestMetrics
 from service.api.routes import ROUTERS
 from service.budget import BodyBudget
 from service.core.models.model_set import load_models
@@ -36,6 +36,7 @@ from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
 from service.readiness import Readiness
 from service.runtime.decode_workers import DecodeWorkers
+from service.runtime.heap import IdleTrim
 from service.runtime.hosted_models import HostedModels
 from service.runtime.ready_workers import ReadyWorkers
 
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics(hosted_models=settings.model_host is not None)
     keys = ApiKeys.from_settings(settings)
     access_log.install()
+    idle = IdleTrim()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -169,9 +171,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
         reload_on_hangup = _on_signal(signal.SIGHUP, service.reload_keys)  # key rotation without a restart
+        idle.start()
         try:
             yield
         finally:
+            idle.stop()
             if marked is not None:
                 marked.cancel()
             if workers is not None:  # no longer counted among the workers that answer
@@ -204,5 +208,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bodies=BodyBudget(settings.max_body_megabytes, settings.decode_wait),
     )
     app.add_middleware(ApiKeyAuth, keys=keys, body_key_paths=deepstack.PATHS, refusals=compat.KEY_REFUSALS)
+    app.add_middleware(NoteWork, idle=idle)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

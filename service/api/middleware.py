@@ -1,4 +1,4 @@
-"""Pure ASGI middleware, outermost first: request metrics, API-key check, admission control
+"""Pure ASGI middleware, outermost first: request metrics, the idle trim's count of work, API-key check, admission control
 (`service.api.admission`), body size limit and deadline, and cancellation of a request whose client
 went away.
 
@@ -25,6 +25,7 @@ from service.budget import CLIENT
 from service.core.errors import BodyTooLarge, FacegateError, RequestTimeout, Unauthorized
 from service.gallery.collection_names import COLLECTION, DEFAULT
 from service.metrics import Metrics
+from service.runtime.heap import IdleTrim
 
 PUBLIC_PATHS = {"/healthz", "/readyz"}
 ABANDONED = "facegate.abandoned"  # scope key: the client went away before its answer (metrics count a 499)
@@ -57,6 +58,21 @@ class RequestMetrics:
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.requests.labels(label, method, str(status)).inc()
             self.metrics.latency.labels(label, method).observe(time.perf_counter() - started)
+
+
+class NoteWork:
+    """Counts each request, as it starts and as it ends, as this process's work, after which the
+    idle trim gives the heap back (`heap.IdleTrim`)."""
+
+    def __init__(self, app: ASGIApp, idle: IdleTrim):
+        self.app, self.idle = app, idle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.idle.note()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.idle.note()
 
 
 class ApiKeyAuth:

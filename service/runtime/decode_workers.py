@@ -42,6 +42,7 @@ from service.core import errors
 from service.core.cpus import available_cores
 from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
+from service.runtime.heap import QUIET, release_freed
 
 if TYPE_CHECKING:  # not imported at run time: pydantic's settings would add ~13 MB to every decoder (docs/benchmarks.md)
     from service.core.settings import Settings
@@ -101,10 +102,11 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
-def serve(conn: Connection, size: int, memory: int) -> None:
+def serve(conn: Connection, size: int, memory: int, quiet: float = QUIET) -> None:
     """A worker: creates its shared buffer and hands it to the parent, then answers jobs (op, byte
     count, limits) until the connection closes: ("probe", Probe), ("image", shape) with the pixels
-    in the buffer, or ("error", class name, message)."""
+    in the buffer, or ("error", class name, message). Once no job came for `quiet` seconds it gives
+    back the heap the last ones freed (a photo's pixels, kept by glibc below twice the largest)."""
     fd = _shared_file()
     os.ftruncate(fd, size)
     buffer = mmap.mmap(fd, size)
@@ -112,12 +114,17 @@ def serve(conn: Connection, size: int, memory: int) -> None:
     os.close(fd)
     cv2.setNumThreads(1)  # one image at a time per process: the pool is the parallelism
     _limit_memory(memory)
+    worked = False
     while True:
         try:
+            if worked and not conn.poll(quiet):
+                release_freed()
+                worked = False
             op, count, limits = conn.recv()
         except (EOFError, OSError):
             return
         conn.send(_job(buffer, op, count, limits, memory))
+        worked = True
 
 
 def _job(buffer: mmap.mmap, op: str, count: int, limits: Limits, memory: int) -> tuple[Any, ...]:
@@ -145,9 +152,9 @@ def _job(buffer: mmap.mmap, op: str, count: int, limits: Limits, memory: int) ->
 
 
 class _Worker:
-    def __init__(self, context: Any, size: int, memory: int):
+    def __init__(self, context: Any, size: int, memory: int, quiet: float):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, size, memory), name="facegate-decode", daemon=True)
+        self.process = context.Process(target=serve, args=(child, size, memory, quiet), name="facegate-decode", daemon=True)
         self.process.start()
         child.close()
         self.buffer: mmap.mmap | None = None
@@ -235,6 +242,7 @@ class DecodeWorkers:
         """Up to `processes` workers, each able to take an image of `max_bytes` and decode one of
         `max_pixels` (the limits its jobs are given must not exceed these)."""
         self.timeout = timeout
+        self.quiet = QUIET  # seconds without a job after which a worker gives its freed heap back
         self.memory = memory_mb * MB
         self.size = -(-max(max_bytes, 3 * max_pixels) // mmap.PAGESIZE) * mmap.PAGESIZE
         methods = multiprocessing.get_all_start_methods()
@@ -308,7 +316,7 @@ class DecodeWorkers:
         try:
             if self._closed:
                 raise RuntimeError("the decode workers are closed")
-            worker = _Worker(self._context, self.size, self.memory)
+            worker = _Worker(self._context, self.size, self.memory, self.quiet)
         except BaseException:
             self._idle.put(None)
             raise

@@ -37,6 +37,7 @@ from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
 from service.metrics import Metrics
 from service.runtime import wire
+from service.runtime.heap import IdleTrim
 from service.runtime.local_models import LocalModels
 from service.runtime.shm_arena import Arena
 from service.runtime.wire import SOCKET
@@ -103,6 +104,7 @@ class ModelHost:
             self.local = LocalModels(settings, FacePipeline(settings, self.models), self.metrics, executor=None)
             self.local.start_warm_up(self._warmed)
         self._workers: set[_Worker] = set()
+        self.idle = IdleTrim()  # the batches' buffers given back once the workers stop sending
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self.listener = Listener(str(folder / SOCKET), family="AF_UNIX")
@@ -126,6 +128,7 @@ class ModelHost:
 
     def serve_forever(self) -> None:
         """Serve each worker that connects, until `close`."""
+        self.idle.start()
         while True:
             try:
                 connection = self.listener.accept()
@@ -144,6 +147,7 @@ class ModelHost:
         if self._closing.is_set():
             return
         self._closing.set()
+        self.idle.stop()
         with suppress(OSError):  # an accept() is not woken by closing its socket: a connection ends it
             Client(self.listener.address, family="AF_UNIX").close()
         self.listener.close()
@@ -205,6 +209,7 @@ class _Worker:
         elif kind == "metrics":
             self.answers.put(("metrics", message[1], list(self.host.metrics.registry.collect())))
         elif kind == "run":
+            self.host.idle.note()
             _, number, role, offset, shape, dtype, inline = message
             rows = inline if offset is None else self._arena().view(offset, shape, dtype)
             local = self.host.local

@@ -196,3 +196,28 @@ def test_the_decoders_import_only_what_decoding_needs():
     code = "import sys, service.runtime.decode_workers; print(sorted(m for m in ('pydantic', 'service.core.settings') if m in sys.modules))"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert found.stdout.strip() == "[]", found.stdout
+
+
+@pytest.mark.parametrize("quiet", [0.2, 60.0])
+def test_an_idle_worker_gives_back_the_heap_its_last_images_freed(quiet):
+    """A photo's pixels freed stay in glibc's heap below twice the largest freed (a big photo, then a
+    smaller one, kept the smaller's megabytes): a worker given no job for `quiet` seconds gives them back."""
+    pool = DecodeWorkers(1, 1024, 30.0, *LIMITS[:2])
+    pool.quiet = quiet
+    try:
+        for width, height in ((3000, 2000), (2800, 1900)):  # the first raises glibc's thresholds, the second stays in its heap
+            assert pool.decode(cv2.imencode(".jpg", _photo(width, height))[1].tobytes(), *LIMITS[:3], 0).shape == (height, width, 3)
+        (worker,) = pool._workers
+
+        def resident() -> int:
+            with open(f"/proc/{worker.process.pid}/statm") as statm:
+                return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+        held = resident()
+        time.sleep(1.0)
+        if quiet < 1:
+            assert held - resident() >= 12, (held, resident())
+        else:
+            assert held - resident() < 2, (held, resident())
+    finally:
+        pool.close()

@@ -43,3 +43,40 @@ def test_the_model_hosts_threads_share_two_arenas():
     host's (`run_host` calls `heap.fewer_arenas` first) they share two."""
     assert arenas("plain") > 2
     assert arenas("host") <= 2
+
+
+IDLE = """
+import ctypes, sys, time
+from service.runtime import heap
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def resident(): return int(open("/proc/self/statm").read().split()[1]) * 4096
+libc.free(libc.malloc(20 << 20))  # mapped on its own, and freed: glibc's thresholds follow it (trim at 40 MiB)
+idle = heap.IdleTrim(quiet=0.1)
+idle.start()
+block = libc.malloc(16 << 20)  # from the heap now
+ctypes.memset(block, 1, 16 << 20)
+idle.note()
+libc.free(block)  # its pages stay in the heap: under the trim threshold
+before = resident()
+for _ in range(10 if sys.argv[1] == "busy" else 0):
+    idle.note()
+    time.sleep(0.05)
+time.sleep(0 if sys.argv[1] == "busy" else 0.5)
+print((before - resident()) >> 20)
+idle.stop()
+"""
+
+
+def given_back(mode: str) -> int:
+    """MiB of a freed 16 MiB block the process gave back while idle (`idle`) or working (`busy`)."""
+    found = subprocess.run([sys.executable, "-c", IDLE, mode], capture_output=True, text=True, check=True, cwd=REPO)
+    return int(found.stdout)
+
+
+def test_the_heap_a_burst_freed_is_given_back_once_work_stops_and_not_while_it_goes_on():
+    """glibc keeps a freed block under its trim threshold (which follows the largest block freed); the
+    idle trim gives it back a quiet period after the last work, never while work is noted."""
+    assert given_back("busy") < 2
+    assert given_back("idle") >= 14

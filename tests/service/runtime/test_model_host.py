@@ -97,6 +97,23 @@ def test_the_host_reports_its_model_runs_to_a_worker(settings, host):
         engine.close()
 
 
+def test_each_model_run_is_work_for_the_hosts_idle_trim_which_runs_while_it_serves(settings, tmp_path):
+    running = ModelHost(settings, tmp_path)
+    thread = threading.Thread(target=running.serve_forever, daemon=True)
+    thread.start()
+    engine, hosted = hosted_engine(settings, tmp_path / SOCKET, 0)
+    try:
+        wait_until(lambda: running.idle._thread is not None and running.idle._thread.is_alive(), "the idle trim started")
+        before = running.idle.work
+        hosted.embed(np.zeros((2, *engine.pipeline.require_embedder().size, 3), np.uint8)).result(60)
+        assert running.idle.work == before + 1
+    finally:
+        engine.close()
+        running.close()
+        thread.join(10)
+    assert not running.idle._thread.is_alive()
+
+
 def test_arena_blocks_are_allocated_contiguously_and_released(tmp_path):
     arena = Arena(tmp_path / "arena", 8 * BLOCK, create=True)
     a = arena.allocate(BLOCK + 1)  # two blocks
