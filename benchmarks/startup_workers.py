@@ -7,7 +7,8 @@ summed over the tree is what the host pays for them, once.
 
 The gallery: `--faces` synthetic unit vectors (128-d, one subject each, the open-set guard on) made
 by the tests' small ONNX embedder, inserted straight into SQLite; once every worker is ready, one
-`/identify` through each (its index and guard in use, as when serving), then the memory. `--checkout DIR` runs the server
+`/identify` through each (its index and guard in use, as when serving), then the memory at rest (each
+process's idle trim run, `heap.IdleTrim`). `--checkout DIR` runs the server
 of another source tree (e.g. `git archive` of the commit before) on the same gallery, for a paired
 comparison on the same machine. The server starts through the `facegate` script, as the image's
 does. `--store postgres` fills a database of a PostgreSQL server started for the run from Debian's
@@ -16,7 +17,11 @@ does. `--store postgres` fills a database of a PostgreSQL server started for the
     FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3
 
 `--index HNSW32` (any FACEGATE_INDEX) serves an approximate index, built by the first worker and
-saved; every worker maps the saved file (the last column: its PSS summed over the tree).
+saved; every worker maps the saved file (the last column: its PSS summed over the tree). `--photos A B`
+sends a burst of /verify of two real photos before the memory is read, as a camera's event would:
+
+    FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3 \
+        --photos ../shared/data/tests/compreface/000_5.jpg ../shared/data/tests/compreface/001_A.jpg
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
@@ -43,6 +49,7 @@ from benchmarks.bench import machine_lines  # noqa: E402
 from benchmarks.chaos import free_port  # noqa: E402
 from benchmarks.loadtest import fill_gallery, fill_postgres  # noqa: E402
 from service.core.models.manifest import EmbedderKey, Manifest  # noqa: E402
+from service.runtime.heap import QUIET  # noqa: E402
 from tests.conftest import aligned_crop_png  # noqa: E402
 from tests.onnx_models import write_test_embedder  # noqa: E402
 
@@ -145,11 +152,19 @@ def console_script(checkout: Path, folder: Path) -> Path:
 
 
 def start(
-    checkout: Path, data: Path, embedder: Path, workers: int, by_process: bool, database: str = "", index: str = "Flat"
+    checkout: Path,
+    data: Path,
+    embedder: Path,
+    workers: int,
+    by_process: bool,
+    database: str = "",
+    index: str = "Flat",
+    photos: list[Path] | None = None,
 ) -> tuple[float, int, int, int, int]:
     """Seconds until every worker is ready, PSS of the tree, of the files mapped from the index
     folder in it (the snapshot's and a saved HNSW or IVF index's), of the index's own (KiB),
-    processes; `by_process`: each process's PSS printed too. `index`: FACEGATE_INDEX."""
+    processes; `by_process`: each process's PSS printed too. `index`: FACEGATE_INDEX. `photos`:
+    two, sent in 30 /verify (3 at a time) before the memory is read."""
     port = free_port()
     env = {
         **os.environ,
@@ -178,7 +193,9 @@ def start(
                 if response.status_code != 200:
                     raise RuntimeError(f"{path} answered {response.status_code}: {response.text}")
             client.close()
-        time.sleep(2)  # the decoders' start after readiness settles
+        if photos:
+            burst(f"http://127.0.0.1:{port}", photos)
+        time.sleep(2 * QUIET + 1)  # the decoders' start after readiness settles; at rest: each process's idle trim has run
         pids = tree(process.pid)
         if by_process:
             preloaded = any(role(pid, process.pid, False) == "workers' forkserver" for pid in pids)
@@ -196,6 +213,16 @@ def start(
         log.close()
 
 
+def burst(url: str, photos: list[Path], rounds: int = 10, at_once: int = 3) -> None:
+    """`rounds` × `at_once` /verify of the two photos, `at_once` at a time (as a camera's burst)."""
+    files = {"image1": photos[0].read_bytes(), "image2": photos[1].read_bytes()}
+    with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(at_once) as pool:
+        for _ in range(rounds):
+            for response in pool.map(lambda _: client.post("/verify", files=files), range(at_once)):
+                if response.status_code != 200:
+                    raise RuntimeError(f"/verify answered {response.status_code}: {response.text}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faces", type=int, default=100_000)
@@ -204,6 +231,12 @@ def main() -> None:
     parser.add_argument("--by-process", action="store_true", help="print each process's PSS and what it is")
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--index", default="Flat", help="FACEGATE_INDEX: Flat, HNSW32, IVF1024,Flat…")
+    parser.add_argument(
+        "--photos",
+        type=Path,
+        nargs=2,
+        help="two photos: 30 /verify of them, 3 at a time, before the memory is read (a burst of real images at rest)",
+    )
     args = parser.parse_args()
     if not os.environ.get("FACEGATE_MODEL_CACHE"):
         sys.exit("set FACEGATE_MODEL_CACHE (the detector, for readiness)")
@@ -236,7 +269,9 @@ def main() -> None:
         for workers in args.workers:
             for stale in (gallery / "index").glob("*"):  # each start from the store alone: nothing saved by the last
                 stale.unlink()
-            seconds, pss, mapped, own, processes = start(args.checkout, gallery, embedder, workers, args.by_process, database, args.index)
+            seconds, pss, mapped, own, processes = start(
+                args.checkout, gallery, embedder, workers, args.by_process, database, args.index, args.photos
+            )
             print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>14.0f} {own / 1024:>15.0f}", flush=True)
     finally:
         if server is not None:
