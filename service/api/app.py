@@ -119,7 +119,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         readiness = Readiness(models, settings.default_far)
         if hosted is not None:
             readiness.host_problem = hosted.problem
-        pipeline = FacePipeline(settings, models, DecodeWorkers.for_settings(settings)) if readiness.loaded else None
+        decoders = DecodeWorkers.for_settings(settings) if readiness.loaded else None
+        pipeline = FacePipeline(settings, models, decoders) if decoders is not None else None
         engine = Engine(settings, pipeline, metrics, hosted) if pipeline is not None else None
         if engine:
             readiness.serving = engine.describe
@@ -171,6 +172,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not keys.enabled:
             log.warning(ANONYMOUS_WARNING)
         reload_on_hangup = _on_signal(signal.SIGHUP, service.reload_keys)  # key rotation without a restart
+        if decoders is not None:
+            idle.also.append(decoders.give_back)
         idle.start()
         try:
             yield

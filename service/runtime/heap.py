@@ -6,10 +6,13 @@ macOS) the allocator is left as it is. Measured in docs/benchmarks.md, "A worker
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
+from collections.abc import Callable
 from contextlib import suppress
 
+log = logging.getLogger("facegate.heap")
 M_ARENA_MAX = -8  # glibc's malloc.h
 QUIET = 30.0  # seconds without work after which a process gives back the heap its work freed: a request after one
 # pays its page faults again (about 10 ms of a 60 ms /verify), so not one of a steady trickle
@@ -70,6 +73,7 @@ class IdleTrim:
     def __init__(self, quiet: float = QUIET):
         self.quiet = quiet
         self.work = 0  # bumped by each piece of work (a lost update only delays a trim)
+        self.also: list[Callable[[], None]] = []  # what else is given back at the same moments (the decoders' buffers)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,6 +95,11 @@ class IdleTrim:
         while not self._stop.wait(self.quiet):
             now = self.work
             if now == seen != trimmed:  # work happened, then none for a whole period
+                for give_back in self.also:
+                    try:
+                        give_back()
+                    except Exception:  # one that failed (closing as the app stops) leaves the trim running
+                        log.exception("giving back idle memory failed")
                 release_freed()
                 trimmed = now
             seen = now

@@ -4,6 +4,7 @@ whose thread runs while the app does."""
 from __future__ import annotations
 
 from service.api import app as app_module
+from service.runtime.decode_workers import DecodeWorkers
 from service.runtime.heap import IdleTrim
 from tests.conftest import started_client
 
@@ -20,6 +21,7 @@ def test_every_request_is_noted_as_work_and_the_trim_runs_while_the_app_does(api
     with started_client(api_settings) as client:
         (idle,) = made
         assert idle._thread is not None and idle._thread.is_alive()
+        assert [action.__func__ for action in idle.also] == [DecodeWorkers.give_back]  # the decoders' buffers too
         before = idle.work
         assert client.get("/healthz").status_code == 200
         assert client.get("/no-such-route").status_code in (401, 404)

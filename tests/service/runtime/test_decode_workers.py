@@ -221,3 +221,32 @@ def test_an_idle_worker_gives_back_the_heap_its_last_images_freed(quiet):
             assert held - resident() < 2, (held, resident())
     finally:
         pool.close()
+
+
+def _buffers_resident_mib() -> float:
+    """This process's resident pages of the decoders' shared buffers (memfds), in MiB."""
+    resident, mapping = 0, ""
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                mapping = " ".join(fields[5:])
+            elif fields[0] == "Rss:" and "facegate-decode" in mapping:
+                resident += int(fields[1])
+    return resident / 1024
+
+
+def test_the_idle_workers_buffers_are_given_back_and_decode_as_before():
+    """A worker keeps its buffer's pages for the next image (up to KEEP_RESIDENT); `give_back` (run
+    when the process is idle) empties the idle workers' buffers, and the next decode is the same."""
+    pool = DecodeWorkers(2, 1024, 30.0, *LIMITS[:2])
+    try:
+        data = cv2.imencode(".png", _photo(2000, 1500))[1].tobytes()
+        first = pool.decode(data, *LIMITS[:3], 0)
+        assert _buffers_resident_mib() >= 8  # 9 MB of pixels, kept
+        pool.give_back()
+        assert _buffers_resident_mib() < 1
+        assert np.array_equal(pool.decode(data, *LIMITS[:3], 0), first)
+        assert len(pool._workers) == 1  # the same worker again, its slot back in place
+    finally:
+        pool.close()
