@@ -243,6 +243,13 @@ class GalleryUnavailable(FacegateError):
     code, status = "gallery_unavailable", 503
 
 
+class ExtraNotInstalled(GalleryUnavailable):
+    """The gallery's settings need an optional extra (the PostgreSQL driver, Milvus' client) this
+    installation lacks: unavailable until it is installed, so start-up does not try again."""
+
+    code = "extra_not_installed"
+
+
 class DuplicatesUnavailable(FacegateError):
     """GET /gallery/duplicates on a gallery that keeps no open-set guard and is too large to score
     per request, or whose guard lists a sample of its faces asked for every pair, or for a subject of

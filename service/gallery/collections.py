@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from service.core.errors import FacegateError, GalleryLoading, GalleryUnavailable
+from service.core.errors import ExtraNotInstalled, FacegateError, GalleryLoading, GalleryUnavailable
 from service.gallery.collection_names import DEFAULT
 from service.gallery.interface import GalleryStore
 from service.gallery.recall import RecallCheck
@@ -81,7 +81,7 @@ class Collections:
                 return self.get(name)
             except GalleryUnavailable as exc:
                 delay = min(START_RETRY_CAP, START_RETRY_FIRST * 2**attempt)
-                if time.monotonic() + delay > deadline:
+                if isinstance(exc, ExtraNotInstalled) or time.monotonic() + delay > deadline:
                     raise
                 log.warning("collection %r could not be opened (%s): trying again in %.1f s", name, exc.message, delay)
                 time.sleep(delay)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from service.core.errors import GalleryUnavailable
+from service.core.errors import ExtraNotInstalled
 from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
 from service.gallery.collection_names import DEFAULT, folder
@@ -32,7 +32,7 @@ def open_gallery(
     built after it returns (searches 503 gallery_loading meanwhile). `connections`: PostgreSQL's pool
     and listener every collection of the server shares (`shared_connections`)."""
     if missing := missing_extra(settings):
-        raise GalleryUnavailable(missing)
+        raise ExtraNotInstalled(missing)
     if settings.database_url.get_secret_value():
         return open_postgres(settings, embedder, searchable, background, collection, connections)
     from service.gallery.sqlite import SqliteGallery
@@ -83,7 +83,7 @@ def database_url(settings: Settings) -> str:
     try:
         from psycopg.conninfo import make_conninfo  # psycopg is needed only here
     except ImportError:
-        raise GalleryUnavailable(POSTGRES_EXTRA_MISSING) from None
+        raise ExtraNotInstalled(POSTGRES_EXTRA_MISSING) from None
     url = settings.database_url.get_secret_value()
     if settings.database_password_file is not None:
         url = make_conninfo(url, password=settings.database_password_file.read_text().rstrip("\r\n"))

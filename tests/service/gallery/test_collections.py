@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.core.errors import GalleryLoading, GalleryUnavailable, InvalidParameters
+from service.core.errors import ExtraNotInstalled, GalleryLoading, GalleryUnavailable, InvalidParameters
 from service.gallery.collections import Collections
+from service.gallery.extras import POSTGRES_EXTRA_MISSING
 from tests.polling import wait_until
 
 
@@ -87,6 +88,10 @@ def test_start_up_raises_a_lasting_fault_after_its_retries_and_any_other_error_a
     assert 2 <= opener.calls < 100
     opener = FailingOpener(InvalidParameters("this gallery was made by another embedder"))  # a lasting fault, not the server's
     with pytest.raises(InvalidParameters):
+        Collections(opener).open("home", retry_for=10)
+    assert opener.calls == 1
+    opener = FailingOpener(ExtraNotInstalled(POSTGRES_EXTRA_MISSING))  # a 503 too, that no retry can mend
+    with pytest.raises(ExtraNotInstalled):
         Collections(opener).open("home", retry_for=10)
     assert opener.calls == 1
 
