@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
-import onnxruntime as ort
 
 from service.core.batch_shapes import BatchShapes
 from service.core.models.manifest import Manifest
+
+if TYPE_CHECKING:  # a session is given: the process that runs none (an HTTP worker under a model host) never imports it
+    import onnxruntime as ort
 
 STRIDES = (8, 16, 32)
 CANDIDATE = 15  # columns of a candidate detection: score, box x y w h, five landmarks x y

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from service.core.batch_shapes import BatchShapes
 from service.core.models.manifest import EmbedderKey, InputSpec, Manifest
+
+if TYPE_CHECKING:  # a session is given: the process that runs none (an HTTP worker under a model host) never imports it
+    import onnxruntime as ort
 
 
 def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:

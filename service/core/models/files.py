@@ -21,17 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO
-
-import onnx
-import onnxruntime as ort
+from typing import IO, TYPE_CHECKING
 
 from service.core.errors import ModelError
 from service.core.fileio import replacing, sha256_file
 from service.core.models.in_graph import uint8_nhwc_input
 from service.core.models.manifest import ImportSource, Manifest
 from service.core.models.providers import CPU, Runtime, create_session
-from service.core.models.rebatch import free_batch, free_size, same_outputs, scales_with_area
+
+if TYPE_CHECKING:  # onnx and onnxruntime are imported where a model is loaded: an HTTP worker under a model host loads none (34 MiB)
+    import onnxruntime as ort
 
 log = logging.getLogger("facegate.models")
 
@@ -158,6 +157,8 @@ def convert(source: ImportSource, weights: Path, manifest_dir: Path | None = Non
 def version_note(manifest: Manifest) -> str:
     """Why this machine cannot make a quantized model's pinned bytes, or "": onnxruntime's quantizer
     writes its version into the file, so only the version that made the pinned bytes makes them."""
+    import onnxruntime as ort
+
     source = manifest.file.source
     if source is None or source.quantization is None or ort.__version__ == source.quantization.onnxruntime:
         return ""
@@ -302,6 +303,8 @@ def load_model(
         data, checked = _free_dims(manifest, data, create_session(data, on_cpu) if on_gpu else session, on_cpu, free_batch_dim, free_sizes)
         session = session if on_gpu else checked
     if wrap and feed_color is not None:
+        import onnx
+
         data = uint8_nhwc_input(onnx.load_from_string(data), manifest.input, feed_color).SerializeToString()
     if on_gpu and data is not original:
         session = create_session(data, runtime)
@@ -316,6 +319,8 @@ def _free_dims(
     holds is a property of the graph, checked where kernels are exact: a GPU's kernels differ between
     batch sizes by more than any fixed tolerance on raw tensors (their detections do not:
     tests/service/test_engine.py)."""
+    from service.core.models.rebatch import free_batch, free_size, same_outputs, scales_with_area
+
     if batch and (graph := free_batch(data)) is not None:
         batched = create_session(graph, runtime)
         if same_outputs(session, batched):

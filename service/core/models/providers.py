@@ -9,11 +9,13 @@ import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-
-import onnxruntime as ort
+from typing import TYPE_CHECKING
 
 from service.core.cpus import available_cores
 from service.core.errors import ModelError
+
+if TYPE_CHECKING:  # imported where a session is made: an HTTP worker under a model host never needs it (19 MiB)
+    import onnxruntime as ort
 
 log = logging.getLogger("facegate.providers")
 
@@ -78,6 +80,8 @@ def select_providers(device: str = "auto", tensorrt: bool = False) -> tuple[str,
 
     `device="cuda"` makes a missing GPU a start-up error instead of a silent CPU fallback.
     """
+    import onnxruntime as ort
+
     offered = ort.get_available_providers()
     if device != "cpu" and CUDA in offered and cuda_device_count() > 0:
         if hasattr(ort, "preload_dlls"):
@@ -114,6 +118,8 @@ def provider_options(runtime: Runtime) -> list[tuple[str, dict[str, str]]]:
 
 
 def session_options(runtime: Runtime, gpu: bool = False) -> ort.SessionOptions:
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = runtime.threads(gpu)
@@ -133,6 +139,8 @@ def create_session(model: Path | bytes, runtime: Runtime | None = None) -> ort.I
         runtime.tensorrt_cache.mkdir(parents=True, exist_ok=True)
     source = model if isinstance(model, bytes) else str(model)
     gpu = chosen[0][0] != CPU
+    import onnxruntime as ort
+
     try:
         session = ort.InferenceSession(
             source, sess_options=session_options(runtime, gpu), providers=[n for n, _ in chosen], provider_options=[o for _, o in chosen]

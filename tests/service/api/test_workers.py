@@ -257,11 +257,16 @@ def test_a_killed_worker_is_forked_again_and_its_decoders_go(workers_server):
 def test_serves_own_process_loads_no_model_or_gallery_library(workers_server):
     """`facegate serve` beside its workers and model host only supervises: it maps none of NumPy,
     OpenCV, FAISS or onnxruntime (its check of the stores' extras once imported them all, and the
-    arenas' sweep NumPy: 70 MiB of private memory it never used)."""
+    arenas' sweep NumPy: 70 MiB of private memory it never used). Its workers, whose models run in
+    the host, map neither onnx nor onnxruntime, after a search either (their model loading imported
+    both: 34 MiB a process)."""
     if not sys.platform.startswith("linux"):
         need("LINUX_ROOT", "reads the process's mappings from /proc")
-    for client in one_client_per_worker(workers_server.url).values():  # every worker ready: the parent's start-up is done
+    for pid, client in one_client_per_worker(workers_server.url).items():  # every worker ready: the parent's start-up is done
+        assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200
         client.close()
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert sorted(name for name in ("onnx_cpp2py", "onnxruntime") if name in maps) == [], pid
     maps = Path(f"/proc/{workers_server.process.pid}/maps").read_text()
     assert sorted(name for name in ("_multiarray_umath", "cv2", "libfaiss", "onnxruntime") if name in maps) == []
 

@@ -16,8 +16,8 @@ def _fresh_selection():
 
 def _offer(monkeypatch, offered, gpus=1):
     monkeypatch.setattr(providers, "cuda_device_count", lambda: gpus)
-    monkeypatch.setattr(providers.ort, "get_available_providers", lambda: list(offered))
-    monkeypatch.setattr(providers.ort, "preload_dlls", lambda *a, **k: None, raising=False)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: list(offered))
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: None, raising=False)
 
 
 def test_cpu_only_host_gets_the_cpu_provider(monkeypatch):
