@@ -287,17 +287,28 @@ class DecodeWorkers:
         return image
 
     def give_back(self) -> None:
-        """Empty the buffers of the idle workers: each keeps the pages of its last images resident
-        (up to KEEP_RESIDENT, 32 MiB a worker after a 12-megapixel photo) for the next; once the
-        process is idle (`heap.IdleTrim`) they are given back. A job meanwhile waits for its worker."""
+        """What the idle workers hold, given back once the process is idle (`heap.IdleTrim`): the last
+        used keeps running, its buffer emptied (a worker keeps the pages of its last images resident,
+        up to KEEP_RESIDENT: 32 MiB after a 12-megapixel photo); the others stop, each slot starting a
+        worker again when a burst needs it (5-15 ms, from the forkserver). A job meanwhile waits for
+        its worker."""
         idle = []
         with suppress(queue.Empty):
             while True:
                 idle.append(self._idle.get_nowait())
+        kept = False
         try:
-            for worker in idle:
-                if worker is not None:
+            for at, worker in enumerate(idle):  # the last used first
+                if worker is None:
+                    continue
+                if not kept:
                     worker.empty()
+                    kept = True
+                    continue
+                with self._lock:
+                    self._workers.discard(worker)
+                worker.kill()
+                idle[at] = None
         finally:
             for worker in reversed(idle):  # the order they were in: the last used is taken first
                 self._idle.put(worker)

@@ -236,17 +236,29 @@ def _buffers_resident_mib() -> float:
     return resident / 1024
 
 
-def test_the_idle_workers_buffers_are_given_back_and_decode_as_before():
+def test_at_rest_one_worker_is_kept_its_buffer_emptied_and_decodes_as_before():
     """A worker keeps its buffer's pages for the next image (up to KEEP_RESIDENT); `give_back` (run
-    when the process is idle) empties the idle workers' buffers, and the next decode is the same."""
+    when the process is idle) stops every idle worker but the last used and empties its buffer; the
+    next decode is the same, and a burst starts the others again."""
     pool = DecodeWorkers(2, 1024, 30.0, *LIMITS[:2])
     try:
+        first, second = pool._checkout(None), pool._checkout(None)  # both slots' workers started
+        pool._checkin(first)
+        pool._checkin(second)
         data = cv2.imencode(".png", _photo(2000, 1500))[1].tobytes()
-        first = pool.decode(data, *LIMITS[:3], 0)
+        decoded = pool.decode(data, *LIMITS[:3], 0)  # by the last used, `second`
         assert _buffers_resident_mib() >= 8  # 9 MB of pixels, kept
         pool.give_back()
         assert _buffers_resident_mib() < 1
-        assert np.array_equal(pool.decode(data, *LIMITS[:3], 0), first)
-        assert len(pool._workers) == 1  # the same worker again, its slot back in place
+        assert pool._workers == {second} and not first.process.is_alive()
+        assert np.array_equal(pool.decode(data, *LIMITS[:3], 0), decoded)
+        assert pool._workers == {second}  # the same worker again, its slot back in place
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(pool.decode(data, *LIMITS[:3], 0).shape)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [decoded.shape] * 4 and 1 <= len(pool._workers) <= 2
     finally:
         pool.close()
