@@ -103,7 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics(hosted_models=settings.model_host is not None)
     keys = ApiKeys.from_settings(settings)
     access_log.install()
-    idle = IdleTrim()
+    idle = IdleTrim(settings.idle_trim_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

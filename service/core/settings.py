@@ -301,6 +301,12 @@ class Settings(BaseSettings):
         "load balancer: a connection refused is retried elsewhere, a warm-up 503 is not); /healthz then waits too.",
     )
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="How long a micro-batcher waits for more work after the first item.")
+    idle_trim_seconds: float = Field(
+        30.0,
+        ge=0.0,
+        description="Seconds without work after which each process gives back the memory its last burst freed, and an HTTP process "
+        "its spare decoders (the next request pays its page faults again, about 10 ms); 0 = never.",
+    )
     workers: int = Field(
         1,
         ge=0,

@@ -118,7 +118,7 @@ def serve(conn: Connection, size: int, memory: int, quiet: float = QUIET) -> Non
     worked = False
     while True:
         try:
-            if worked and not conn.poll(quiet):
+            if worked and quiet and not conn.poll(quiet):
                 release_freed()
                 worked = False
             op, count, limits = conn.recv()
@@ -266,7 +266,9 @@ class DecodeWorkers:
     def for_settings(cls, settings: Settings) -> DecodeWorkers:
         """As many workers as the engine has threads (FACEGATE_WORKER_THREADS, else the usable cores)."""
         processes = settings.worker_threads or available_cores()
-        return cls(processes, settings.decode_memory_mb, settings.decode_timeout, settings.max_image_bytes, settings.max_image_pixels)
+        pool = cls(processes, settings.decode_memory_mb, settings.decode_timeout, settings.max_image_bytes, settings.max_image_pixels)
+        pool.quiet = settings.idle_trim_seconds
+        return pool
 
     def start(self) -> None:
         """Start one worker now (the forkserver with it), so that the first request does not wait for it."""

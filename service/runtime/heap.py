@@ -14,8 +14,8 @@ from contextlib import suppress
 
 log = logging.getLogger("facegate.heap")
 M_ARENA_MAX = -8  # glibc's malloc.h
-QUIET = 30.0  # seconds without work after which a process gives back the heap its work freed: a request after one
-# pays its page faults again (about 10 ms of a 60 ms /verify), so not one of a steady trickle
+QUIET = 30.0  # FACEGATE_IDLE_TRIM_SECONDS' default: a request after a trim pays its page faults again (about 10 ms of a
+# 60 ms /verify), so not one of a steady trickle
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -68,12 +68,12 @@ class IdleTrim:
     twice a 5-megapixel photo's): at rest after 30 /verify, the processes of `--workers 3` held 90 MiB
     of the last burst's images and model buffers (675 -> 583 MiB, the model host 238 -> 168). A fixed
     mmap threshold gives each back as it is freed, and cost 15-20 % of the req/s in page faults; this
-    trims once, when idle, and never while work goes on."""
+    trims once, when idle, and never while work goes on. `quiet` 0: never."""
 
     def __init__(self, quiet: float = QUIET):
         self.quiet = quiet
         self.work = 0  # bumped by each piece of work (a lost update only delays a trim)
-        self.also: list[Callable[[], None]] = []  # what else is given back at the same moments (the decoders' buffers)
+        self.also: list[Callable[[], None]] = []  # what else is given back at the same moments (the spare decoders)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -81,6 +81,8 @@ class IdleTrim:
         self.work += 1
 
     def start(self) -> None:
+        if not self.quiet:
+            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="facegate-idle-trim", daemon=True)
         self._thread.start()

@@ -104,7 +104,7 @@ class ModelHost:
             self.local = LocalModels(settings, FacePipeline(settings, self.models), self.metrics, executor=None)
             self.local.start_warm_up(self._warmed)
         self._workers: set[_Worker] = set()
-        self.idle = IdleTrim()  # the batches' buffers given back once the workers stop sending
+        self.idle = IdleTrim(settings.idle_trim_seconds)  # the batches' buffers given back once the workers stop sending
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self.listener = Listener(str(folder / SOCKET), family="AF_UNIX")

@@ -13,13 +13,14 @@ def test_every_request_is_noted_as_work_and_the_trim_runs_while_the_app_does(api
     made: list[IdleTrim] = []
 
     class Recorded(IdleTrim):
-        def __init__(self) -> None:
-            super().__init__()
+        def __init__(self, quiet: float) -> None:
+            super().__init__(quiet)
             made.append(self)
 
     monkeypatch.setattr(app_module, "IdleTrim", Recorded)
     with started_client(api_settings) as client:
         (idle,) = made
+        assert idle.quiet == api_settings.idle_trim_seconds == 30  # FACEGATE_IDLE_TRIM_SECONDS
         assert idle._thread is not None and idle._thread.is_alive()
         assert [action.__func__ for action in idle.also] == [DecodeWorkers.give_back]  # the decoders' buffers too
         before = idle.work

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from service.runtime import heap
 from tests.conftest import REPO
 
 ARENAS = """
@@ -80,3 +81,11 @@ def test_the_heap_a_burst_freed_is_given_back_once_work_stops_and_not_while_it_g
     idle trim gives it back a quiet period after the last work, never while work is noted."""
     assert given_back("busy") < 2
     assert given_back("idle") >= 14
+
+
+def test_a_quiet_period_of_0_never_trims():
+    """FACEGATE_IDLE_TRIM_SECONDS=0: no trim thread at all."""
+    idle = heap.IdleTrim(0)
+    idle.start()
+    assert idle._thread is None
+    idle.stop()
