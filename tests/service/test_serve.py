@@ -38,7 +38,10 @@ def serve(monkeypatch):
         result = CliRunner().invoke(cli.app, ["serve", *args, *port])
         return result, calls[-1] if calls else None
 
+    saved = dict(os.environ)
     yield run
+    os.environ.clear()  # what `facegate serve` sets for its workers (FACEGATE_WORKERS, FACEGATE_READY_WORKERS_DIR…) ends here
+    os.environ.update(saved)
     get_settings.cache_clear()
 
 
