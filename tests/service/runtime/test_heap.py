@@ -54,17 +54,21 @@ libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 def resident(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 libc.free(libc.malloc(20 << 20))  # mapped on its own, and freed: glibc's thresholds follow it (trim at 40 MiB)
-idle = heap.IdleTrim(quiet=0.1)
+idle = heap.IdleTrim(quiet=0.5)
 idle.start()
 block = libc.malloc(16 << 20)  # from the heap now
 ctypes.memset(block, 1, 16 << 20)
 idle.note()
 libc.free(block)  # its pages stay in the heap: under the trim threshold
 before = resident()
-for _ in range(10 if sys.argv[1] == "busy" else 0):
-    idle.note()
-    time.sleep(0.05)
-time.sleep(0 if sys.argv[1] == "busy" else 0.5)
+if sys.argv[1] == "busy":  # work noted every 0.05 s for 2 s: never a quiet period
+    for _ in range(40):
+        idle.note()
+        time.sleep(0.05)
+else:  # idle: given back within one or two periods (waited for up to 10 s on a loaded machine)
+    deadline = time.monotonic() + 10
+    while before - resident() < 14 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
 print((before - resident()) >> 20)
 idle.stop()
 """
