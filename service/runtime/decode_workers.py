@@ -43,7 +43,7 @@ from service.core import errors
 from service.core.cpus import available_cores
 from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
-from service.runtime.heap import QUIET, release_freed
+from service.runtime.heap import release_freed
 
 if TYPE_CHECKING:  # not imported at run time: pydantic's settings would add ~13 MB to every decoder (docs/benchmarks.md)
     from service.core.settings import Settings
@@ -103,11 +103,12 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
-def serve(conn: Connection, size: int, memory: int, quiet: float = QUIET) -> None:
+def serve(conn: Connection, size: int, memory: int) -> None:
     """A worker: creates its shared buffer and hands it to the parent, then answers jobs (op, byte
     count, limits) until the connection closes: ("probe", Probe), ("image", shape) with the pixels
-    in the buffer, or ("error", class name, message). Once no job came for `quiet` seconds it gives
-    back the heap the last ones freed (a photo's pixels, kept by glibc below twice the largest)."""
+    in the buffer, or ("error", class name, message); and "trim", the pool at rest
+    (`DecodeWorkers.give_back`): the heap its last images freed given back (glibc keeps a photo's
+    pixels below twice the largest block freed), answered ("trimmed",)."""
     fd = _shared_file()
     os.ftruncate(fd, size)
     buffer = mmap.mmap(fd, size)
@@ -115,17 +116,16 @@ def serve(conn: Connection, size: int, memory: int, quiet: float = QUIET) -> Non
     os.close(fd)
     cv2.setNumThreads(1)  # one image at a time per process: the pool is the parallelism
     _limit_memory(memory)
-    worked = False
     while True:
         try:
-            if worked and quiet and not conn.poll(quiet):
-                release_freed()
-                worked = False
             op, count, limits = conn.recv()
         except (EOFError, OSError):
             return
-        conn.send(_job(buffer, op, count, limits, memory))
-        worked = True
+        if op == "trim":
+            release_freed()
+            conn.send(("trimmed",))
+        else:
+            conn.send(_job(buffer, op, count, limits, memory))
 
 
 def _job(buffer: mmap.mmap, op: str, count: int, limits: Limits, memory: int) -> tuple[Any, ...]:
@@ -153,9 +153,9 @@ def _job(buffer: mmap.mmap, op: str, count: int, limits: Limits, memory: int) ->
 
 
 class _Worker:
-    def __init__(self, context: Any, size: int, memory: int, quiet: float):
+    def __init__(self, context: Any, size: int, memory: int):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, size, memory, quiet), name="facegate-decode", daemon=True)
+        self.process = context.Process(target=serve, args=(child, size, memory), name="facegate-decode", daemon=True)
         self.process.start()
         child.close()
         self.buffer: mmap.mmap | None = None
@@ -229,10 +229,15 @@ class _Worker:
             self.buffer.madvise(mmap.MADV_REMOVE, KEEP_RESIDENT, len(self.buffer) - KEEP_RESIDENT)
         self.used = 0
 
-    def empty(self) -> None:
-        """Give back every page of the buffer (an idle worker's: no job reads or writes it)."""
+    def rest(self) -> None:
+        """An idle worker's memory given back: every page of its buffer (no job reads or writes it) and
+        the heap its last images freed (the worker trims, answering within START_TIMEOUT)."""
         if self.buffer is not None and hasattr(mmap, "MADV_REMOVE"):
             self.buffer.madvise(mmap.MADV_REMOVE, 0, len(self.buffer))
+        self.conn.send(("trim", 0, None))
+        if not self.conn.poll(START_TIMEOUT):
+            raise TimeoutError(f"a decode worker did not trim within {START_TIMEOUT:g} s")
+        self.conn.recv()
 
     def kill(self) -> None:
         """Stop the process and free its buffer (again: a no-op)."""
@@ -248,7 +253,6 @@ class DecodeWorkers:
         """Up to `processes` workers, each able to take an image of `max_bytes` and decode one of
         `max_pixels` (the limits its jobs are given must not exceed these)."""
         self.timeout = timeout
-        self.quiet = QUIET  # seconds without a job after which a worker gives its freed heap back
         self.memory = memory_mb * MB
         self.size = -(-max(max_bytes, 3 * max_pixels) // mmap.PAGESIZE) * mmap.PAGESIZE
         methods = multiprocessing.get_all_start_methods()
@@ -266,9 +270,7 @@ class DecodeWorkers:
     def for_settings(cls, settings: Settings) -> DecodeWorkers:
         """As many workers as the engine has threads (FACEGATE_WORKER_THREADS, else the usable cores)."""
         processes = settings.worker_threads or available_cores()
-        pool = cls(processes, settings.decode_memory_mb, settings.decode_timeout, settings.max_image_bytes, settings.max_image_pixels)
-        pool.quiet = settings.idle_trim_seconds
-        return pool
+        return cls(processes, settings.decode_memory_mb, settings.decode_timeout, settings.max_image_bytes, settings.max_image_pixels)
 
     def start(self) -> None:
         """Start one worker now (the forkserver with it), so that the first request does not wait for it."""
@@ -291,9 +293,9 @@ class DecodeWorkers:
     def give_back(self) -> None:
         """What the idle workers hold, given back once the process is idle (`heap.IdleTrim`): the last
         used keeps running, its buffer emptied (a worker keeps the pages of its last images resident,
-        up to KEEP_RESIDENT: 32 MiB after a 12-megapixel photo); the others stop, each slot starting a
-        worker again when a burst needs it (5-15 ms, from the forkserver). A job meanwhile waits for
-        its worker."""
+        up to KEEP_RESIDENT: 32 MiB after a 12-megapixel photo) and its heap trimmed (`_Worker.rest`);
+        the others stop, each slot starting a worker again when a burst needs it (5-15 ms, from the
+        forkserver). A job meanwhile waits for its worker."""
         idle = []
         with suppress(queue.Empty):
             while True:
@@ -304,9 +306,12 @@ class DecodeWorkers:
                 if worker is None:
                     continue
                 if not kept:
-                    worker.empty()
-                    kept = True
-                    continue
+                    try:
+                        worker.rest()
+                        kept = True
+                        continue
+                    except (OSError, EOFError):  # dead or hung (TimeoutError): stopped with the others
+                        pass
                 with self._lock:
                     self._workers.discard(worker)
                 worker.kill()
@@ -351,7 +356,7 @@ class DecodeWorkers:
         try:
             if self._closed:
                 raise RuntimeError("the decode workers are closed")
-            worker = _Worker(self._context, self.size, self.memory, self.quiet)
+            worker = _Worker(self._context, self.size, self.memory)
         except BaseException:
             self._idle.put(None)
             raise

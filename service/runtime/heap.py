@@ -65,7 +65,7 @@ def fewer_arenas_here_and_in_children(most: int = 2) -> None:
 class IdleTrim:
     """Gives back the heap a burst of work freed (`release_freed`) once the work stops for `quiet`
     seconds. glibc keeps a freed image in its heap (its trim threshold follows the largest block freed:
-    twice a 5-megapixel photo's): at rest after 30 /verify, the processes of `--workers 3` held 90 MiB
+    twice a 1.7-megapixel photo's 4.9 MiB): at rest after 30 /verify, the processes of `--workers 3` held 90 MiB
     of the last burst's images and model buffers (675 -> 583 MiB, the model host 238 -> 168). A fixed
     mmap threshold gives each back as it is freed, and cost 15-20 % of the req/s in page faults; this
     trims once, when idle, and never while work goes on. `quiet` 0: never."""
