@@ -1,5 +1,5 @@
 """Small galleries, where most homes are (issue 46): the same seeded draws decided three ways (four
-with --best-face).
+with --best-face, five with --options).
 
 Per row, --galleries random galleries of N LFW people enrolled by f random photos each (people with
 more photos than f), each enrolled person probing with another photo, and --strangers one-photo
@@ -9,7 +9,8 @@ FPIR 1e-2 and 1e-3 for the gallery's shape (`decide_search`): as it decided befo
 with --best-face a manifest whose cosine rows hold best faces (the one before the mean's rows, e.g.
 `git show 27f25da~1:models/dlib-resnet-v1.json`), and as the manifest decides now (the best cosine
 below its cosine_below subjects, each subject scored against the template the decision names,
-`Decision.template`: its best face or its faces' mean, `mean_template`, as /identify re-scores it). It prints the
+`Decision.template`: its best face, or its faces' mean unless its best face says more,
+`on_templates`, as /identify re-scores it). It prints the
 people found and the strangers matched, and the CompreFace similarity the compatibility routes
 would return (genuine at or above 0.6 and 0.9, strangers at or above 0.4; and at 0.4 with the
 decision's rate alone, without the cosine's floor below the decision), as a Markdown table.
@@ -17,10 +18,9 @@ decision's rate alone, without the cosine's floor below the decision), as a Mark
     FACEGATE_MODEL_CACHE=../shared/models PYTHONPATH=. .venv/bin/python benchmarks/small_galleries.py \\
         --images ../shared/data/lfw --cache /tmp/lfw-dlib.npz [--sizes 1,2,3,5,9,30] [--faces 1,3,5]
 
---options decides two more ways beside (issue 46's ten photos per subject, docs/api.md): the mean's
+--options decides one more way beside (issue 46's ten photos per subject, docs/api.md): the mean's
 rows read no further than their 5-face table ("5-face rows": what recalibrated 10-face rows as
-strict as the 5-face ones would decide), and "either" (`either_row`): a match where the mean's rows
-say so, else where the rule before the margin score does.
+strict as the 5-face ones would decide).
 
 --flip decides on flip-averaged embeddings (each face's and its mirror's, summed): the tables were
 calibrated without it, so only the oracle columns (the threshold fitted to these strangers) compare.
@@ -36,7 +36,7 @@ import numpy as np
 
 from benchmarks.bench import machine_lines
 from benchmarks.open_set_variants import embeddings
-from service.core.decision import decide_search, search_rate
+from service.core.decision import Decision, decide_search, search_rate
 from service.core.models.manifest import Manifest
 from service.core.open_set import GalleryShape, K, margin_scores, mean_template
 
@@ -84,6 +84,7 @@ def scores(emb, labels, size, faces, galleries, strangers, seed):
                     subject = np.einsum("pd,nfd->pnf", rows, gallery).max(axis=2)  # each subject's best face
                 top = -np.sort(-subject, axis=1)[:, : K + 1]
                 prefix = "g" if genuine else "s"
+                out.setdefault(f"{prefix}_subjects {template}", []).append(subject)  # every subject's, for `on_templates`
                 faces_of_best = np.einsum("pd,pfd->pf", rows, gallery[np.argmax(subject, axis=1)]).max(axis=1)
                 out.setdefault(f"{prefix}_face {template}", []).append(faces_of_best)  # the best subject's best face
                 out.setdefault(f"{prefix}_cos {template}", []).append(top[:, 0])
@@ -111,6 +112,18 @@ def similarity(rate: np.ndarray) -> np.ndarray:
     return np.clip(np.log10(rate) / (2 * math.log10(0.01)), 0, 1)
 
 
+def on_templates(decision: Decision, s: dict, p: str, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """As /identify scores a gallery on the mean's rows (`on_means`): each subject on its mean, or on
+    its best face where that says more (`Decision.on_mean_scale`), the best of them named. For genuine
+    ("g") or stranger ("s") probes: the named subject's score, whether it is the probe's own (probe i
+    of a gallery is its subject i), its best face's cosine and its mean's."""
+    means, faces = s[f"{p}_subjects mean"], s[f"{p}_subjects best_face"]
+    scored = np.maximum(means, decision.on_mean_scale(faces))
+    named, rows = np.argmax(scored, axis=1), np.arange(len(scored))
+    own = np.tile(np.arange(size), len(scored) // size) if p == "g" else np.full(len(scored), -1)
+    return scored[rows, named], named == own, faces[rows, named], means[rows, named]
+
+
 def row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
     shape = GalleryShape(size, size * faces)
     decided = {q: decide_search(manifest, q, None, None, shape, 0.01) for q in RATES}
@@ -118,6 +131,10 @@ def row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
     kind = "margin" if default.score == "margin" else "cos"
     template = default.template  # what /identify scores each subject against for this decision
     genuine, stranger, right = s[f"g_{kind} {template}"], s[f"s_{kind} {template}"], s[f"right {template}"]
+    g_cos, s_cos = s[f"g_face {template}"], s[f"s_face {template}"]  # the floor's cosine: the candidate's best face (Candidate.face_cosine)
+    g_mean = s_mean = None
+    if template == "mean":
+        (genuine, right, g_cos, g_mean), (stranger, _, s_cos, s_mean) = (on_templates(default, s, p, size) for p in "gs")
     out = {}
     for q, d in decided.items():
         out[f"found {q:g}"] = float((right & (genuine >= d.threshold)).mean())
@@ -125,57 +142,19 @@ def row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
         out[f"oracle {q:g}"] = float((right & (genuine > np.quantile(stranger, 1 - q, method="higher"))).mean())
     rate = rate_of(manifest, shape)
 
-    def compat(x: np.ndarray, cosine: np.ndarray, floor: bool = True) -> np.ndarray:
-        """search_similarity: the decision's rate, below its threshold no lower than the cosine's over the faces searched."""
+    def compat(x: np.ndarray, cosine: np.ndarray, mean: np.ndarray | None, floor: bool = True) -> np.ndarray:
+        """search_similarity: the decision's rate, below its threshold no lower than the best face's
+        cosine's over the faces searched, nor the mean's (where the best face scored it)."""
         r = rate(x)
         if floor and default.margin is not None:
-            r = np.where(x < default.threshold, np.maximum(r, cosine_rate(manifest, cosine, shape.faces)), r)
+            below = np.maximum(r, cosine_rate(manifest, cosine, shape.faces))
+            r = np.where(x < default.threshold, below if mean is None else np.maximum(below, rate(mean)), r)
         return similarity(r)
 
-    g_cos, s_cos = s[f"g_face {template}"], s[f"s_face {template}"]  # the floor's cosine: the candidate's best face (Candidate.face_cosine)
-    out["genuine ≥ 0.6"] = float((right & (compat(genuine, g_cos) >= 0.6)).mean())
-    out["genuine ≥ 0.9"] = float((right & (compat(genuine, g_cos) >= 0.9)).mean())
-    out["strangers ≥ 0.4"] = float((compat(stranger, s_cos) >= 0.4).mean())
-    out["strangers ≥ 0.4, the decision's rate alone"] = float((compat(stranger, s_cos, floor=False) >= 0.4).mean())
-    return out
-
-
-def either_row(manifest: Manifest, s: dict, size: int, faces: int) -> dict[str, float]:
-    """--options' "either": the issue's fallback, a match where the mean's cosine rows say so, else
-    where the rule before the margin score does (the best face's cosine over the N·f faces). The
-    similarity is the lower of the two rates where either matches, the higher below (as now)."""
-    shape = GalleryShape(size, size * faces)
-    before = rules(manifest)["before"]
-    out: dict[str, float] = {}
-    for q in RATES:
-        mean, cosine = (decide_search(m, q, None, None, shape, 0.01).threshold for m in (manifest, before))
-        by_mean = s["g_cos mean"] >= mean
-        found = np.where(by_mean, s["right mean"], s["right best_face"] & (s["g_cos best_face"] >= cosine))
-        out[f"found {q:g}"] = float(found.mean())
-        out[f"strangers {q:g}"] = float(((s["s_cos mean"] >= mean) | (s["s_cos best_face"] >= cosine)).mean())
-        out[f"oracle {q:g}"] = math.nan  # two scores: no one threshold to fit
-    rate = rate_of(manifest, shape)
-
-    def compat(p: str) -> tuple[np.ndarray, np.ndarray]:
-        """(the named candidate is the right one, its similarity) for genuine ("g") or stranger ("s") probes."""
-        by_mean, by_face, by_cosine = (
-            rate(s[f"{p}_cos mean"]),
-            cosine_rate(manifest, s[f"{p}_face mean"], shape.faces),
-            cosine_rate(manifest, s[f"{p}_cos best_face"], shape.faces),
-        )
-        named_mean = (by_mean <= RATES[0]) | (by_cosine > RATES[0])  # the mean's top unless only the best face matches
-        r = np.where(
-            by_mean <= RATES[0], np.minimum(by_mean, by_face), np.where(by_cosine <= RATES[0], by_cosine, np.maximum(by_mean, by_face))
-        )
-        right = np.where(named_mean, s["right mean"], s["right best_face"]) if p == "g" else np.zeros(len(r), bool)
-        return right, similarity(r)
-
-    right, g = compat("g")
-    _, strangers = compat("s")
-    out["genuine ≥ 0.6"] = float((right & (g >= 0.6)).mean())
-    out["genuine ≥ 0.9"] = float((right & (g >= 0.9)).mean())
-    out["strangers ≥ 0.4"] = float((strangers >= 0.4).mean())
-    out["strangers ≥ 0.4, the decision's rate alone"] = math.nan
+    out["genuine ≥ 0.6"] = float((right & (compat(genuine, g_cos, g_mean) >= 0.6)).mean())
+    out["genuine ≥ 0.9"] = float((right & (compat(genuine, g_cos, g_mean) >= 0.9)).mean())
+    out["strangers ≥ 0.4"] = float((compat(stranger, s_cos, s_mean) >= 0.4).mean())
+    out["strangers ≥ 0.4, the decision's rate alone"] = float((compat(stranger, s_cos, s_mean, floor=False) >= 0.4).mean())
     return out
 
 
@@ -190,9 +169,7 @@ def main() -> None:
     parser.add_argument("--strangers", type=int, default=25, help="Stranger probes per gallery.")
     parser.add_argument("--best-face", type=Path, help="A manifest whose cosine rows hold best faces, decided beside (`best face`).")
     parser.add_argument("--flip", action="store_true", help="Flip-averaged embeddings (compare the oracle columns only).")
-    parser.add_argument(
-        "--options", action="store_true", help="Beside: the mean's rows read no further than 5 faces, and either rule (`either_row`)."
-    )
+    parser.add_argument("--options", action="store_true", help="Beside: the mean's rows read no further than 5 faces.")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     emb, flip, labels = embeddings(args.images, args.cache)
@@ -200,7 +177,7 @@ def main() -> None:
         emb = (emb + flip) / np.linalg.norm(emb + flip, axis=1, keepdims=True)
     manifest = Manifest.load(args.model)
     decided = rules(manifest, Manifest.load(args.best_face) if args.best_face else None, args.options)
-    names = [*decided, *(["either"] if args.options else [])]
+    names = list(decided)
     print("\n".join(machine_lines()))
     print(f"{args.images}: {args.galleries} galleries per row, {args.strangers} strangers each; values {' / '.join(names)}")
     columns = None
@@ -208,8 +185,6 @@ def main() -> None:
         for size in (int(n) for n in args.sizes.split(",")):
             s = scores(emb, labels, size, faces, args.galleries, args.strangers, args.seed)
             cells = {name: row(rule, s, size, faces) for name, rule in decided.items()}
-            if args.options:
-                cells["either"] = either_row(manifest, s, size, faces)
             if columns is None:
                 columns = list(cells["now"])
                 print("| f × N | " + " | ".join(columns) + " |\n| --- |" + " --- |" * len(columns))

@@ -10,10 +10,10 @@ score could do with a perfectly calibrated threshold, the ceiling of the calibra
 
 The decision is the service's: the margin score when the manifest has its open-set table (and no
 cohort is given; below its cosine_below subjects the best subject's cosine, against its faces' mean
-where the table's cosine rows are the mean's), AS-norm with a cohort, else the best cosine; `cosine_rows` repeat the cosine
-decision (what /identify did before the margin score) for comparison. `sizes` measure smaller
-galleries too, both ways: seeded draws of that many enrolled people, the others' photos joining the
-strangers.
+where the table's cosine rows are the mean's, or its best face where that says more), AS-norm with
+a cohort, else the best cosine; `cosine_rows` repeat the cosine decision (what /identify did before
+the margin score) for comparison. `sizes` measure smaller galleries too, both ways: seeded draws of
+that many enrolled people, the others' photos joining the strangers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.core.decision import decide_search
+from service.core.decision import Decision, decide_search
 from service.core.models.cohort import Cohort, as_norm
 from service.core.models.manifest import Manifest, Template
 from service.core.open_set import K, LeaveOneOut, margin_scores, mean_template
@@ -82,12 +82,16 @@ def best_subjects(
     cohort: Cohort | None = None,
     margin: bool = False,
     template: Template = "best_face",
+    decision: Decision | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each probe's best subject as the gallery ranks them (by its best face's cosine, or its mean's
-    with `template` "mean", as /identify re-scores them) and the score its FPIR decision holds: that
-    cosine, the margin score over the next K subjects (`margin`), or with a cohort its AS-norm score
-    (as `Decision.scores`)."""
+    with `template` "mean", as /identify re-scores them: with the `decision`, its best face's where
+    that says more, `Decision.on_mean_scale`) and the score its FPIR decision holds: that cosine, the
+    margin score over the next K subjects (`margin`), or with a cohort its AS-norm score (as
+    `Decision.scores`)."""
     cosines, subjects = subject_cosines(gallery, labels, probes, template)
+    if template == "mean" and decision is not None:
+        cosines = np.maximum(cosines, decision.on_mean_scale(subject_cosines(gallery, labels, probes)[0]))
     best = np.argmax(cosines, axis=1)
     cosine = cosines[np.arange(len(probes)), best]
     if margin:
@@ -111,8 +115,8 @@ def _rows(manifest, rates, gallery, labels, known, known_labels, strangers, defa
     shape = LeaveOneOut.build(np.arange(len(gallery)), [str(x) for x in labels], gallery).shape()
     decisions = [decide_search(manifest, rate, None, None, shape, default_fpir, cohort) for rate in rates]
     kind = decisions[0]
-    known_best, known_score = best_subjects(gallery, labels, known, kind.cohort, kind.score == "margin", kind.template)
-    _, stranger_score = best_subjects(gallery, labels, strangers, kind.cohort, kind.score == "margin", kind.template)
+    known_best, known_score = best_subjects(gallery, labels, known, kind.cohort, kind.score == "margin", kind.template, kind)
+    _, stranger_score = best_subjects(gallery, labels, strangers, kind.cohort, kind.score == "margin", kind.template, kind)
     correct = known_best == known_labels
     rows = []
     for rate, decision in zip(rates, decisions, strict=True):

@@ -88,7 +88,7 @@ class Service:
         mean's rows) their means, timed into facegate_gallery_search_seconds. With the identification's
         `decision`, the face is offered to the recall check's live sample."""
         with self.metrics.gallery_search.time():
-            found = templates.search(self.gallery, embedding, top_k, decision.template if decision else "best_face")
+            found = templates.search(self.gallery, embedding, top_k, decision)
         if decision is not None:
             self.recall.offer(embedding, decision)  # a seeded share, searched again exactly on the check's thread
         return found

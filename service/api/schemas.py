@@ -193,12 +193,14 @@ class CandidateOut(BaseModel):
     template: Template = Field(
         "best_face",
         description="What `similarity` is against: the subject's best face, or the mean of its faces (normalized), which a "
-        "small gallery is decided on when the model's cosine rows are calibrated for it.",
+        "small gallery is decided on when the model's cosine rows are calibrated for it; there `best_face` names a subject "
+        "whose best face says more than its mean (its `score` that face's on the mean's scale).",
     )
     score: float | None = Field(
         None,
         description="The number an FPIR decision holds this candidate to, on `threshold`'s scale (of the kind `score` names): "
-        "its cosine, or its margin or AS-norm score; the match is the best candidate when its score reaches `threshold`.",
+        "its cosine (on the mean's rows, a best face's as the mean's cosine of the same stranger rate), or its margin or "
+        "AS-norm score; the match is the best candidate when its score reaches `threshold`.",
     )
 
     @classmethod

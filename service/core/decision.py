@@ -58,7 +58,8 @@ class Candidate:
     face_id: int
     embedding: np.ndarray = field(repr=False, compare=False)  # the face's, for a cohort-normalized decision
     template: Template = "best_face"  # what `similarity` is against: the subject's best face (face_id), or its faces' mean
-    best_face: float | None = None  # with the mean, its best face's cosine still: the compatibility similarity's floor reads it
+    best_face: float | None = None  # scored on the mean's rows: its best face's cosine (the compat similarity's floor reads it)
+    mean: float | None = None  # scored on the mean's rows: its mean's cosine, whichever template decided it
 
     @property
     def face_similarity(self) -> float:
@@ -66,18 +67,30 @@ class Candidate:
         return self.similarity if self.best_face is None else self.best_face
 
 
-def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[[str], np.ndarray]) -> list[Candidate]:
-    """The candidates a search proposed by their best faces, each scored again against its subject's
-    mean template (`faces_of`: its faces' embeddings as the store has them now; a subject left with
-    none is dropped) and ranked by it, best first (of equal ones, the earlier proposed)."""
+def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[[str], np.ndarray], decision: Decision) -> list[Candidate]:
+    """The candidates a search proposed by their best faces, each scored again for a decision on the
+    mean's cosine rows (`faces_of`: its faces' embeddings as the store has them now; a subject left
+    with none is dropped): against its subject's mean template, or against its best face where that
+    says more (`Decision.on_mean_scale`: the rule before the margin score would match it at a rarer
+    stranger rate), and ranked by the decision's score, best first (of equal ones, the earlier proposed)."""
     probe = np.asarray(probe, np.float32).reshape(-1)
     scored = []
     for candidate in candidates:
         faces = faces_of(candidate.subject_id)
         if len(faces):
-            mean = float(mean_template(faces) @ probe)
-            scored.append(replace(candidate, similarity=mean, template="mean", best_face=candidate.face_similarity))
-    return sorted(scored, key=lambda c: -c.similarity)
+            mean, best = float(mean_template(faces) @ probe), candidate.face_similarity
+            by_face = float(decision.on_mean_scale(np.array(best))) > mean
+            scored.append(
+                replace(
+                    candidate,
+                    similarity=best if by_face else mean,
+                    template="best_face" if by_face else "mean",
+                    best_face=best,
+                    mean=mean,
+                )
+            )
+    scores = decision.scores(probe, scored)
+    return [scored[i] for i in sorted(range(len(scored)), key=lambda i: -scores[i])]
 
 
 @dataclass(frozen=True)
@@ -103,7 +116,7 @@ class Decision:
     extrapolated: bool = False  # the threshold comes from beyond the calibrated points (a fitted tail, a larger gallery)
     cohort: Cohort | None = None  # set when the threshold applies to AS-norm scores against it
     margin: Margin | None = field(default=None, compare=False)  # set when it applies to the margin score
-    curve: Manifest | None = field(default=None, compare=False, repr=False)  # the cosine curve a cosine FPIR decision read
+    curve: Manifest | None = field(default=None, compare=False, repr=False)  # the pair's cosine curve an FPIR decision reads
     warning: str | None = None  # why the decision is not at the rate asked for (the default FAR's fallback)
 
     @property
@@ -133,6 +146,28 @@ class Decision:
         """A cosine decision (an explicit far or threshold, /verify)."""
         return similarity >= self.threshold
 
+    def on_mean_scale(self, best_faces: np.ndarray) -> np.ndarray:
+        """Subjects' best faces' cosines as scores on the mean's cosine rows (a decision whose
+        `template` is "mean"), so that a subject matches where either rule says so: its mean's
+        cosine by those rows, or its best face by the rule before the margin score (the face's
+        calibrated FAR over the gallery's faces, 1 − (1 − FAR)^N, a stranger's chance of scoring as
+        high). Each is the mean's threshold at that rate (linear in log10 q between the rows' knots,
+        the strictest below them); −inf where the rate is above the rows' loosest or the face below
+        the pair curve's first point, or the model has no pair curve. A mean smooths away a probe
+        close to one enrolled photo and far from the others: on LFW's galleries of ten photos a
+        subject the mean alone found fewer people than the rule before (docs/api.md, "Ten photos")."""
+        best = np.asarray(best_faces, np.float64)
+        if self.template != "mean" or self.margin is None or self.curve is None:
+            return np.full(best.shape, -np.inf)
+        try:
+            fars, lowest = self.curve.fars_at(best), self.curve.threshold_at(1.0)  # the curve's first point
+        except KeyError:
+            return np.full(best.shape, -np.inf)
+        rates = -np.expm1((self.gallery_faces or 1) * np.log1p(-np.minimum(fars, 1 - 1e-12)))  # `search_rate`
+        logs, thresholds = self.margin.knots
+        at = np.log10(np.maximum(rates, 1e-300))
+        return np.where((at > logs[-1]) | (best < lowest), -np.inf, np.interp(at, logs, thresholds))
+
     def scores(self, probe: np.ndarray, candidates: list[Candidate]) -> np.ndarray:
         """What this decision holds to its threshold, per candidate (best first, as a search ranks
         them): the cosine; with a cohort the AS-norm score (the probe's cohort statistics computed
@@ -145,6 +180,9 @@ class Decision:
             return candidate_scores(cosines, self.margin.gallery.subjects)
         if self.cohort:
             return self.cohort.normalize(probe, np.stack([c.embedding for c in candidates]), cosines.astype(np.float32))
+        if self.template == "mean":  # a candidate decided by its best face, on the mean's scale
+            by_face = np.array([c.template == "best_face" and c.mean is not None for c in candidates])
+            return np.where(by_face, self.on_mean_scale(cosines), cosines)
         return cosines
 
     def rate(self, score: float) -> float:
@@ -241,6 +279,7 @@ def decide_search(
             gallery_faces=shape.faces,
             extrapolated=detail.extrapolated,
             margin=Margin(manifest.open_set, shape, detail),
+            curve=manifest,  # a best face's rate, where the decision reads the mean's rows (`on_mean_scale`)
         )
     return at_rate(manifest, rate, shape.faces, cohort)
 
@@ -264,9 +303,29 @@ def decide_subject(manifest: Manifest, far: float | str | None, threshold: float
             gallery_faces=faces,
             extrapolated=detail.extrapolated,
             margin=Margin(table, shape, detail),
+            curve=manifest,
             warning=decision.warning,
         )
-    return Decision(at_rate(manifest, float(decision.far), faces).threshold, decision.far, gallery_faces=faces, warning=decision.warning)
+    return each_face(manifest, decision.far, faces, decision.warning)
+
+
+def each_face(manifest: Manifest, far: str, faces: int, warning: str | None) -> Decision:
+    """/verify against a subject on its best face: each of its `faces` held to the per-comparison FAR
+    of that many tries at the subject's `far`."""
+    return Decision(at_rate(manifest, float(far), faces).threshold, far, gallery_faces=faces, warning=warning)
+
+
+def on_subject(decision: Decision, faces: np.ndarray, probe: np.ndarray) -> tuple[Decision, Template, float]:
+    """/verify against a subject of `faces` (`decide_subject`'s decision): the decision that holds, the
+    template it holds and the probe's cosine with it. On the mean's rows the subject's best face
+    decides instead where it says more (`Decision.on_mean_scale`), then held to `each_face`'s threshold."""
+    best = float(np.max(faces @ probe))
+    if decision.template != "mean":
+        return decision, "best_face", best
+    mean = float(mean_template(faces) @ probe)
+    if decision.curve is None or decision.far is None or float(decision.on_mean_scale(np.array(best))) <= mean:
+        return decision, "mean", mean
+    return each_face(decision.curve, decision.far, len(faces), decision.warning), "best_face", best
 
 
 def at_rate(manifest: Manifest, rate: float, faces: int, cohort: Cohort | None = None) -> Decision:

@@ -234,7 +234,7 @@ def _similarities(service: Service, decision: Decision, probe: np.ndarray, candi
     """Each candidate's calibrated similarity: the FPIR of the score the decision holds it to, 0.5 at the default."""
     anchor, manifest = service.settings.default_fpir, service.ready().manifest
     scores = decision.scores(probe, candidates)
-    return [search_similarity(decision, manifest, float(s), c.face_similarity, anchor) for s, c in zip(scores, candidates, strict=True)]
+    return [search_similarity(decision, manifest, float(s), c, anchor) for s, c in zip(scores, candidates, strict=True)]
 
 
 @router.post("/recognition/recognize", summary="CompreFace: recognize faces in an image")

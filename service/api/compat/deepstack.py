@@ -159,7 +159,7 @@ async def recognize(request: Request, service: ServiceDep) -> dict:
     for face in await _faces(service, data):
         best = await run_in_threadpool(service.search, face.embedding, decision.candidates_needed, decision)
         score = float(decision.scores(face.embedding, best)[0]) if best else -math.inf  # what the decision holds
-        confidence = search_similarity(decision, manifest, score, best[0].face_similarity, fpir) if best else 0.0
+        confidence = search_similarity(decision, manifest, score, best[0], fpir) if best else 0.0
         known = score >= decision.threshold and (floor is None or confidence >= floor)
         found.append((face, best[0].subject_id if known else None, confidence))
     names = await run_in_threadpool(subjects.labels, service.gallery, [owner for _, owner, _ in found if owner is not None])

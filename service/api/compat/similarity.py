@@ -24,15 +24,18 @@ are close to what LFW's strangers realize; the cosine's over several faces are p
 subject's faces are not independent tries), so the higher of the two shows a name below the match
 only where both say strangers rarely get it: on LFW's galleries of 1–9 subjects the table's rate
 alone named 1.2–1.6 times as many strangers at 0.4 as before the margin score, the higher of the
-two exactly as many (docs/compat.md). At and above the decision, where a client matches, the
-decision's rate alone: it finds more genuine faces at 0.6 than the cosine did.
+two exactly as many (docs/compat.md). A candidate a decision on the mean's rows scored on its best
+face (`Decision.on_mean_scale`: the rarer of its best face's and its mean's rates) is held below the
+decision to its mean's rate too, the higher of all, as before that rule. At and above the decision,
+where a client matches, the decision's rate alone: it finds more genuine faces at 0.6 than the
+cosine did.
 """
 
 from __future__ import annotations
 
 import math
 
-from service.core.decision import Decision, search_rate
+from service.core.decision import Candidate, Decision, search_rate
 from service.core.models.manifest import Manifest
 
 
@@ -43,13 +46,16 @@ def calibrated_similarity(rate: float, anchor: float) -> float:
     return round(min(1.0, max(0.0, math.log10(rate) / (2 * math.log10(anchor)))), 5)
 
 
-def search_similarity(decision: Decision, manifest: Manifest, score: float, cosine: float, anchor: float) -> float:
+def search_similarity(decision: Decision, manifest: Manifest, score: float, candidate: Candidate, anchor: float) -> float:
     """A search candidate's similarity: the rate of the `score` its decision holds it to, below the
-    decision's threshold no lower than its best face's `cosine`'s over the faces searched (see above)."""
+    decision's threshold no lower than its best face's cosine's over the faces searched, nor than its
+    mean's where the decision scored it on its best face (see above)."""
     rate = decision.rate(score)
     if decision.margin is not None and score < decision.threshold:
+        if candidate.mean is not None:
+            rate = max(rate, decision.rate(candidate.mean))
         try:
-            rate = max(rate, search_rate(manifest.far_at(cosine), decision.gallery_faces or 1))
+            rate = max(rate, search_rate(manifest.far_at(candidate.face_similarity), decision.gallery_faces or 1))
         except KeyError:  # no calibrated FAR curve: the table's rate alone
             pass
     return calibrated_similarity(rate, anchor)

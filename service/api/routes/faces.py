@@ -110,7 +110,7 @@ def possible_duplicate(service: Service, subject_id: str, embedding: np.ndarray)
         gallery = service.gallery.shape()
         others = GalleryShape(max(gallery.subjects - 1, 1), max(gallery.faces - 1, 1), gallery.tail)
         decision = decide_search(service.ready().manifest, None, None, None, others, service.settings.default_fpir, service.models.cohort)
-        searched = templates.search(service.gallery, embedding, decision.candidates_needed + 1, decision.template)
+        searched = templates.search(service.gallery, embedding, decision.candidates_needed + 1, decision)
         found = [c for c in searched if c.subject_id != subject_id]
     except FacegateError as exc:
         log.warning("enrollment into %s: no duplicate check (%s)", subject_id, exc.message)

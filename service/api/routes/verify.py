@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ServiceDep
 from service.api.requests import IMAGE, read_image_request, request_body
 from service.api.schemas import FaceOut, ModelOut, VerifyOptions, VerifyResponse, error_responses
-from service.core.decision import decide, decide_subject
+from service.core.decision import decide, decide_subject, on_subject
 from service.core.errors import FacegateError, InvalidParameters, NoEnrolledFaces
-from service.core.open_set import mean_template
 
 router = APIRouter(tags=["recognition"])
 
@@ -49,8 +47,7 @@ async def verify(request: Request, service: ServiceDep) -> VerifyResponse:
         subject_faces = len(enrolled)
         decision = decide_subject(manifest, options.far, options.threshold, service.settings.default_far, subject_faces)
         (probe,) = await engine.faces(images["image1"], options.aligned, policy)
-        template = decision.template
-        similarity = float(mean_template(enrolled) @ probe.embedding if template == "mean" else np.max(enrolled @ probe.embedding))
+        decision, template, similarity = on_subject(decision, enrolled, probe.embedding)
         faces = [FaceOut.of(probe.face)]
     else:
         # Both images run at once; when both fail, image1's error is the answer whichever failed first,

@@ -10,6 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from service.core.alignment import model_templates
@@ -341,6 +342,10 @@ class Manifest(StrictModel):
         """The calibrated per-comparison FAR of a cosine (see `far_at`)."""
         return far_at(self._curve(), similarity)
 
+    def fars_at(self, similarities: np.ndarray) -> np.ndarray:
+        """`far_at` of many cosines at once."""
+        return fars_at(self._curve(), similarities)
+
     def beyond_calibration(self, far: float) -> bool:
         """Whether a FAR lies below the calibrated points (its threshold comes from the fitted tail)."""
         return far < self._curve()[0][-1][0]
@@ -362,14 +367,17 @@ def threshold_at(curve: Curve, far: float) -> float:
 def far_at(curve: Curve, score: float) -> float:
     """The calibrated per-comparison FAR of a score (the inverse of threshold_at); the first
     point's FAR for any score at or below its threshold."""
+    return float(fars_at(curve, np.array([score]))[0])
+
+
+def fars_at(curve: Curve, scores: np.ndarray) -> np.ndarray:
+    """`far_at` of many scores at once: log-linear between the calibrated points, the fitted
+    exponential tail above the last one's threshold (no higher than its FAR)."""
     points, (f_tail, t_tail), slope = curve
-    if score <= points[0][1]:
-        return points[0][0]
-    for (fa, ta), (fb, tb) in pairwise(points):
-        if score <= tb:
-            share = (score - ta) / (tb - ta) if tb > ta else 1.0
-            return 10 ** (math.log10(fa) - share * (math.log10(fa) - math.log10(fb)))
-    return min(points[-1][0], 10 ** (math.log10(f_tail) - (score - t_tail) / slope))
+    thresholds, logs = np.array([t for _, t in points]), np.log10([f for f, _ in points])
+    scores = np.asarray(scores, np.float64)
+    tail = np.minimum(logs[-1], math.log10(f_tail) - (scores - t_tail) / slope)
+    return 10 ** np.where(scores <= thresholds[-1], np.interp(scores, thresholds, logs), tail)
 
 
 @dataclass(frozen=True)

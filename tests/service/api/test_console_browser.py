@@ -364,6 +364,14 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
         "import('./js/words.js').then((w) => done(w.candidateScore({ similarity: 0.9327, score: 0.9817 }, { score: 'margin' })));"
     )
     assert line == "margin score 0.9817", line
+    # Below 10 subjects a subject whose closest face says more than its mean is held as the mean's
+    # cosine of the same stranger rate: that number first (the threshold's scale), the face's beside it.
+    line = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('./js/words.js').then((w) => done(w.candidateScore("
+        "{ similarity: 0.9551, score: 0.9722, template: 'best_face' }, { score: 'cosine' })));"
+    )
+    assert line == "cosine similarity 0.9722 as a mean's (their closest face's own 0.9551)", line
     c.shot("identify")
 
     # Verify: the same person, then two people.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.core.decision import decide_search
+from service.core.decision import decide_search, decide_subject, on_subject, per_comparison_far
 from service.core.models.manifest import EmbedderKey, Manifest, OpenSetRows, OpenSetTable
 from service.gallery import templates
 from service.gallery.interface import NewFace
@@ -47,11 +47,17 @@ def gallery(tmp_path):
     g.close()
 
 
-def identify(gallery: SqliteGallery, template: str) -> tuple[list, bool, float]:
+def with_pair_curve(template: str) -> Manifest:
+    """`manifest(template)` with a pair's calibrated FARs too: 0.90 at 1e-2, 0.93 at 1e-3, 0.96 at 1e-4."""
+    return manifest(template).model_copy(update={"thresholds": {"1e-2": 0.90, "1e-3": 0.93, "1e-4": 0.96}})
+
+
+def identify(gallery: SqliteGallery, template: str | Manifest) -> tuple[list, bool, float]:
     """What /identify does: the decision for the gallery, the search for its template, the match."""
-    decision = decide_search(manifest(template), None, None, None, gallery.shape(), 0.01)
-    assert decision.template == template and decision.score == "cosine"
-    found = templates.search(gallery, PROBE, max(2, decision.candidates_needed), decision.template)  # top_k 2
+    model = manifest(template) if isinstance(template, str) else template
+    decision = decide_search(model, None, None, None, gallery.shape(), 0.01)
+    assert decision.template == model.open_set.cosine_template and decision.score == "cosine"
+    found = templates.search(gallery, PROBE, max(2, decision.candidates_needed), decision)  # top_k 2
     scores = decision.scores(PROBE, found)
     return found, bool(scores[0] >= decision.threshold), decision.threshold
 
@@ -83,3 +89,52 @@ def test_enrolling_and_deleting_change_the_mean(gallery):
     gallery.delete_subject("ann")
     found, _, _ = identify(gallery, "mean")
     assert [c.subject_id for c in found] == ["bob"]
+
+
+def test_a_subject_whose_best_face_says_more_than_its_mean_is_decided_on_that_face(gallery):
+    """Carol's one photo matches the probe closely (0.99), her other is poor (0.2): her mean (0.77)
+    is far below the rows' 0.95, but by the rule before the margin score her best face matches (its
+    FAR over the 5 faces about 5e-5, against 1e-2): she is found, scored on the mean's scale."""
+    gallery.create_subject("Carol", {}, "carol")
+    gallery.add_faces("carol", [NewFace(toward(0.99, 3)), NewFace(toward(0.2, 4))])
+    found, match, threshold = identify(gallery, "mean")  # no pair curve: the mean alone
+    carol = next(c for c in found if c.subject_id == "carol")
+    assert carol.template == "mean" and carol.similarity == pytest.approx(1.19 / np.sqrt(2.396), abs=1e-5)
+    assert found[0].subject_id == "ann" and found[0].template == "mean"
+    model = with_pair_curve("mean")
+    decision = decide_search(model, None, None, None, gallery.shape(), 0.01)
+    found = templates.search(gallery, PROBE, decision.candidates_needed, decision)
+    scores = decision.scores(PROBE, found)
+    assert [(c.subject_id, c.template) for c in found][0] == ("carol", "best_face")
+    assert found[0].similarity == pytest.approx(0.99, abs=1e-6) and found[0].mean == pytest.approx(carol.similarity, abs=1e-6)
+    assert scores[0] > 0.95 >= decision.threshold and list(scores) == sorted(scores, reverse=True)
+    # Bob's one face (0.94: FAR ~3e-4 over 5 faces, 1.5e-3) is found by the same rule, Ann's mean (1.0) needs none
+    assert {c.subject_id: c.template for c in found} == {"carol": "best_face", "ann": "mean", "bob": "best_face"}
+
+
+def test_a_best_face_the_rule_before_would_not_match_changes_nothing(gallery):
+    """A stranger's best face at 0.85 (below the pair's 1e-2 point): no score beside the mean's."""
+    gallery.create_subject("Dan", {}, "dan")
+    gallery.add_faces("dan", [NewFace(toward(0.85, 3)), NewFace(toward(0.2, 4))])
+    gallery.delete_subject("ann")
+    gallery.delete_subject("bob")
+    found, match, _ = identify(gallery, with_pair_curve("mean"))
+    assert [(c.subject_id, c.template) for c in found] == [("dan", "mean")] and not match
+
+
+def test_verify_against_a_subject_holds_the_template_that_decides_to_its_own_threshold():
+    """/verify against a subject (`on_subject`): the mean where it says more, held to the rows'
+    threshold; else the best face, held to the pair's threshold at the per-comparison FAR of k faces."""
+    model = with_pair_curve("mean")
+    decision = decide_subject(model, None, None, "1e-2", 2)
+    assert decision.template == "mean" and decision.threshold == pytest.approx(0.95)
+    close_and_poor = np.stack([toward(0.99, 3), toward(0.2, 4)])
+    held, template, similarity = on_subject(decision, close_and_poor, PROBE)
+    assert template == "best_face" and similarity == pytest.approx(0.99, abs=1e-6)
+    assert held.threshold == pytest.approx(model.threshold_at(per_comparison_far(0.01, 2)), abs=1e-6) and held.matches(similarity)
+    either_side = np.stack([toward(0.90, 1), toward(0.90, 1, -1.0)])
+    held, template, similarity = on_subject(decision, either_side, PROBE)
+    assert template == "mean" and held is decision and similarity == pytest.approx(1.0, abs=1e-6) and held.matches(similarity)
+    poor = np.stack([toward(0.85, 3), toward(0.2, 4)])  # its best face below the pair's curve: the mean, no match
+    held, template, similarity = on_subject(decision, poor, PROBE)
+    assert template == "mean" and held is decision and not held.matches(similarity)

@@ -43,11 +43,16 @@ export function scaleOf(result) {
 
 /** A candidate's number on the decision's own scale, the one its threshold applies to: a raw cosine
  * beside a margin score would read as below the threshold of a match (docs/console.md); a cosine says
- * what it is against when that is the mean of the subject's faces (a candidate's `template`). */
+ * what it is against when that is the mean of the subject's faces (a candidate's `template`). A
+ * subject whose closest face says more than its mean is held as the mean's cosine of the same
+ * stranger rate (its `score`): that number first, the face's own cosine beside it. */
 export function candidateScore(candidate, result) {
   const against = candidate.template === "mean" ? " with the mean of their faces" : "";
-  if (candidate.score === undefined || candidate.score === null || result.score === "cosine") return `cosine similarity${against} ${number(candidate.similarity, 4)}`;
-  return `${scaleOf(result)} ${number(candidate.score, 4)}`;
+  const cosine = `cosine similarity${against} ${number(candidate.similarity, 4)}`;
+  if (candidate.score === undefined || candidate.score === null) return cosine;
+  if (result.score !== "cosine") return `${scaleOf(result)} ${number(candidate.score, 4)}`;
+  if (Math.abs(candidate.score - candidate.similarity) < 5e-7) return cosine;
+  return `cosine similarity ${number(candidate.score, 4)} as a mean's (their closest face's own ${number(candidate.similarity, 4)})`;
 }
 
 /** One face's decision: its best candidate's number against the threshold, on one scale. */
