@@ -74,21 +74,18 @@ def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[
     says more (`Decision.on_mean_scale`: the rule before the margin score would match it at a rarer
     stranger rate), and ranked by the decision's score, best first (of equal ones, the earlier proposed)."""
     probe = np.asarray(probe, np.float32).reshape(-1)
-    scored = []
+    kept, means = [], []
     for candidate in candidates:
         faces = faces_of(candidate.subject_id)
         if len(faces):
-            mean, best = float(mean_template(faces) @ probe), candidate.face_similarity
-            by_face = float(decision.on_mean_scale(np.array(best))) > mean
-            scored.append(
-                replace(
-                    candidate,
-                    similarity=best if by_face else mean,
-                    template="best_face" if by_face else "mean",
-                    best_face=best,
-                    mean=mean,
-                )
-            )
+            kept.append(candidate)
+            means.append(float(mean_template(faces) @ probe))
+    bests = [c.face_similarity for c in kept]
+    by_face = decision.on_mean_scale(np.array(bests)) > np.array(means)  # one pass for all: a search's few subjects
+    scored = [
+        replace(c, similarity=b if f else m, template="best_face" if f else "mean", best_face=b, mean=m)
+        for c, m, b, f in zip(kept, means, bests, by_face, strict=True)
+    ]
     scores = decision.scores(probe, scored)
     return [scored[i] for i in sorted(range(len(scored)), key=lambda i: -scores[i])]
 
