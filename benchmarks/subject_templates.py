@@ -1,6 +1,6 @@
 """A subject's template in a small gallery (issue 46): its best face, the mean of its faces, or both.
 
-The decision below 10 subjects holds the best subject's cosine to cosine rows calibrated on people
+The decision in a small gallery holds the best subject's cosine to cosine rows calibrated on people
 the model never trained on. Each template needs its own rows, so each is measured end to end: rows
 calibrated for it on the calibration identities (`--calibration`: their embeddings and labels in an
 .npz, as `facegate calibrate-open-set --cache` keeps them; drawn as it draws them: seeded galleries

@@ -51,7 +51,7 @@ GALLERY_FACES = 20_000  # and enough to enroll this many faces in all (10 strang
 MIN_STRANGER_IDENTITIES = 50
 STRANGER_SHARE = 0.1
 CHUNK = 2048  # strangers scored in one matrix product
-COSINE_BELOW = 10  # galleries below: the best cosine decides (on LFW it found more people than the margin there, docs/api.md)
+COSINE_BELOW = 31  # galleries below: the best cosine decides (a home's 1-30 people: on LFW it names fewer strangers, docs/api.md)
 COSINE_FACES = (1, 3, 5, 10)  # faces per subject of the cosine rows: a home gallery is a few people with a few photos each
 ONE_PERSON_OF_GENUINE = 0.5  # identity pairs whose photos match at half the rate one person's do are one person (see above)
 
@@ -235,15 +235,19 @@ def cosine_rows(
 
 
 def with_cosine_rows(
-    table: OpenSetTable, cosine_tables: list[OpenSetRows], calibration: dict, template: Template = "best_face"
+    table: OpenSetTable,
+    cosine_tables: list[OpenSetRows],
+    calibration: dict,
+    template: Template = "best_face",
+    cosine_below: int = COSINE_BELOW,
 ) -> OpenSetTable:
-    """A manifest's table, its margin rows kept, deciding galleries below COSINE_BELOW subjects on
+    """A manifest's table, its margin rows kept, deciding galleries below `cosine_below` subjects on
     these cosine rows of `template` (calibrated at its FPIRs; `calibration` says on what)."""
     if not cosine_tables:
         raise ValueError("the identities are too few for any cosine rows")
     return table.model_copy(
         update={
-            "cosine_below": COSINE_BELOW,
+            "cosine_below": cosine_below,
             "cosine_tables": cosine_tables,
             "cosine_template": template,
             "calibration": {**table.calibration, "cosine_rows": calibration},
@@ -265,6 +269,7 @@ def calibrate(
     cosine_only: bool = False,
     template: Template = "best_face",
     embedded: Path | None = None,
+    cosine_below: int = COSINE_BELOW,
 ) -> tuple[OpenSetTable, str]:
     """Embed the calibration identities as the service does (`data`, else the model's held-out
     ones; or read them embedded already, `embedded`), leave out identity pairs that are one person,
@@ -295,9 +300,18 @@ def calibrate(
             raise ValueError(f"--samples {samples:,} resolves other FPIRs than the table's {kept.fpirs}: give the samples it was made with")
         pairs = partners(labels, one_person)
         rows = cosine_rows(
-            embeddings, labels, kept.fpirs, seed, samples, pairs, progress=progress, cosine_faces=cosine_faces, template=template
+            embeddings,
+            labels,
+            kept.fpirs,
+            seed,
+            samples,
+            pairs,
+            progress=progress,
+            cosine_faces=cosine_faces,
+            cosine_below=cosine_below,
+            template=template,
         )
-        table = with_cosine_rows(kept, rows, calibration, template)
+        table = with_cosine_rows(kept, rows, calibration, template, cosine_below)
     else:
         table = build(
             embeddings,
@@ -308,6 +322,7 @@ def calibrate(
             one_person,
             progress=progress,
             cosine_faces=cosine_faces,
+            cosine_below=cosine_below,
             template=template,
         )
         table.calibration = calibration

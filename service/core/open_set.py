@@ -21,10 +21,11 @@ top subject is the match when S ≥ T(N, FPIR):
   stricter than the table only when the gallery's own faces say strangers would pass at over twice
   the promise (people who look alike), and never more than about a decade stricter.
 
-Below the table's `cosine_below` subjects (10 for the default model) the best subject's cosine s1
-alone decides, held to the table's cosine rows T_cos(N, q) (calibrated as T_sim, on s1): next to a
-handful of other subjects their mean is noise (on LFW the margin found 4.7 points fewer people than
-the plain cosine at 2 subjects; docs/api.md, "Small galleries").
+Below the table's `cosine_below` subjects (31 for the default model: a home's 1-30 people) the best
+subject's cosine s1 alone decides, held to the table's cosine rows T_cos(N, q) (calibrated as T_sim,
+on s1): next to a handful of other subjects their mean is noise (on LFW the margin found 4.7 points
+fewer people than the plain cosine at 2 subjects), and up to 30 the rows on each subject's mean
+name fewer strangers (docs/api.md, "Small galleries").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The open-set table on a synthetic population whose strangers the test draws itself: a table built
 by `training.open_set_table` from one population keeps its promise on another population of the
 same kind, at each gallery size of the grid and between them, with one face per subject and with
-three (below 10 subjects on the best cosine and its rows, from 10 on the margin score); and in a
+three (below 31 subjects on the best cosine and its rows, from 31 on the margin score); and in a
 gallery of look-alikes, where the table alone breaks it, the guard keeps it. The realized rates are
 counted by brute force here (every stranger's score from its cosines with every enrolled face),
 never by the code under test."""
@@ -88,8 +88,8 @@ def test_the_table_is_the_quantile_of_its_strangers_and_reproducible(table):
     again = build(embeddings, labels, faces_per_subject=(1, 3), samples=20_000, sizes=(1, 30), cosine_faces=(1,))
     assert [rows.thresholds for rows in again.tables] == [[rows.thresholds[0], rows.thresholds[GRID.index(30)]] for rows in table.tables]
     assert again.cosine_tables[0].thresholds[0] == table.cosine_tables[0].thresholds[0]
-    assert table.cosine_below == 10 and [rows.subjects[-1] for rows in table.cosine_tables] == [10, 10]  # up to where the margin decides
-    assert again.cosine_tables[0].subjects == [1, 30]  # up to the first size at or above cosine_below
+    assert table.cosine_below == 31 and [rows.subjects[-1] for rows in table.cosine_tables] == [100, 100]  # up to where the margin decides
+    assert again.cosine_tables[0].subjects == [1, 30]  # every size below cosine_below (none at or above it here)
     cosines = stranger_scores(embeddings, labels, 30, 1, np.random.default_rng([0, 1, 30]), 20_000, cosine=True)
     cosine_row = again.cosine_tables[0].thresholds[1]
     for q, t in zip(table.fpirs, cosine_row, strict=True):  # the cosine rows: the quantiles of the strangers' best cosines

@@ -49,6 +49,14 @@ def calibrate_open_set(
         Template,
         typer.Option(help="What a subject's cosine in the cosine rows is against: its best face, or the mean of its faces (docs/api.md)."),
     ] = "best_face",
+    cosine_below: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Galleries of fewer subjects are decided on the cosine rows, larger ones on the margin score "
+            "(default: 31, a home's 1-30 people; docs/api.md).",
+        ),
+    ] = None,
     embeddings: Annotated[
         Path | None,
         typer.Option(
@@ -61,7 +69,7 @@ def calibrate_open_set(
 ) -> None:
     """Draw galleries of N calibration identities, score every other identity's photos as strangers
     by the margin score, and store each N's thresholds per FPIR in the manifest (`open_set`)."""
-    from training.open_set_table import COSINE_FACES, calibrate
+    from training.open_set_table import COSINE_BELOW, COSINE_FACES, calibrate
 
     manifest_path = model.with_suffix(".json")
 
@@ -85,6 +93,7 @@ def calibrate_open_set(
             cosine_only,
             template,
             embeddings,
+            cosine_below or COSINE_BELOW,
         )
     except (ModelError, ValueError, OSError) as exc:
         fail(exc)

@@ -357,14 +357,14 @@ def flow(c: Console, api: httpx.Client, photos: dict[str, Path], log: Path, proc
     assert all("Best candidate's cosine similarity" in f.text and "reaches the threshold" in f.text for f in faces)
     assert "1 in 100 strangers would be matched at this setting." in c.one(".decision").text
     assert c.boxes_on_their_photos() == 2
-    # From 10 subjects on the decision is on the margin score: a candidate shows that number alone (a raw
+    # From 31 subjects on the decision is on the margin score: a candidate shows that number alone (a raw
     # cosine beside it would read as below the threshold of a match), through the page's own words.js.
     line = browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "import('./js/words.js').then((w) => done(w.candidateScore({ similarity: 0.9327, score: 0.9817 }, { score: 'margin' })));"
     )
     assert line == "margin score 0.9817", line
-    # Below 10 subjects a subject whose closest face says more than its mean is held as the mean's
+    # Below 31 subjects a subject whose closest face says more than its mean is held as the mean's
     # cosine of the same stranger rate: that number first (the threshold's scale), the face's beside it.
     line = browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"

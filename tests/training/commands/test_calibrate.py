@@ -99,7 +99,8 @@ def test_calibrating_on_few_people_warns(tmp_path):
 def test_calibrate_open_set_writes_a_table_the_service_decides_with(tmp_path):
     """`facegate calibrate-open-set`: the margin score's table into the manifest, for the sizes the
     identities allow (50 left as strangers), one face and three per subject; the service loads it
-    and decides /identify's FPIR on it; a dry run writes nothing; the embeddings are cached."""
+    and decides /identify's FPIR on it; a dry run writes nothing; the embeddings are cached. With
+    `--cosine-below 10` the margin decides from 10 subjects (by default from 31, beyond these rows)."""
     from service.core.decision import decide_search
 
     manifest_path = write_test_embedder(tmp_path / "models")
@@ -113,6 +114,8 @@ def test_calibrate_open_set_writes_a_table_the_service_decides_with(tmp_path):
         "2000",
         "--cache",
         str(tmp_path / "cache"),
+        "--cosine-below",
+        "10",
     ]
     before = manifest_path.read_bytes()
     dry = CliRunner().invoke(app, [*args, "--dry-run"])
@@ -155,7 +158,7 @@ def test_calibrate_open_set_cosine_only_keeps_the_margin_rows(tmp_path):
     assert result.exit_code == 0, result.output
     table = Manifest.load(manifest_path).open_set
     assert table.tables == whole.tables and table.calibration["source"] == "elsewhere"
-    assert table.cosine_below == 10 and table.cosine_tables == whole.cosine_tables
+    assert table.cosine_below == 31 and table.cosine_tables == whole.cosine_tables  # the default: a home's 1-30 people
     assert table.calibration["cosine_rows"]["identities"] == 80
 
     # --template mean on the embeddings --cache kept (issue 46): the rows of the mean, named so, on the same draws
