@@ -24,10 +24,12 @@ from service.core.models.manifest import FarCurve, threshold_at
 from training.cohort_builder import build
 
 RATES = (1e-1, 1e-2, 1e-3)
+DLIB = Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json"
 
 
-def embeddings(images: Path, cache: Path | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(unit embeddings, of the flipped crops, identity labels) of every photo, through the service's pipeline."""
+def embeddings(images: Path, cache: Path | None, model: Path = DLIB) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unit embeddings, of the flipped crops, identity labels) of every photo, through the service's
+    pipeline and the embedder `model` (a manifest; a cache holds one model's)."""
     if cache and cache.is_file():
         data = np.load(cache)
         return data["emb"], data["flip"], np.unique(data["labels"], return_inverse=True)[1]
@@ -39,7 +41,7 @@ def embeddings(images: Path, cache: Path | None) -> tuple[np.ndarray, np.ndarray
         p for d in sorted(images.iterdir()) if d.is_dir() for p in sorted(d.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg", ".png")
     )
     settings = get_settings()
-    embedder = OnnxEmbedder(Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json", settings)
+    embedder = OnnxEmbedder(model, settings)
     crops, _ = align_images(paths, FacePipeline.from_settings(settings, require_embedder=False), embedder.alignment)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     emb, flip = unit(embedder.raw(crops)), unit(embedder.raw(np.ascontiguousarray(crops[:, :, ::-1])))

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bench import machine_lines
-from benchmarks.open_set_variants import embeddings
+from benchmarks.open_set_variants import DLIB, embeddings
 from service.core.decision import Decision, decide_search, search_rate
 from service.core.models.manifest import Manifest
 from service.core.open_set import GalleryShape, K, margin_scores, mean_template
@@ -162,7 +162,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=Path, required=True, help="LFW's identity folders (people with one photo are the strangers).")
     parser.add_argument("--cache", type=Path, help="Embeddings cache (.npz), made on the first run.")
-    parser.add_argument("--model", type=Path, default=Path(__file__).parents[1] / "models" / "dlib-resnet-v1.json")
+    parser.add_argument(
+        "--model", type=Path, default=DLIB, help="The embedder's manifest: it embeds the photos (unless --cache has them) and decides."
+    )
     parser.add_argument("--sizes", default="1,2,3,5,9,30")
     parser.add_argument("--faces", default="1,3,5")
     parser.add_argument("--galleries", type=int, default=300)
@@ -172,7 +174,7 @@ def main() -> None:
     parser.add_argument("--options", action="store_true", help="Beside: the mean's rows read no further than 5 faces.")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    emb, flip, labels = embeddings(args.images, args.cache)
+    emb, flip, labels = embeddings(args.images, args.cache, args.model)
     if args.flip:
         emb = (emb + flip) / np.linalg.norm(emb + flip, axis=1, keepdims=True)
     manifest = Manifest.load(args.model)
