@@ -81,12 +81,12 @@ def on_means(probe: np.ndarray, candidates: list[Candidate], faces_of: Callable[
             kept.append(candidate)
             means.append(float(mean_template(faces) @ probe))
     bests = [c.face_similarity for c in kept]
-    by_face = decision.on_mean_scale(np.array(bests)) > np.array(means)  # one pass for all: a search's few subjects
+    on_face = decision.on_mean_scale(np.array(bests))  # one pass for all: a search's few subjects
+    scores = np.maximum(means, on_face)  # what `Decision.scores` holds each to
     scored = [
-        replace(c, similarity=b if f else m, template="best_face" if f else "mean", best_face=b, mean=m)
-        for c, m, b, f in zip(kept, means, bests, by_face, strict=True)
+        replace(c, similarity=b if f > m else m, template="best_face" if f > m else "mean", best_face=b, mean=m)
+        for c, m, b, f in zip(kept, means, bests, on_face, strict=True)
     ]
-    scores = decision.scores(probe, scored)
     return [scored[i] for i in sorted(range(len(scored)), key=lambda i: -scores[i])]
 
 
@@ -160,7 +160,7 @@ class Decision:
             fars, lowest = self.curve.fars_at(best), self.curve.threshold_at(1.0)  # the curve's first point
         except KeyError:
             return np.full(best.shape, -np.inf)
-        rates = -np.expm1((self.gallery_faces or 1) * np.log1p(-np.minimum(fars, 1 - 1e-12)))  # `search_rate`
+        rates = search_rates(fars, self.gallery_faces or 1)
         logs, thresholds = self.margin.knots
         at = np.log10(np.maximum(rates, 1e-300))
         return np.where((at > logs[-1]) | (best < lowest), -np.inf, np.interp(at, logs, thresholds))
@@ -243,7 +243,12 @@ def per_comparison_far(rate: float, comparisons: int) -> float:
 def search_rate(far: float, comparisons: int) -> float:
     """The chance that the best of `comparisons` independent impostor scores passes a per-comparison
     FAR, 1 − (1 − FAR)^N: `per_comparison_far` read backwards."""
-    return -math.expm1(max(comparisons, 1) * math.log1p(-min(far, 1 - 1e-12)))
+    return float(search_rates(np.array([far]), comparisons)[0])
+
+
+def search_rates(fars: np.ndarray, comparisons: int) -> np.ndarray:
+    """`search_rate` of many FARs at once."""
+    return -np.expm1(max(comparisons, 1) * np.log1p(-np.minimum(fars, 1 - 1e-12)))
 
 
 def decide_search(

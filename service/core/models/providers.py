@@ -133,14 +133,14 @@ _logged: set[tuple[str, ...]] = set()
 
 def create_session(model: Path | bytes, runtime: Runtime | None = None) -> ort.InferenceSession:
     """A session for a model file (or its bytes, already verified against the manifest)."""
+    import onnxruntime as ort
+
     runtime = runtime or Runtime()
     chosen = provider_options(runtime)
     if runtime.tensorrt_cache and any(name == TENSORRT for name, _ in chosen):
         runtime.tensorrt_cache.mkdir(parents=True, exist_ok=True)
     source = model if isinstance(model, bytes) else str(model)
     gpu = chosen[0][0] != CPU
-    import onnxruntime as ort
-
     try:
         session = ort.InferenceSession(
             source, sess_options=session_options(runtime, gpu), providers=[n for n, _ in chosen], provider_options=[o for _, o in chosen]
