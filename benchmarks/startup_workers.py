@@ -128,6 +128,8 @@ def role(pid: int, root: int, preloaded: bool) -> str:
         parent_command = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         if pid == root:
             return "facegate serve"
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "facegate-decode":  # forked from the workers' forkserver
+            return "decoder"
         if "resource_tracker" in command:
             return "resource tracker"
         if "spawn_main" in command:

@@ -24,6 +24,7 @@ Workers start on demand, up to `processes`, and are reused."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import multiprocessing
 import os
@@ -44,6 +45,7 @@ from service.core.cpus import available_cores
 from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
 from service.runtime.heap import release_freed
+from service.runtime.preload import children_context
 
 if TYPE_CHECKING:  # not imported at run time: pydantic's settings would add ~13 MB to every decoder (docs/benchmarks.md)
     from service.core.settings import Settings
@@ -53,6 +55,7 @@ WALL_FACTOR = 5  # a job's wall-clock limit, in CPU limits: a worker starved of 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 START_TIMEOUT = 60.0  # seconds a new worker may take to report ready (the forkserver's first start imports OpenCV)
 KEEP_RESIDENT = 32 << 20  # bytes of a worker's buffer left mapped between images: a 10-MP image, in or out
+DECODER_NAME = b"facegate-decode"  # a decoder process's name (/proc/PID/comm)
 MB = 1_000_000  # the settings count memory in MB of 10⁶ bytes, as FACEGATE_MAX_BODY_MEGABYTES
 ERRORS = {cls.__name__: cls for cls in errors.all_errors()}
 Limits = tuple[int, int, int, int]  # decode_image's max_bytes, max_pixels, min_side, reduce_to_side
@@ -103,12 +106,21 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
+def _name_process(name: bytes) -> None:
+    """The name `ps`, `top` and /proc/PID/comm show (Linux's PR_SET_NAME, 15 bytes): a worker of
+    `facegate serve --workers N` and its decoders are forked from one forkserver and share its
+    command line."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
 def serve(conn: Connection, size: int, memory: int) -> None:
     """A worker: creates its shared buffer and hands it to the parent, then answers jobs (op, byte
     count, limits) until the connection closes: ("probe", Probe), ("image", shape) with the pixels
     in the buffer, or ("error", class name, message); and "trim", the pool at rest
     (`DecodeWorkers.give_back`): the heap its last images freed given back (glibc keeps a photo's
     pixels below twice the largest block freed), answered ("trimmed",)."""
+    _name_process(DECODER_NAME)
     fd = _shared_file()
     os.ftruncate(fd, size)
     buffer = mmap.mmap(fd, size)
@@ -255,10 +267,10 @@ class DecodeWorkers:
         self.timeout = timeout
         self.memory = memory_mb * MB
         self.size = -(-max(max_bytes, 3 * max_pixels) // mmap.PAGESIZE) * mmap.PAGESIZE
-        methods = multiprocessing.get_all_start_methods()
-        self._context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        if "forkserver" in methods:
-            self._context.set_forkserver_preload([__name__])  # ignored if this process's forkserver already runs
+        if "forkserver" in multiprocessing.get_all_start_methods():  # preloading this module, unless one runs already
+            self._context = children_context([__name__])
+        else:
+            self._context = multiprocessing.get_context("spawn")
         self._idle: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
         for _ in range(processes):
             self._idle.put(None)  # a slot: its worker starts when first needed

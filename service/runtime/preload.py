@@ -8,15 +8,20 @@ shared): each worker's PSS counts its share of those pages (docs/benchmarks.md, 
 The forkserver is a fresh interpreter that only imports: no model session, no FAISS search, no
 thread of ours runs in it before a fork (the BLAS libraries' idle pools are re-created in the child:
 OpenBLAS stops them at fork). A worker is still a child process uvicorn supervises as before
-(pinged, restarted under a new pid when it dies); only where it comes from changes."""
+(pinged, restarted under a new pid when it dies); only where it comes from changes.
+
+A worker's decoders are forked from the same forkserver (`children_context`): it imported what
+decoding needs with the app, so a worker needs no forkserver of its own (17 MiB each) and its
+decoders share the preloaded pages with every worker."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+from multiprocessing import forkserver, resource_tracker
 from multiprocessing.context import BaseContext
-
-import uvicorn._subprocess
+from typing import Any
 
 log = logging.getLogger("facegate.preload")
 
@@ -38,9 +43,54 @@ PRELOAD = [
 
 def fork_workers() -> None:
     """Have uvicorn start its workers from the preloaded forkserver (call before `uvicorn.run`)."""
+    import uvicorn._subprocess  # here, not above: a decoder imports this module (children_context)
+
     if not isinstance(getattr(uvicorn._subprocess, "spawn", None), BaseContext):
         log.warning("this uvicorn starts its workers its own way: each imports the app again (more memory per worker)")
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     uvicorn._subprocess.spawn = context  # type: ignore[assignment]  # uvicorn's one start method, read at each start
+
+
+def children_context(preload: list[str]) -> BaseContext:
+    """The context this process starts its own children with (a worker's decoders): the forkserver
+    it was forked from, where it was (a worker of `facegate serve --workers N`), else a forkserver of
+    its own that preloads `preload`.
+
+    multiprocessing starts a forkserver per process that asks for one, although a process forked by
+    one knows its address and holds its "alive" pipe, which keeps it running while the process lives
+    (its docstring says a child "will usually reuse" its parent's; its code starts another). So
+    `ensure_running` is replaced on this process's forkserver handle: nothing to start while that
+    forkserver is still this process's parent (Linux: /proc names it); once it is gone (this process
+    re-parented), the standard one again, which starts a forkserver of this process's own. Not where the handle
+    authenticates its connections (Python 3.14's authkey): a forkserver of its own there."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(preload)  # for a forkserver this process starts itself
+    server: Any = forkserver._forkserver
+    inherited = server._forkserver_address is not None and server._forkserver_alive_fd is not None
+    if not inherited or server._forkserver_pid is not None or hasattr(server, "_forkserver_authkey") or "ensure_running" in vars(server):
+        return context
+    parent = os.getppid()
+    if not _is_forkserver(parent):  # it is gone already (this process re-parented), or no /proc to tell
+        return context
+
+    def ensure_running() -> None:
+        if os.getppid() == parent:
+            resource_tracker.ensure_running()
+            return
+        log.warning("the forkserver this worker was forked from is gone: its decoders start from one of its own")
+        del server.ensure_running
+        server.ensure_running()
+
+    server.ensure_running = ensure_running
+    return context
+
+
+def _is_forkserver(pid: int) -> bool:
+    """Whether process `pid` is a multiprocessing forkserver (its command line, Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"multiprocessing.forkserver" in cmdline.read()
+    except OSError:
+        return False

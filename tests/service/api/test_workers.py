@@ -208,17 +208,51 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
         assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host
 
 
-def descendants(pid: int) -> set[int]:
-    """The processes below `pid` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
+def children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-    found, todo = set(), list(children.get(pid, []))
-    while todo:
-        found.add(child := todo.pop())
-        todo += children.get(child, [])
+        with contextlib.suppress(OSError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(stat.parent.name))
     return found
+
+
+def decoders_of(worker: int) -> set[int]:
+    """The decoder processes of a worker: those named facegate-decode that map a shared buffer the
+    worker maps (each decoder's memfd, by its inode)."""
+
+    def buffers(pid: int) -> set[str]:
+        with contextlib.suppress(OSError):
+            return {line.split()[4] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "memfd:facegate-decode" in line}
+        return set()
+
+    mapped = buffers(worker)
+    named = set()
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if comm.read_text().strip() == "facegate-decode":
+                named.add(int(comm.parent.name))
+    return {pid for pid in named if buffers(pid) & mapped}
+
+
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_decoders_are_forked_from_the_workers_forkserver(workers_server):
+    """A worker's decoders come from the forkserver it came from (`preload.children_context`), which
+    preloaded decoding with the app: no worker starts a forkserver of its own (17 MiB each)."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "reads the process tree from /proc")
+    clients = one_client_per_worker(workers_server.url)
+    try:
+        for pid, client in clients.items():
+            assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200  # its decoder started
+            assert children(pid) == set(), f"worker {pid} started processes of its own: {children(pid)}"
+            decoders = decoders_of(pid)
+            assert decoders, f"worker {pid} has no decoder"
+            assert {parent(decoder) for decoder in decoders} == {parent(pid)}
+    finally:
+        for client in clients.values():
+            client.close()
 
 
 @pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
@@ -233,7 +267,7 @@ def test_a_killed_worker_is_forked_again_and_its_decoders_go(workers_server):
         assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200  # its decoder started
         client.close()
     victim = next(iter(clients))
-    forkserver, below = parent(victim), descendants(victim)
+    forkserver, below = parent(victim), decoders_of(victim)
     assert below, "the worker has no decoder processes"
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in below), "the killed worker's decoders ended", timeout=30)
