@@ -54,6 +54,7 @@ from tests.conftest import aligned_crop_png  # noqa: E402
 from tests.onnx_models import write_test_embedder  # noqa: E402
 
 DIM = 128
+NAMED = {"facegate-decode": "decoder", "facegate-models": "model host"}  # the processes forked from the workers' forkserver
 
 
 def tree(root: int) -> list[int]:
@@ -128,8 +129,9 @@ def role(pid: int, root: int, preloaded: bool) -> str:
         parent_command = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         if pid == root:
             return "facegate serve"
-        if Path(f"/proc/{pid}/comm").read_text().strip() == "facegate-decode":  # forked from the workers' forkserver
-            return "decoder"
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        if comm in NAMED:
+            return NAMED[comm]
         if "resource_tracker" in command:
             return "resource tracker"
         if "spawn_main" in command:

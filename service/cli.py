@@ -132,11 +132,10 @@ def serve(
     if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
         os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
         os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")
-    with hosting() if hosted else nullcontext() as host_socket, host_folder(workers):
-        if host_socket is not None:  # each worker's settings read it
-            os.environ["FACEGATE_MODEL_HOST"] = str(host_socket)
-        if workers > 1:
-            fork_workers()
+    # Workers, their decoders and the model host are forked from one preloaded forkserver, which takes the environment
+    # as it is when the first of them starts: every variable they read is set before (FACEGATE_MODEL_HOST by hosting()).
+    forkserver = fork_workers() if workers > 1 else None
+    with host_folder(workers), hosting(context=forkserver) if hosted else nullcontext():
         uvicorn.run(
             "service.api.app:create_app",
             factory=True,

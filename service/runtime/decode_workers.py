@@ -24,7 +24,6 @@ Workers start on demand, up to `processes`, and are reused."""
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import multiprocessing
 import os
@@ -34,6 +33,7 @@ import threading
 import time
 from contextlib import suppress
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from service.core.cpus import available_cores
 from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
 from service.runtime.heap import release_freed
-from service.runtime.preload import children_context
+from service.runtime.preload import children_context, name_process
 
 if TYPE_CHECKING:  # not imported at run time: pydantic's settings would add ~13 MB to every decoder (docs/benchmarks.md)
     from service.core.settings import Settings
@@ -106,21 +106,13 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
-def _name_process(name: bytes) -> None:
-    """The name `ps`, `top` and /proc/PID/comm show (Linux's PR_SET_NAME, 15 bytes): a worker of
-    `facegate serve --workers N` and its decoders are forked from one forkserver and share its
-    command line."""
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
-
-
 def serve(conn: Connection, size: int, memory: int) -> None:
     """A worker: creates its shared buffer and hands it to the parent, then answers jobs (op, byte
     count, limits) until the connection closes: ("probe", Probe), ("image", shape) with the pixels
     in the buffer, or ("error", class name, message); and "trim", the pool at rest
     (`DecodeWorkers.give_back`): the heap its last images freed given back (glibc keeps a photo's
     pixels below twice the largest block freed), answered ("trimmed",)."""
-    _name_process(DECODER_NAME)
+    name_process(DECODER_NAME)
     fd = _shared_file()
     os.ftruncate(fd, size)
     buffer = mmap.mmap(fd, size)
@@ -267,6 +259,7 @@ class DecodeWorkers:
         self.timeout = timeout
         self.memory = memory_mb * MB
         self.size = -(-max(max_bytes, 3 * max_pixels) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._context: ForkServerContext | SpawnContext
         if "forkserver" in multiprocessing.get_all_start_methods():  # preloading this module, unless one runs already
             self._context = children_context([__name__])
         else:

@@ -18,6 +18,7 @@ worker goes away (its socket closes) and gives back what that worker held.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
@@ -40,7 +41,7 @@ from service.runtime import wire
 from service.runtime.heap import IdleTrim
 from service.runtime.local_models import LocalModels
 from service.runtime.shm_arena import Arena
-from service.runtime.wire import SOCKET
+from service.runtime.wire import SOCKET, SUPERVISED
 
 log = logging.getLogger("facegate.model_host")
 
@@ -274,15 +275,21 @@ def run_host(folder: str) -> None:
     """The model host process's main: the settings from the environment, as each worker reads them."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops this one last
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="facegate-model-host-parent", daemon=True).start()
+    threading.Thread(target=exit_with_supervisor, args=(Path(folder),), name="facegate-model-host-supervised", daemon=True).start()
     ModelHost(Settings(), Path(folder)).serve_forever()
 
 
-def _exit_with_parent(parent: int) -> None:
-    """A `facegate serve` killed outright (kill -9, the OOM killer) cannot stop its model host: it
-    stops itself once orphaned, rather than hold the GPU for nobody."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
+def exit_with_supervisor(folder: Path) -> None:
+    """A `facegate serve` killed outright (kill -9, the OOM killer) cannot stop its model host: the
+    host stops itself once it can take the lock its supervisor held (the kernel drops it with the
+    process), rather than hold the GPU for nobody. Not its parent's pid: forked from the workers'
+    forkserver, the host's parent is that forkserver, which outlives `facegate serve` while any
+    worker does."""
+    try:
+        supervised = open(folder / SUPERVISED, "rb")  # noqa: SIM115  (held until the process exits)
+    except FileNotFoundError:  # started without a supervisor (a test's host)
+        return
+    fcntl.flock(supervised, fcntl.LOCK_SH)  # waits while the supervisor holds its exclusive lock
     os._exit(0)
 
 

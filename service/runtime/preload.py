@@ -16,11 +16,13 @@ decoders share the preloaded pages with every worker."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+from contextlib import suppress
 from multiprocessing import forkserver, resource_tracker
-from multiprocessing.context import BaseContext
+from multiprocessing.context import BaseContext, ForkServerContext
 from typing import Any
 
 log = logging.getLogger("facegate.preload")
@@ -41,19 +43,29 @@ PRELOAD = [
 ]
 
 
-def fork_workers() -> None:
-    """Have uvicorn start its workers from the preloaded forkserver (call before `uvicorn.run`)."""
+def fork_workers() -> ForkServerContext:
+    """Have uvicorn start its workers from the preloaded forkserver (call before `uvicorn.run` and
+    before anything starts that forkserver: it takes the environment as it is then); the context,
+    which the model host's supervisor starts its host from too."""
     import uvicorn._subprocess  # here, not above: a decoder imports this module (children_context)
 
-    if not isinstance(getattr(uvicorn._subprocess, "spawn", None), BaseContext):
-        log.warning("this uvicorn starts its workers its own way: each imports the app again (more memory per worker)")
-        return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    uvicorn._subprocess.spawn = context  # type: ignore[assignment]  # uvicorn's one start method, read at each start
+    if not isinstance(getattr(uvicorn._subprocess, "spawn", None), BaseContext):
+        log.warning("this uvicorn starts its workers its own way: each imports the app again (more memory per worker)")
+    else:
+        uvicorn._subprocess.spawn = context  # type: ignore[assignment]  # uvicorn's one start method, read at each start
+    return context
 
 
-def children_context(preload: list[str]) -> BaseContext:
+def name_process(name: bytes) -> None:
+    """The name `ps`, `top` and /proc/PID/comm show (Linux's PR_SET_NAME, 15 bytes): the workers,
+    their decoders and the model host are forked from one forkserver and share its command line."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
+def children_context(preload: list[str]) -> ForkServerContext:
     """The context this process starts its own children with (a worker's decoders): the forkserver
     it was forked from, where it was (a worker of `facegate serve --workers N`), else a forkserver of
     its own that preloads `preload`.

@@ -14,6 +14,7 @@ The workers see an outage through their own connection (`hosted_models`): they a
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import multiprocessing
@@ -26,13 +27,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from service.runtime import heap, shm_arena
-from service.runtime.wire import PING_TIMEOUT, SOCKET
+from service.runtime.preload import name_process
+from service.runtime.wire import PING_TIMEOUT, SOCKET, SUPERVISED
 
 log = logging.getLogger("facegate.supervisor")
+HOST_NAME = b"facegate-models"  # the model host's process name (/proc/PID/comm)
 
 
 @dataclass(frozen=True)
@@ -52,23 +56,33 @@ class Timing:
 
 
 def run_host(folder: str) -> None:
-    """The spawned host's entry: `model_host` (onnxruntime, the models, the pipeline) is imported
-    there, not in `facegate serve`, whose process only supervises (docs/benchmarks.md, "A worker's memory").
-    Its threads share two malloc arenas (`heap.fewer_arenas`, before any starts)."""
+    """The host's entry: `model_host` (onnxruntime, the models, the pipeline) is imported there, not
+    in `facegate serve`, whose process only supervises (docs/benchmarks.md, "A worker's memory").
+    Its threads share two malloc arenas (`heap.fewer_arenas`, before any starts); it is named
+    facegate-models (ps, top: forked from the workers' forkserver, it shares its command line)."""
     heap.fewer_arenas()
+    name_process(HOST_NAME)
     from service.runtime import model_host
 
     model_host.run_host(folder)
 
 
 class Supervisor:
-    def __init__(self, folder: Path, target: Callable[[str], None] = run_host, timing: Timing | None = None):
-        """A model host `target(folder)` (a spawned process) listening on `folder`/SOCKET."""
+    def __init__(
+        self, folder: Path, target: Callable[[str], None] = run_host, timing: Timing | None = None, context: ForkServerContext | None = None
+    ):
+        """A model host `target(folder)` listening on `folder`/SOCKET, started by `context`: the
+        workers' preloaded forkserver (`preload.fork_workers`: it imported no onnxruntime, so no CUDA
+        state or thread is inherited, and the host shares the pages of what it imported), else spawned
+        (a fresh interpreter). While it supervises it holds the lock on `folder`/SUPERVISED, which a
+        host takes to learn that `facegate serve` is gone (`model_host.exit_with_supervisor`)."""
         self.folder = folder
         self.socket = folder / SOCKET
         self.timing = timing or Timing()
         self._target = target
-        self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
+        self._context: ForkServerContext | SpawnContext = context or multiprocessing.get_context("spawn")
+        self._supervising = open(folder / SUPERVISED, "wb")  # noqa: SIM115  (closed by close(): the lock goes with it)
+        fcntl.flock(self._supervising, fcntl.LOCK_EX)
         self._lock = threading.Lock()  # a start and the stopping flag: no start once close() began
         self._stopping = threading.Event()
         self._pings = itertools.count()
@@ -92,6 +106,7 @@ class Supervisor:
             self._watcher.join()
         if process is not None:
             _stop(process, grace=10.0)
+        self._supervising.close()
 
     def _start_host(self) -> BaseProcess | None:
         with self._lock:
@@ -173,13 +188,15 @@ def _stop(process: BaseProcess, grace: float) -> None:
 
 
 @contextmanager
-def model_host(timing: Timing | None = None) -> Iterator[Path]:
+def model_host(timing: Timing | None = None, context: ForkServerContext | None = None) -> Iterator[Path]:
     """A supervised model host for the duration of the block, in a private folder (under /dev/shm
     where it can be: the workers' arenas go there too); yields its socket, which the workers find in
-    FACEGATE_MODEL_HOST. The folder, whatever is left in it, goes at the end."""
+    FACEGATE_MODEL_HOST (set here before the host starts: a forkserver it starts takes the environment
+    as it is then). The folder, whatever is left in it, goes at the end."""
     shm = Path("/dev/shm")
     folder = Path(tempfile.mkdtemp(prefix="facegate-models-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
-    supervisor = Supervisor(folder, timing=timing)
+    os.environ["FACEGATE_MODEL_HOST"] = str(folder / SOCKET)
+    supervisor = Supervisor(folder, timing=timing, context=context)
     try:
         supervisor.start()
         yield supervisor.socket

@@ -11,6 +11,7 @@ import struct
 from collections.abc import Iterable
 
 SOCKET = "models.sock"  # the file a host listens on, in its folder
+SUPERVISED = "supervised.lock"  # beside it: locked by its supervisor while it supervises (`model_host.exit_with_supervisor`)
 PING_TIMEOUT = 5.0  # seconds without an answer to a ping after which a host is hung, for its supervisor and its workers alike
 RECORD = struct.Struct("<cBQq4s4q")  # kind, dimensions, number, arena offset, dtype, shape (up to four dimensions)
 _KINDS = {b"d": "detect", b"e": "embed", b"D": "done"}

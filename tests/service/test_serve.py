@@ -171,6 +171,6 @@ def test_where_the_models_run_in_the_http_processes_their_threads_share_two_mall
     assert serve("--workers", "1")[0].exit_code == 0 and called == [2] and os.environ["MALLOC_ARENA_MAX"] == "4"
 
     monkeypatch.delenv("MALLOC_ARENA_MAX")
-    monkeypatch.setattr(supervisor, "model_host", lambda: nullcontext(None))  # a model host runs the models: its own two
+    monkeypatch.setattr(supervisor, "model_host", lambda **_: nullcontext(None))  # a model host runs the models: its own two
     monkeypatch.setattr("service.runtime.preload.fork_workers", lambda: None)
     assert serve("--workers", "2")[0].exit_code == 0 and called == [2, 1] and os.environ["MALLOC_ARENA_MAX"] == "1"  # no model in them

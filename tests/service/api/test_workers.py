@@ -208,6 +208,31 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
         assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host
 
 
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_the_model_host_is_forked_from_the_workers_forkserver_and_ends_with_serve(workers_server):
+    """The model host comes from the preloaded forkserver (it shares the pages of what it imported with
+    every worker instead of importing them again), named facegate-models; `facegate serve` killed
+    outright, the host stops itself (its parent is the forkserver, which outlives serve)."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "reads the process tree from /proc")
+    clients = one_client_per_worker(workers_server.url)
+    try:
+        worker, client = next(iter(clients.items()))
+        host = client.get("/readyz").json()["serving"]["model_host"]["pid"]
+    finally:
+        for each in clients.values():
+            each.close()
+    assert parent(host) == parent(worker), "the model host does not come from the workers' forkserver"
+    assert Path(f"/proc/{host}/comm").read_text().strip() == "facegate-models"
+    assert workers_server.process is not None
+    os.kill(workers_server.process.pid, signal.SIGKILL)
+    wait_until(
+        lambda: not Path(f"/proc/{host}").exists() or Path(f"/proc/{host}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+        "the model host stopped itself",
+        timeout=30,
+    )
+
+
 def children(pid: int) -> set[int]:
     """The processes whose parent is `pid` (Linux /proc)."""
     found = set()
