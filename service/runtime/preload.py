@@ -12,7 +12,9 @@ OpenBLAS stops them at fork). A worker is still a child process uvicorn supervis
 
 A worker's decoders are forked from the same forkserver (`children_context`): it imported what
 decoding needs with the app, so a worker needs no forkserver of its own (17 MiB each) and its
-decoders share the preloaded pages with every worker."""
+decoders share the preloaded pages with every worker. So is the model host (`fork_workers` returns
+the context to its supervisor): the forkserver imports no onnxruntime, so no CUDA state is inherited.
+`name_process` tells them apart in ps and top."""
 
 from __future__ import annotations
 
