@@ -22,17 +22,21 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 from contextlib import suppress
 from multiprocessing import forkserver, resource_tracker
 from multiprocessing.context import BaseContext, ForkServerContext
 from typing import Any
 
 log = logging.getLogger("facegate.preload")
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # Linux's prctl options
 
 # The app's imports; what uvicorn and the lifespan import in a worker after it (its server, protocols
 # and loop, the HTTP protocol `facegate serve` names, the SQLite store); then gc.freeze, last. A name
 # that does not import (uvloop where it is not installed) is skipped by the forkserver.
 PRELOAD = [
+    "service.runtime.lifeline",
     "service.api.app",
     "service.api.server",
     "service.gallery.sqlite",
@@ -64,7 +68,21 @@ def name_process(name: bytes) -> None:
     """The name `ps`, `top` and /proc/PID/comm show (Linux's PR_SET_NAME, 15 bytes): the workers,
     their decoders and the model host are forked from one forkserver and share its command line."""
     with suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+        ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """SIGKILL to this process once its parent exits (Linux's PR_SET_PDEATHSIG; elsewhere nothing):
+    `parent` is the pid it should have (a forked child's), else the one it has now. A parent gone
+    before the signal was set is found by its pid: this process exits at once."""
+    expected = os.getppid() if parent is None else parent
+    try:
+        if ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != expected:
+        os._exit(1)
 
 
 def children_context(preload: list[str]) -> ForkServerContext:
@@ -89,12 +107,16 @@ def children_context(preload: list[str]) -> ForkServerContext:
     if not _is_forkserver(parent):  # it is gone already (this process re-parented), or no /proc to tell
         return context
 
+    switching = threading.Lock()  # decoders start from several threads at once
+
     def ensure_running() -> None:
-        if os.getppid() == parent:
-            resource_tracker.ensure_running()
-            return
-        log.warning("the forkserver this worker was forked from is gone: its decoders start from one of its own")
-        del server.ensure_running
+        with switching:
+            if os.getppid() == parent:
+                resource_tracker.ensure_running()
+                return
+            if "ensure_running" in vars(server):
+                log.warning("the forkserver this worker was forked from is gone: its decoders start from one of its own")
+                del server.ensure_running
         server.ensure_running()
 
     server.ensure_running = ensure_running

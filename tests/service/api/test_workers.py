@@ -208,29 +208,69 @@ def test_a_killed_model_host_is_restarted_and_requests_go_on(workers_server):
         assert client.get("/readyz").json()["serving"]["model_host"]["pid"] != host
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+def served_tree(url: str) -> tuple[int, set[int]]:
+    """The workers' forkserver and every process it forked, once each worker has served an image
+    (its decoder started): the workers, their decoders, the model host."""
+    clients = one_client_per_worker(url)
+    try:
+        for client in clients.values():
+            assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200
+        forkserver = parent(next(iter(clients)))
+    finally:
+        for client in clients.values():
+            client.close()
+    return forkserver, children(forkserver)
+
+
 @pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
-def test_the_model_host_is_forked_from_the_workers_forkserver_and_ends_with_serve(workers_server):
+def test_the_model_host_is_forked_from_the_workers_forkserver_and_the_tree_ends_with_serve(workers_server):
     """The model host comes from the preloaded forkserver (it shares the pages of what it imported with
     every worker instead of importing them again), named facegate-models; `facegate serve` killed
-    outright, the host stops itself (its parent is the forkserver, which outlives serve)."""
+    outright, the forkserver and every process it forked end with it (runtime/lifeline.py: the workers
+    went on serving as orphans)."""
     if not sys.platform.startswith("linux"):
         need("LINUX_ROOT", "reads the process tree from /proc")
-    clients = one_client_per_worker(workers_server.url)
-    try:
-        worker, client = next(iter(clients.items()))
+    with httpx.Client(base_url=workers_server.url, timeout=REQUEST_TIMEOUT) as client:
         host = client.get("/readyz").json()["serving"]["model_host"]["pid"]
-    finally:
-        for each in clients.values():
-            each.close()
-    assert parent(host) == parent(worker), "the model host does not come from the workers' forkserver"
+    forkserver, forked = served_tree(workers_server.url)
+    assert host in forked, "the model host does not come from the workers' forkserver"
     assert Path(f"/proc/{host}/comm").read_text().strip() == "facegate-models"
+    assert len(forked) >= 1 + 2 * WORKERS  # the host, each worker and its decoder
     assert workers_server.process is not None
     os.kill(workers_server.process.pid, signal.SIGKILL)
-    wait_until(
-        lambda: not Path(f"/proc/{host}").exists() or Path(f"/proc/{host}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
-        "the model host stopped itself",
-        timeout=30,
-    )
+    tree = {forkserver} | forked
+    wait_until(lambda: not any(running(pid) for pid in tree), "every process below facegate serve ended", timeout=30)
+
+
+@pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
+def test_a_killed_forkserver_takes_its_processes_and_new_ones_serve(workers_server):
+    """kill -9 of the workers' forkserver: multiprocessing then reads every worker and the host as
+    exited, so uvicorn and the supervisor start others; the old ones end with the forkserver instead of
+    serving on as orphans that nothing stops (runtime/lifeline.py), and the new ones serve."""
+    if not sys.platform.startswith("linux"):
+        need("LINUX_ROOT", "reads the process tree from /proc")
+    forkserver, forked = served_tree(workers_server.url)
+    os.kill(forkserver, signal.SIGKILL)
+    wait_until(lambda: not any(running(pid) for pid in forked), "the forkserver's processes ended with it", timeout=30)
+
+    def served_by_new_workers() -> bool:
+        clients = one_client_per_worker(workers_server.url)
+        try:
+            return not set(clients) & forked and all(
+                c.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200 for c in clients.values()
+            )
+        finally:
+            for client in clients.values():
+                client.close()
+
+    wait_until(served_by_new_workers, "new workers serve", timeout=120)
 
 
 def children(pid: int) -> set[int]:
