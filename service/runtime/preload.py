@@ -24,7 +24,6 @@ import multiprocessing
 import os
 import signal
 import threading
-from contextlib import suppress
 from multiprocessing import forkserver, resource_tracker
 from multiprocessing.context import BaseContext, ForkServerContext
 from typing import Any
@@ -67,8 +66,7 @@ def fork_workers() -> ForkServerContext:
 def name_process(name: bytes) -> None:
     """The name `ps`, `top` and /proc/PID/comm show (Linux's PR_SET_NAME, 15 bytes): the workers,
     their decoders and the model host are forked from one forkserver and share its command line."""
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    _prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]))
 
 
 def die_with_parent(parent: int | None = None) -> None:
@@ -76,13 +74,16 @@ def die_with_parent(parent: int | None = None) -> None:
     `parent` is the pid it should have (a forked child's), else the one it has now. A parent gone
     before the signal was set is found by its pid: this process exits at once."""
     expected = os.getppid() if parent is None else parent
-    try:
-        if ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != expected:
+    if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != expected:
         os._exit(1)
+
+
+def _prctl(option: int, argument: Any) -> bool:
+    """Linux's prctl(2) with one argument; False where it is refused or the C library has none."""
+    try:
+        return bool(ctypes.CDLL(None).prctl(option, argument, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def children_context(preload: list[str]) -> ForkServerContext:

@@ -215,8 +215,8 @@ def running(pid: int) -> bool:
     return False
 
 
-def served_tree(url: str) -> tuple[int, set[int]]:
-    """The workers' forkserver and every process it forked, once each worker has served an image
+def served_tree(url: str) -> tuple[set[int], int, set[int]]:
+    """The workers, their forkserver and every process it forked, once each worker has served an image
     (its decoder started): the workers, their decoders, the model host."""
     clients = one_client_per_worker(url)
     try:
@@ -226,7 +226,7 @@ def served_tree(url: str) -> tuple[int, set[int]]:
     finally:
         for client in clients.values():
             client.close()
-    return forkserver, children(forkserver)
+    return set(clients), forkserver, children(forkserver)
 
 
 @pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
@@ -239,7 +239,7 @@ def test_the_model_host_is_forked_from_the_workers_forkserver_and_the_tree_ends_
         need("LINUX_ROOT", "reads the process tree from /proc")
     with httpx.Client(base_url=workers_server.url, timeout=REQUEST_TIMEOUT) as client:
         host = client.get("/readyz").json()["serving"]["model_host"]["pid"]
-    forkserver, forked = served_tree(workers_server.url)
+    _, forkserver, forked = served_tree(workers_server.url)
     assert host in forked, "the model host does not come from the workers' forkserver"
     assert Path(f"/proc/{host}/comm").read_text().strip() == "facegate-models"
     assert len(forked) >= 1 + 2 * WORKERS  # the host, each worker and its decoder
@@ -256,7 +256,7 @@ def test_a_killed_forkserver_takes_its_processes_and_new_ones_serve(workers_serv
     serving on as orphans that nothing stops (runtime/lifeline.py), and the new ones serve."""
     if not sys.platform.startswith("linux"):
         need("LINUX_ROOT", "reads the process tree from /proc")
-    forkserver, forked = served_tree(workers_server.url)
+    _, forkserver, forked = served_tree(workers_server.url)
     os.kill(forkserver, signal.SIGKILL)
     wait_until(lambda: not any(running(pid) for pid in forked), "the forkserver's processes ended with it", timeout=30)
 
@@ -307,17 +307,12 @@ def test_decoders_are_forked_from_the_workers_forkserver(workers_server):
     preloaded decoding with the app: no worker starts a forkserver of its own (17 MiB each)."""
     if not sys.platform.startswith("linux"):
         need("LINUX_ROOT", "reads the process tree from /proc")
-    clients = one_client_per_worker(workers_server.url)
-    try:
-        for pid, client in clients.items():
-            assert client.post("/identify", json={"image": crop_b64(3), "aligned": True}).status_code == 200  # its decoder started
-            assert children(pid) == set(), f"worker {pid} started processes of its own: {children(pid)}"
-            decoders = decoders_of(pid)
-            assert decoders, f"worker {pid} has no decoder"
-            assert {parent(decoder) for decoder in decoders} == {parent(pid)}
-    finally:
-        for client in clients.values():
-            client.close()
+    workers, forkserver, forked = served_tree(workers_server.url)
+    for pid in workers:
+        assert children(pid) == set(), f"worker {pid} started processes of its own: {children(pid)}"
+        decoders = decoders_of(pid)
+        assert decoders, f"worker {pid} has no decoder"
+        assert decoders <= forked and parent(pid) == forkserver
 
 
 @pytest.mark.parametrize("workers_server", [True], ids=["model-host"], indirect=True)
