@@ -306,7 +306,7 @@ def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[
 
     def found(params: str) -> float:
         nonlocal index
-        index = FaissIndex(vectors.shape[1], spec, params, index._index)
+        index = FaissIndex(vectors.shape[1], spec, params, index._index, aside=index.aside)
         index.tune()
         top = np.array(
             [float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in ((rescored(index, vectors, q), q) for q in queries)]
@@ -535,8 +535,8 @@ def main() -> None:
                 index = FaissIndex.load(path, meta, "")
                 load_s = time.perf_counter() - started if IndexConfig(spec, directory=cache).path("0" * 64) else float("nan")
             for search in param.split("|"):  # several search settings on one build
-                # the same build (mapped), these parameters (or tuned); trained as it was (the check draws the faces it held back)
-                index = FaissIndex(dim, spec, search, index._index, base=index.base, held_back=index.held_back)
+                # the same build (mapped), these parameters (or tuned); trained and kept aside as it was (the check draws those faces)
+                index = FaissIndex(dim, spec, search, index._index, base=index.base, held_back=index.held_back, aside=index.aside)
                 index.tune()
                 found = [rescored(index, vectors, q) for q in queries]
                 top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])

@@ -44,6 +44,11 @@ MAX_EF_SEARCH = 4096  # the widest efSearch the recall check widens to (8 × the
 # recall check's held-out faces, new to the index's k-means as a new photo is (trained on them, IVF1024
 # at nprobe 1 over-reported by 0.035 on 100k faces: docs/benchmarks.md)
 HELD_BACK = 8
+# An HNSW graph keeps up to ASIDE of those faces out of the graph, searched flat beside it on every
+# search (4,096: 55 µs a query at 128-d): the recall check's faces are then new to the graph as a new
+# photo is, which no face in a graph can be made to be (hidden or kept, it shaped its neighbours'
+# links: the check read 0.035 low or high of what new photos find, docs/benchmarks.md)
+ASIDE = 4096
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
@@ -333,9 +338,10 @@ def skipping(index: faiss.Index, removed: np.ndarray) -> faiss.SearchParameters:
     params: Any
     if ivf is not None:
         params = faiss.SearchParametersIVF(sel=selector, nprobe=ivf.nprobe)  # type: ignore[call-arg]
+    elif isinstance(inner := faiss.downcast_index(index.index), faiss.IndexFlat):  # type: ignore[attr-defined]  # an IndexIDMap over the faces an HNSW graph keeps aside
+        params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]
     else:
-        hnsw = faiss.downcast_index(index.index).hnsw  # type: ignore[attr-defined]
-        params = faiss.SearchParametersHNSW(sel=selector, efSearch=hnsw.efSearch)  # type: ignore[attr-defined]
+        params = faiss.SearchParametersHNSW(sel=selector, efSearch=inner.hnsw.efSearch)  # type: ignore[attr-defined]
     params.keep_alive = removed  # the selector does not own the array
     return params
 
@@ -358,9 +364,11 @@ def hiding(
     with lock():
         id_map = faiss.vector_to_array(graph.id_map)  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
     hidden = hidden.reshape(len(queries), -1)
+    scores, out = np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
+    if not len(id_map):  # every face kept aside
+        return (scores, out) if with_scores else out
     order = np.argsort(id_map, kind="stable")
     nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
-    scores, out = np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
     for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
         node = node[id_map[node] == face]  # the row's faces that are in the graph
         with lock():  # one search with vectors changed: nothing else reads the index meanwhile
@@ -376,6 +384,22 @@ def hiding(
     return (scores, out) if with_scores else out
 
 
+def best_of(k: int, *found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of several searches' (scores, ids) of the same queries (an id −1: none)."""
+    scores, ids = np.concatenate([f[0] for f in found], axis=1), np.concatenate([f[1] for f in found], axis=1)
+    order = np.argsort(np.where(ids >= 0, -scores, np.inf), axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+def flat_search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's k best in a flat id-mapped index (as many as it holds, up to k; −inf where an id is −1)."""
+    take = min(k, int(index.ntotal))
+    if take <= 0:
+        return np.full((len(queries), 0), -np.inf, np.float32), np.full((len(queries), 0), -1, np.int64)
+    scores, ids = index.search(queries, take)
+    return np.where(ids >= 0, scores, -np.inf).astype(np.float32), ids
+
+
 class FaissIndex:
     """Inner-product search (= cosine on unit vectors) with int64 ids = the store's face ids.
 
@@ -383,9 +407,11 @@ class FaissIndex:
     "IVF4096,PQ32"...; `search_params` FAISS's ParameterSpace string ("efSearch=128", "nprobe=32").
     An IVF index keeps the ids itself; the others are wrapped in an id map. HNSW cannot remove a
     vector, so a removed face is remembered and filtered out (and the graph rebuilt at start-up once
-    too many are). Searches run side by side; a write (not safe beside a search) runs alone. A
-    loaded HNSW or IVF index is its saved file mapped (`MappedIndex`), never written: this index's
-    own part is then a flat one with the faces added since.
+    too many are), and up to ASIDE of the recall check's faces (`held_back`) are kept out of the
+    graph and searched flat beside it (`aside`). Searches run side by side; a write (not safe beside
+    a search) runs alone. A loaded HNSW or IVF index is its saved file mapped (`MappedIndex`), never
+    written: this index's own part is then a flat one with the faces added since (those bound for
+    the aside among them in `_aside_added`).
     """
 
     shared = False  # this process's own copy
@@ -400,12 +426,15 @@ class FaissIndex:
         dead: int = 0,
         base: MappedFaces | MappedIndex | None = None,
         held_back: bool = False,
+        aside: faiss.Index | MappedIndex | None = None,
     ):
         """A new index, or (`built`) one read from a file with its removed ids and whether its
         training held back the recall check's faces. `search_params` empty: facegate's default for
         the index's kind and size, set by `tune`. `base`: what the host's workers share, searched
         beside this index's own faces: a flat index's faces as of a snapshot, or an HNSW or IVF
-        index's mapped file (this index's own part then flat: the faces added since)."""
+        index's mapped file (this index's own part then flat: the faces added since). `aside`: an HNSW
+        graph's faces kept out of it, in memory or mapped (a new HNSW index starts an empty one; one
+        loaded from a file saved without: none, and the recall check hides its faces instead)."""
         self.dim, self.spec = dim, spec
         self.requested_params = search_params  # FACEGATE_INDEX_SEARCH_PARAMS
         self.search_params = search_params  # in force
@@ -431,6 +460,10 @@ class FaissIndex:
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
             faiss.ParameterSpace().set_index_parameters(self._searched, search_params)  # type: ignore[arg-type]
         self.held_back = held_back  # trained without the faces `held_back` names (an index trained before HELD_BACK: on all)
+        if aside is None and built is None and base is None and self.kind == "faiss-hnsw":
+            aside = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self.aside = aside
+        self._aside_added: set[int] = set()  # mapped: the faces added since that the aside keeps (in the own part until saved)
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
         self.changes = 0
@@ -513,8 +546,18 @@ class FaissIndex:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         with self._lock.write():
-            self._index.add_with_ids(vectors, ids)
-            self._removed.difference_update(ids.tolist())
+            graph = np.ones(len(ids), bool)
+            if isinstance(self.aside, MappedIndex):  # mapped: every face to the own flat part, the aside's marked
+                self._aside_added.difference_update(ids.tolist())
+                self._aside_added.update(ids[self._goes_aside(ids)].tolist())
+            elif self.aside is not None:
+                self.aside.remove_ids(ids)  # type: ignore[arg-type]  # an id added again; the wrapper's overload takes an id array
+                graph = ~self._goes_aside(ids)
+                if not graph.all():
+                    self.aside.add_with_ids(vectors[~graph], ids[~graph])  # type: ignore[call-arg]
+            if graph.any():
+                self._index.add_with_ids(vectors[graph], ids[graph])
+            self._removed.difference_update(ids[graph].tolist())
             self.dirty = True
             self.changes += len(ids)
             self.since_mapped += len(ids)
@@ -529,15 +572,51 @@ class FaissIndex:
             self.changes += len(ids)
             self.since_mapped += len(ids)
             self._keep_exact(ids, None)
+            aside = 0
+            if isinstance(self.aside, MappedIndex):
+                aside = self.aside.remove(ids)
+                self._aside_added.difference_update(ids.tolist())
+            elif self.aside is not None:
+                aside = int(self.aside.remove_ids(ids))  # type: ignore[arg-type]  # the wrapper's overload takes an id array
             # faiss's stubs type the index as a bare Index: it takes an id array (the Python wrapper's
             # overload), and an HNSW one here is an IndexIDMap, which has id_map
             if self._removable:
-                return int(self._index.remove_ids(ids)) + (self.base.remove(ids) if self.base is not None else 0)  # type: ignore[arg-type]
+                return aside + int(self._index.remove_ids(ids)) + (self.base.remove(ids) if self.base is not None else 0)  # type: ignore[arg-type]
             held = ids[np.isin(ids, faiss.vector_to_array(self._index.id_map))]  # type: ignore[attr-defined]
             present = set(held.tolist()) - self._removed
             self._removed.update(present)
             self._dead += len(present)
-            return len(present)
+            return aside + len(present)
+
+    def _goes_aside(self, ids: np.ndarray) -> np.ndarray:
+        """Which of these new faces the aside keeps: those `held_back` names, while it has room."""
+        room = ASIDE - self._aside_count()
+        keep = held_back(ids) if self.aside is not None and room > 0 else np.zeros(len(ids), bool)
+        keep[np.flatnonzero(keep)[room:]] = False
+        return keep
+
+    def _aside_count(self) -> int:
+        if isinstance(self.aside, MappedIndex):
+            return self.aside.size + len(self._aside_added)
+        return 0 if self._own_aside is None else int(self._own_aside.ntotal)
+
+    @property
+    def _own_aside(self) -> faiss.Index | None:
+        """The aside in this process's memory (an index not mapped from a file)."""
+        return None if isinstance(self.aside, MappedIndex) else self.aside
+
+    def held_out_of(self, ids: np.ndarray) -> np.ndarray:
+        """Which of these faces the index was made without, as without a new photo: kept out of its
+        graph (HNSW's aside), or never in its training (IVF's lists or codes, `held_back`): the recall
+        check's to draw. Every face where the index has neither (a flat one, an older file)."""
+        if self.aside is not None:
+            with self._lock.read():
+                if isinstance(self.aside, MappedIndex):
+                    kept = np.union1d(self.aside.sample(), np.fromiter(self._aside_added, np.int64, len(self._aside_added)))
+                else:
+                    kept = faiss.vector_to_array(self.aside.id_map)  # type: ignore[attr-defined]  # an IndexIDMap2
+            return np.isin(ids, kept)
+        return held_back(ids) if self.held_back else np.ones(len(ids), bool)
 
     def _keep_exact(self, ids: np.ndarray, vectors: np.ndarray | None) -> None:
         """A write (vectors None: a removal) also to the exact copy, or remembered until it exists."""
@@ -561,61 +640,63 @@ class FaissIndex:
             if self.base is not None:
                 return self._merged(queries, k)
             if not self._removed:
-                return self._index.search(queries, k)
-            return self._index.search(queries, k, params=skipping(self._index, self._removed_ids()))  # type: ignore[call-arg]
+                found = self._index.search(queries, k)
+            else:
+                found = self._index.search(queries, k, params=skipping(self._index, self._removed_ids()))  # type: ignore[call-arg]
+            return found if self._own_aside is None else best_of(k, found, flat_search(self._own_aside, queries, k))
 
     def _merged(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k best of the mapped faces or index and of this index's own (the faces added since)."""
+        """The k best of the mapped faces or index, its mapped aside, and this index's own (the faces added since)."""
         assert self.base is not None
-        own = min(k, int(self._index.ntotal))
-        scores, ids = self.base.search(queries, k)
-        if own:
-            more_scores, more_ids = self._index.search(queries, own)
-            scores, ids = np.concatenate([scores, more_scores], axis=1), np.concatenate([ids, more_ids], axis=1)
-        order = np.argsort(np.where(ids >= 0, -scores, np.inf), axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        found = [self.base.search(queries, k), flat_search(self._index, queries, k)]
+        if isinstance(self.aside, MappedIndex):
+            found.append(self.aside.search(queries, k))
+        return best_of(k, *found)
 
     def search_hiding(self, queries: np.ndarray, k: int, hidden: np.ndarray) -> np.ndarray | None:
         """Ids of each query's k neighbours found through an HNSW graph with the face `hidden[i]` (or
         the row of faces, -1 for none) out of the way: their vectors zeroed in the graph's flat storage for that one search (under the write
         lock, restored before it is released), so it neither answers nor draws the search to it, as a
-        face that was never enrolled would not. None for other indexes (and an HNSW graph over codes),
-        where a query's own vector has no such pull or cannot be hidden. A mapped graph is never
-        written: it is hidden in a copy-on-write mapping of its file (a page per face hidden),
-        and the faces added since (flat, exact) are searched beside it without it."""
+        face that was never enrolled would not (a face the aside keeps is in no graph: only its near
+        copies are hidden). None for other indexes (and an HNSW graph over codes), where a query's own
+        vector has no such pull or cannot be hidden. A mapped graph is never written: it is hidden in
+        a copy-on-write mapping of its file (a page per face hidden). The faces searched flat beside
+        the graph (added since, kept aside) are searched without the row's."""
         if self.kind != "faiss-hnsw":
             return None
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
+        hidden = hidden.reshape(len(queries), -1)
         if _search_threads:
             faiss.omp_set_num_threads(_search_threads)
+        wider = k + hidden.shape[1]  # room for the row's faces, left out below
         if not isinstance(self.base, MappedIndex):
-            return hiding(self._index, self._removed_ids(), queries, k, hidden, self._lock.write)
-        with self.base.copy_on_write() as graph:
+            found = hiding(self._index, self._removed_ids(), queries, k, hidden, self._lock.write, with_scores=True)
             with self._lock.read():
-                removed = self.base.removed_ids()
-                if self.search_params:
-                    faiss.ParameterSpace().set_index_parameters(graph, self.search_params)  # type: ignore[arg-type]  # the string overload
-                own = min(k, int(self._index.ntotal))
-                more_scores, more = (
-                    self._index.search(queries, own)
-                    if own
-                    else (np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64))
-                )
-            found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
+                beside = [] if self._own_aside is None else [flat_search(self._own_aside, queries, wider)]
+        else:
+            with self.base.copy_on_write() as graph:
+                with self._lock.read():
+                    removed = self.base.removed_ids()
+                    if self.search_params:
+                        faiss.ParameterSpace().set_index_parameters(graph, self.search_params)  # type: ignore[arg-type]  # the string overload
+                    beside = [flat_search(self._index, queries, wider)]
+                    if isinstance(self.aside, MappedIndex):
+                        beside.append(self.aside.search(queries, wider))
+                found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
         if found is None:
             return None
-        scores, ids = found
-        more_scores = np.where((more[:, :, None] == hidden.reshape(len(queries), -1)[:, None, :]).any(2), -np.inf, more_scores)
-        scores, ids = np.concatenate([scores, more_scores], axis=1), np.concatenate([ids, more], axis=1)
-        order = np.argsort(np.where(ids >= 0, -scores, np.inf), axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(np.where(np.isfinite(scores), ids, -1), order, axis=1)
+        beside = [(np.where((ids[:, :, None] == hidden[:, None, :]).any(2), -np.inf, scores), ids) for scores, ids in beside]
+        scores, ids = best_of(k, found, *beside)
+        return np.where(np.isfinite(scores), ids, -1)
 
     def _removed_ids(self) -> np.ndarray:
         return np.fromiter(self._removed, np.int64, len(self._removed))
 
     @property
     def size(self) -> int:
-        return int(self._index.ntotal) - self._dead + (self.base.size if self.base is not None else 0)
+        aside = 0 if self._own_aside is None else int(self._own_aside.ntotal)
+        mapped = sum(part.size for part in (self.base, self.aside) if isinstance(part, MappedIds))
+        return int(self._index.ntotal) - self._dead + aside + mapped
 
     @property
     def exact(self) -> bool:
@@ -626,11 +707,18 @@ class FaissIndex:
         removed HNSW face drawn is left out), reading only the ids drawn."""
         if self.base is not None:  # flat: every id at hand
             with self._lock.read():
-                held = np.concatenate([self.base.sample(), faiss.vector_to_array(self._index.id_map)])  # type: ignore[attr-defined]
+                parts = [self.base.sample(), faiss.vector_to_array(self._index.id_map)]  # type: ignore[attr-defined]
+                if isinstance(self.aside, MappedIndex):
+                    parts.append(self.aside.sample())
+                held = np.concatenate(parts)
             return rng.choice(held, min(n, len(held)), replace=False)
         with self._lock.read():
-            total = int(self._index.ntotal)
+            graph = int(self._index.ntotal)
+            own_aside = self._own_aside
+            total = graph + (0 if own_aside is None else int(own_aside.ntotal))
             places = np.sort(rng.choice(total, min(n, total), replace=False))
+            beside = [own_aside.id_map.at(int(p) - graph) for p in places[places >= graph]] if own_aside is not None else []  # type: ignore[attr-defined]
+            places = places[places < graph]
             ivf = faiss.extract_index_ivf(self._index) if self._ivf else None
             if ivf is not None:
                 invlists: Any = ivf.invlists  # the stubs lack get_single_id and allow None, which an IVF index never has
@@ -641,7 +729,7 @@ class FaissIndex:
             else:
                 id_map = self._index.id_map  # type: ignore[attr-defined]  # an IndexIDMap: the stubs type it a bare Index
                 drawn = [id_map.at(int(p)) for p in places]
-        return np.setdiff1d(np.array(drawn, np.int64), np.fromiter(self._removed, np.int64, len(self._removed)))
+        return np.concatenate([np.setdiff1d(np.array(drawn, np.int64), self._removed_ids()), np.array(beside, np.int64)])
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -667,11 +755,17 @@ class FaissIndex:
         never a mix. The caller holds the index's file lock (`save_index`): the data files no
         metadata names (another writer's, or a crashed one's) are removed after the switch (a process
         mapping one keeps it until it maps another: Linux frees an unlinked file's pages then)."""
-        data = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:12]}.faiss")
-        with replacing(data, suffix=".faiss") as tmp:
+        name = f"{path.stem}.{uuid.uuid4().hex[:12]}"
+        data, beside = path.with_name(f"{name}.faiss"), path.with_name(f"{name}.aside")  # the aside: a FAISS file too
+        with (
+            replacing(data, suffix=".faiss") as tmp,
+            replacing(beside, suffix=".aside") if self.aside is not None else nullcontext() as tmp_aside,
+        ):
             with self._lock.write():  # dirty is reset: no change may slip in between
-                index, removed, dead = self._whole()
+                index, removed, dead, aside = self._whole()
                 faiss.write_index(index, str(tmp))
+                if aside is not None:
+                    faiss.write_index(aside, str(tmp_aside))
                 record = {
                     **meta,
                     "file": data.name,
@@ -680,14 +774,17 @@ class FaissIndex:
                     "removed": sorted(removed),
                     "dead": dead,
                     "held_back": self.held_back,
+                    **({} if aside is None else {"aside": beside.name}),
                 }
                 self.dirty = False
         write_atomically(path, json.dumps(record).encode())
+        named = {data.name, record.get("aside")}
         for orphan in (
             *path.parent.glob(f"{path.stem}.*.faiss"),
+            *path.parent.glob(f"{path.stem}.*.aside"),
             *path.parent.glob(f".{path.stem}.*"),
         ):  # and a killed writer's temporaries
-            if orphan.name != data.name:
+            if orphan.name not in named:
                 orphan.unlink(missing_ok=True)
 
     def take_over(self, other: FaissIndex) -> None:
@@ -699,21 +796,31 @@ class FaissIndex:
         self._exact, self._journal = other._exact, other._journal
         self.dirty = True
 
-    def _whole(self) -> tuple[faiss.Index, set[int], int]:
-        """The index to save, its removed ids and dead nodes: this one, or (a mapped file) the file
-        read into this process with the faces removed and added since (under the write lock)."""
+    def _whole(self) -> tuple[faiss.Index, set[int], int, faiss.Index | None]:
+        """The index to save, its removed ids, dead nodes and aside: this one, or (a mapped file) the
+        files read into this process with the faces removed and added since (under the write lock)."""
         if not isinstance(self.base, MappedIndex):
-            return self._index, self._removed, self._dead
+            return self._index, self._removed, self._dead, self._own_aside
         index, base = self.base.private_copy(), self.base
         added = faiss.vector_to_array(self._index.id_map)  # type: ignore[attr-defined]  # an IndexIDMap2 over the faces added since
+        vectors = self._index.index.reconstruct_n(0, len(added)) if len(added) else np.zeros((0, self.dim), np.float32)  # type: ignore[attr-defined]
+        aside = None
+        kept = np.zeros(len(added), bool)
+        if isinstance(self.aside, MappedIndex):
+            aside = self.aside.private_copy()
+            aside.remove_ids(self.aside.removed_ids())  # type: ignore[arg-type]  # the wrapper's overload takes an id array
+            kept = np.isin(added, np.fromiter(self._aside_added, np.int64, len(self._aside_added)))
+            if kept.any():
+                aside.add_with_ids(vectors[kept], added[kept])  # type: ignore[call-arg]
+        added, vectors = added[~kept], vectors[~kept]
         removed = set(base.removed) - set(added.tolist())  # a removed face added again: its new node answers, the old stays dead
         dead = base.dead + len(base.removed)
         if base.ivf is not None:  # an IVF index removes for good
             index.remove_ids(base.removed_ids())  # type: ignore[arg-type]  # the Python wrapper's overload takes an id array
             removed, dead = set(), 0
         if len(added):
-            index.add_with_ids(self._index.index.reconstruct_n(0, len(added)), added)  # type: ignore[attr-defined,call-arg]
-        return index, removed, dead
+            index.add_with_ids(vectors, added)  # type: ignore[call-arg]
+        return index, removed, dead, aside
 
     @classmethod
     def load(cls, path: Path, meta: dict[str, Any], search_params: str) -> FaissIndex:
@@ -722,7 +829,8 @@ class FaissIndex:
         file = path.with_name(meta["file"])
         if index_kind(meta["spec"]) != "faiss-flat":
             base = MappedIndex(file, meta.get("removed", []), meta.get("dead", 0))
-            index = cls(meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False))
+            aside = MappedIndex(path.with_name(meta["aside"])) if meta.get("aside") else None
+            index = cls(meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False), aside=aside)
             index.saved_as = (path, {"model_sha256": meta.get("model_sha256"), "requested": meta.get("requested")})
             return index
         built = faiss.read_index(str(file))

@@ -58,7 +58,7 @@ from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
 from service.core.open_set import K
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, held_back, ranked
+from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, ranked
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -393,8 +393,9 @@ def held_out(
     with near copies of faces drawn from the index; and their exact answer."""
     rng = np.random.default_rng(seed)
     ids, subjects = store.mated_faces()
-    if isinstance(index, FaissIndex) and index.held_back:  # its lists or codes were trained without these faces, as without a new photo
-        ids, subjects = ids[held_back(ids)], subjects[held_back(ids)]
+    if isinstance(index, FaissIndex):  # the faces it was made without (kept out of its graph, or of its training), as a new photo
+        new = index.held_out_of(ids)
+        ids, subjects = ids[new], subjects[new]
     faces = store.lookup_faces(one_per_subject(ids, subjects, sample, rng).tolist())
     left_out = np.array(sorted(faces), np.int64)
     vectors = [np.stack([faces[int(i)][2] for i in left_out])] if len(left_out) else []

@@ -2,6 +2,7 @@
 through remembered removals), persistence round-trips and a stale or damaged file is rebuilt, and
 every candidate's similarity is re-scored from the stored embedding."""
 
+import json
 import os
 import subprocess
 import sys
@@ -95,13 +96,69 @@ def test_save_and_load_keep_ids_removals_and_parameters(tmp_path):
     index.save(path, {"faces": [4, 5, 6]})
     meta = read_meta(path)
     assert meta["faces"] == [4, 5, 6] and meta["removed"] == [100]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["index.json", meta["file"]])  # the older file is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["index.json", meta["file"], meta["aside"]])  # the older files are gone
     assert meta["file"] != first
     loaded = FaissIndex.load(path, meta, "efSearch=77")
     assert loaded.size == 50 and loaded.describe()["backend"] == "faiss-hnsw"
     assert faiss.downcast_index(loaded._searched.index).hnsw.efSearch == 77  # on the mapped file it searches
     _, ids = loaded.search(vectors[5], 1)
     assert ids[0, 0] == 105
+
+
+def graph_ids(meta_path: Path) -> set[int]:
+    """The ids in a saved HNSW index's graph file."""
+    graph = faiss.read_index(str(meta_path.with_name(read_meta(meta_path)["file"])))
+    return set(faiss.vector_to_array(graph.id_map).tolist())
+
+
+def test_an_hnsw_graph_keeps_the_check_s_faces_aside_searched_and_saved_beside_it(tmp_path, monkeypatch):
+    """Issue 47: up to ASIDE held-back faces (one id in eight) stay out of the graph, searched flat
+    beside it: found like any face, removed, saved in a file of their own and mapped with the graph,
+    and those added to a mapped index join them when it is saved again; a freed place takes the next."""
+    monkeypatch.setattr(index_module, "ASIDE", 3)
+    index = FaissIndex(16, "HNSW16", "efSearch=64")
+    vectors = unit(48)
+    index.add(np.arange(40), vectors[:40])  # held back: 7, 15, 23, 31, 39; the first three kept aside
+    assert np.flatnonzero(index.held_out_of(np.arange(40))).tolist() == [7, 15, 23] and index.size == 40
+    assert [index.search(vectors[i], 1)[1][0, 0] for i in (7, 15, 31)] == [7, 15, 31]
+    assert index.remove(np.array([15, 16])) == 2 and 15 not in index.search(vectors[15], 40)[1][0] and index.size == 38
+    index.add(np.array([47]), vectors[47:48])  # the freed place
+    assert np.flatnonzero(index.held_out_of(np.arange(48))).tolist() == [7, 23, 47]
+    path = tmp_path / "index.json"
+    index.save(path, {})
+    assert graph_ids(path) == set(range(40)) - {7, 15, 23}  # 16, removed, is still a node there (its meta lists it)
+    loaded = FaissIndex.load(path, read_meta(path), "efSearch=64")
+    assert isinstance(loaded.aside, MappedIndex) and np.flatnonzero(loaded.held_out_of(np.arange(48))).tolist() == [7, 23, 47]
+    assert loaded.size == 39 and [loaded.search(vectors[i], 1)[1][0, 0] for i in (7, 47, 31)] == [7, 47, 31]
+    loaded.remove(np.array([23]))
+    loaded.add(np.array([55]), unit(1, seed=9))  # mapped: to the own part, marked for the aside
+    assert np.flatnonzero(loaded.held_out_of(np.arange(56))).tolist() == [7, 47, 55]
+    loaded.save(path, {})
+    assert graph_ids(path) == set(range(40)) - {7, 15, 23} and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["index.json", read_meta(path)["file"], read_meta(path)["aside"]]
+    )
+    again = FaissIndex.load(path, read_meta(path), "efSearch=64")
+    assert np.flatnonzero(again.held_out_of(np.arange(56))).tolist() == [7, 47, 55] and again.size == 39
+
+
+def test_an_hnsw_file_saved_without_an_aside_loads_as_before(tmp_path):
+    """An index file written before the aside: every face in its graph, none drawn apart (the
+    recall check hides its faces in the graph, as it did); an IVF index has none either."""
+    index = FaissIndex(16, "HNSW16")
+    vectors = unit(30)
+    index.add(np.arange(30), vectors)
+    path = tmp_path / "index.json"
+    index.save(path, {})
+    meta = read_meta(path)
+    old = tmp_path / "old.json"
+    whole = faiss.IndexIDMap(faiss.IndexHNSWFlat(16, 16, faiss.METRIC_INNER_PRODUCT))
+    whole.add_with_ids(vectors, np.arange(30))
+    faiss.write_index(whole, str(tmp_path / "old.0.faiss"))
+    old.write_text(json.dumps({**{k: v for k, v in meta.items() if k != "aside"}, "file": "old.0.faiss"}))
+    loaded = FaissIndex.load(old, read_meta(old), "")
+    assert loaded.aside is None and loaded.held_out_of(np.arange(30)).all() and loaded.size == 30
+    assert loaded.search_hiding(vectors[7:8], 3, np.array([7]))[0, 0] != 7
+    assert FaissIndex(16, "IVF4,Flat").aside is None
 
 
 def build_inputs(vectors: np.ndarray):
