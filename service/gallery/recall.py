@@ -452,14 +452,13 @@ def one_per_subject(ids: np.ndarray, subjects: np.ndarray, sample: int, rng: np.
 
 def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: float | None = None) -> RecallResult:
     """recall@1 of `index` (its approximate search, at the parameters in force) on `probe` (`started`:
-    when the check began, for the seconds it reports; None: now). In an
-    HNSW graph a left-out face still draws the search to itself, next to its subject's other faces:
-    searched so, its queries over-report (0.983 where held-out LFW photos found 0.953 through HNSW32
-    at efSearch 64 on 300k faces); with it hidden, the graph has a hole where a new photo's graph has
-    none, which can under-report (0.916 where new photos found 0.948 on test_recall.py's synthetic
-    gallery), but on real faces still over-reported (0.961 there). The hidden figure is the one
-    reported, the lower: under the minimum it widens the search sooner, which costs time, not
-    answers; both are kept (docs/benchmarks.md)."""
+    when the check began, for the seconds it reports; None: now). An HNSW index's faces for the
+    check are in no graph (its aside): only their near copies are hidden in it, and both searches
+    agree where there are none. A face in a graph (an HNSW file saved before the aside) still draws
+    the search to itself, next to its subject's other faces, and over-reports; hidden, it leaves a
+    hole a new photo's graph has not (0.035 low at efSearch 16 on 100k faces). The hidden figure is
+    the one reported, the lower: under the minimum it widens the search sooner, which costs time,
+    not answers; both are kept (docs/benchmarks.md)."""
     started = time.monotonic() if started is None else started
     mated = probe.left_out >= 0
     if not len(probe.queries):
