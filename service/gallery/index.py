@@ -740,6 +740,7 @@ class FaissIndex:
             **({} if self.requested_params or self.exact else {"target_recall": TARGET_RECALL}),
             **({} if self.widened_from is None else {"widened_from": self.widened_from}),
             **({"answers": "exact"} if self._exact is not None else {}),
+            **({} if self.aside is None else {"kept_aside": self._aside_count()}),
             "size": self.size,
             "trained": self.is_trained,
         }

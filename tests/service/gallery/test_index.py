@@ -120,6 +120,7 @@ def test_an_hnsw_graph_keeps_the_check_s_faces_aside_searched_and_saved_beside_i
     vectors = unit(48)
     index.add(np.arange(40), vectors[:40])  # held back: 7, 15, 23, 31, 39; the first three kept aside
     assert np.flatnonzero(index.held_out_of(np.arange(40))).tolist() == [7, 15, 23] and index.size == 40
+    assert index.describe()["kept_aside"] == 3 and "kept_aside" not in FaissIndex(16, "IVF4,Flat").describe()
     assert [index.search(vectors[i], 1)[1][0, 0] for i in (7, 15, 31)] == [7, 15, 31]
     assert index.remove(np.array([15, 16])) == 2 and 15 not in index.search(vectors[15], 40)[1][0] and index.size == 38
     index.add(np.array([47]), vectors[47:48])  # the freed place
@@ -139,6 +140,7 @@ def test_an_hnsw_graph_keeps_the_check_s_faces_aside_searched_and_saved_beside_i
     )
     again = FaissIndex.load(path, read_meta(path), "efSearch=64")
     assert np.flatnonzero(again.held_out_of(np.arange(56))).tolist() == [7, 47, 55] and again.size == 39
+    assert again.describe()["kept_aside"] == 3
 
 
 def test_an_hnsw_file_saved_without_an_aside_loads_as_before(tmp_path):
