@@ -353,10 +353,9 @@ def hiding(
     k: int,
     hidden: np.ndarray,
     lock: Callable[[], Any],
-    with_scores: bool = False,
-) -> Any:
+) -> tuple[np.ndarray, np.ndarray] | None:
     """`FaissIndex.search_hiding` on `graph` (an IndexIDMap over an HNSW graph over flat vectors; each
-    search under `lock()`): the ids, or (`with_scores`) scores and ids; None where its vectors are codes."""
+    search under `lock()`): scores and ids (−inf and −1 past those found); None where its vectors are codes."""
     storage = faiss.downcast_index(faiss.downcast_index(graph.index).storage)  # type: ignore[attr-defined]  # an IndexIDMap over IndexHNSW
     if not isinstance(storage, faiss.IndexFlat):
         return None
@@ -366,7 +365,7 @@ def hiding(
     hidden = hidden.reshape(len(queries), -1)
     scores, out = np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
     if not len(id_map):  # every face kept aside
-        return (scores, out) if with_scores else out
+        return scores, out
     order = np.argsort(id_map, kind="stable")
     nodes = order[np.clip(np.searchsorted(id_map[order], hidden, side="right") - 1, 0, None)]  # a re-added id's last node
     for row, (query, node, face) in enumerate(zip(queries, nodes, hidden, strict=True)):
@@ -381,7 +380,7 @@ def hiding(
                 scores[row, : found.shape[1]], out[row, : found.shape[1]] = found_scores[0], found[0]
             finally:
                 xb[node] = kept
-    return (scores, out) if with_scores else out
+    return scores, out
 
 
 def best_of(k: int, *found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -670,7 +669,7 @@ class FaissIndex:
             faiss.omp_set_num_threads(_search_threads)
         wider = k + hidden.shape[1]  # room for the row's faces, left out below
         if not isinstance(self.base, MappedIndex):
-            found = hiding(self._index, self._removed_ids(), queries, k, hidden, self._lock.write, with_scores=True)
+            found = hiding(self._index, self._removed_ids(), queries, k, hidden, self._lock.write)
             with self._lock.read():
                 beside = [] if self._own_aside is None else [flat_search(self._own_aside, queries, wider)]
         else:
@@ -682,7 +681,7 @@ class FaissIndex:
                     beside = [flat_search(self._index, queries, wider)]
                     if isinstance(self.aside, MappedIndex):
                         beside.append(self.aside.search(queries, wider))
-                found = hiding(graph, removed, queries, k, hidden, nullcontext, with_scores=True)
+                found = hiding(graph, removed, queries, k, hidden, nullcontext)
         if found is None:
             return None
         beside = [(np.where((ids[:, :, None] == hidden[:, None, :]).any(2), -np.inf, scores), ids) for scores, ids in beside]

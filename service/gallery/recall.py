@@ -58,7 +58,7 @@ from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
 from service.core.open_set import K
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, ranked
+from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, best_of, ranked
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -558,9 +558,7 @@ def exact_top(store: GalleryStore, queries: np.ndarray, k: int, left_out: np.nda
         )
         found = np.where(places >= 0, ids[np.maximum(places, 0)], -1)
         scores[(found[:, :, None] == left_out[:, None, :]).any(2) | (found < 0)] = -np.inf
-        scores, found = np.concatenate([best, scores], 1), np.concatenate([best_ids, found], 1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        best, best_ids = np.take_along_axis(scores, order, 1), np.take_along_axis(found, order, 1)
+        best, best_ids = best_of(k, (best, best_ids), (scores, found))
     return best, np.where(np.isfinite(best), best_ids, -1)
 
 
