@@ -56,7 +56,18 @@ from service.core.errors import FacegateError
 from service.core.open_set import GalleryShape
 from service.core.pipeline import FacePipeline
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, MAX_TRAIN_PER_LIST, FaissIndex, IndexConfig, read_meta, set_search_threads, train_size
+from service.gallery.index import (
+    ASIDE,
+    CANDIDATES,
+    HELD_BACK,
+    MAX_TRAIN_PER_LIST,
+    FaissIndex,
+    IndexConfig,
+    check_stride,
+    read_meta,
+    set_search_threads,
+    train_size,
+)
 from service.gallery.recall import LiveQueries, Probe, held_out, live_probe, measured, passing
 from training.near_copy import near_copies
 
@@ -270,15 +281,19 @@ def latencies(index: FaissIndex, vectors: np.ndarray, queries: np.ndarray, concu
         return np.array(list(pool.map(one, queries)))
 
 
-def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None = None) -> FaissIndex:
+def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None = None, seed: int | None = None) -> FaissIndex:
     """The index as the store builds it (face id = row), or as a gallery without the faces `leave_out`
-    would have it: trained on the same sample but them, none of them added."""
+    would have it: trained on the same sample but them, none of them added. `seed`: its IVF k-means
+    seed (None: FAISS's own), which alone moves recall at a small nprobe by a few hundredths."""
     index = FaissIndex(dim, spec)
+    if seed is not None and (ivf := faiss.try_extract_index_ivf(index._index)) is not None:
+        ivf.cp.seed = seed
     if not index.is_trained:
         needed = train_size(spec, dim)
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(len(vectors), MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else needed)
-        rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)][:n]  # the store's sample: every stride-th id
+        rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)][:n]  # the store's sample: every stride-th id,
+        rows = np.union1d(rows, np.arange(HELD_BACK - 1, len(vectors), check_stride(len(vectors)))[:ASIDE])  # held-back faces beside
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
         index.train(rows, np.asarray(vectors[rows]))
     for start in range(0, len(vectors), 200_000):
@@ -288,7 +303,7 @@ def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None
     return index
 
 
-def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[str], float]:
+def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe, seed: int | None = None) -> Callable[[str], float]:
     """What the recall check estimates, measured: its held-out faces searched as new photos through
     the index of the gallery without them (`build`'s `leave_out`), against their exact best there;
     recall@1 at the search parameters given (FaissIndex's, '' for the default)."""
@@ -296,7 +311,7 @@ def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe) -> Callable[[
     mated = np.unique(leaving[leaving >= 0])
     queries = probe.queries[probe.left_out >= 0]
     set_search_threads(2)  # built as the index it stands beside was
-    index = build(spec, vectors, vectors.shape[1], mated)
+    index = build(spec, vectors, vectors.shape[1], mated, seed)
     set_search_threads(1)
     best = np.full(len(queries), -np.inf, np.float32)
     for start in range(0, len(vectors), 200_000):
@@ -437,6 +452,9 @@ def main() -> None:
         help="Also build each index without the recall check's held-out faces and search them as new photos (the 'new' column).",
     )
     parser.add_argument(
+        "--kmeans-seed", type=int, help="The IVF indexes' k-means seed, for both builds of --check-truth (default: FAISS's own, 1234)."
+    )
+    parser.add_argument(
         "--live-share", type=float, default=0.5, help="Share of the queries the recall check keeps as live /identify traffic (seeded)."
     )
     parser.add_argument(
@@ -520,7 +538,7 @@ def main() -> None:
             gc.collect()
             started = time.perf_counter()
             set_search_threads(2)  # building may use both cores; searches run on one, as the service's do
-            index = build(spec, vectors, dim)
+            index = build(spec, vectors, dim, seed=args.kmeans_seed)
             set_search_threads(1)
             build_s = time.perf_counter() - started
             with tempfile.TemporaryDirectory(dir=work) as tmp:  # what a restart reads (flat is rebuilt from the store instead)
@@ -536,7 +554,16 @@ def main() -> None:
                 load_s = time.perf_counter() - started if IndexConfig(spec, directory=cache).path("0" * 64) else float("nan")
             for search in param.split("|"):  # several search settings on one build
                 # the same build (mapped), these parameters (or tuned); trained and kept aside as it was (the check draws those faces)
-                index = FaissIndex(dim, spec, search, index._index, base=index.base, held_back=index.held_back, aside=index.aside)
+                index = FaissIndex(
+                    dim,
+                    spec,
+                    search,
+                    index._index,
+                    base=index.base,
+                    held_back=index.held_back,
+                    aside=index.aside,
+                    check_faces=index.check_faces,
+                )
                 index.tune()
                 found = [rescored(index, vectors, q) for q in queries]
                 top = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in zip(found, queries, strict=True)])
@@ -544,7 +571,7 @@ def main() -> None:
                 r10 = float(np.mean([len(set(f[:10].tolist()) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)]))
                 if probe is None:  # per index: one trained holding back HELD_BACK's faces draws from them
                     probe = held_out(held, index, RECALL_SAMPLE, seed=0)
-                    truth_of = new_photos_found(spec, vectors, probe) if args.check_truth else None
+                    truth_of = new_photos_found(spec, vectors, probe, args.kmeans_seed) if args.check_truth else None
                 check = measured(held, index, probe, time.monotonic())
                 shadow = f"{measured(held, index, shadowed).recall_at_1:>6.3f}" if len(shadowed.queries) else f"{'-':>6}"
                 new = f" {truth_of(index.search_params):>6.3f}" if truth_of else ""

@@ -30,7 +30,7 @@ from service.engine import Engine
 from service.gallery.collection_names import DEFAULT
 from service.gallery.collections import Collection, Collections
 from service.gallery.factory import open_gallery, shared_connections
-from service.gallery.index import set_search_threads
+from service.gallery.index import near_copy_of, set_search_threads
 from service.gallery.recall import RecallCheck
 from service.gallery.stats import GalleryStats
 from service.metrics import Metrics
@@ -131,13 +131,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else:
                 engine.start_warm_up(readiness.warmup_done)
         embedder = engine.pipeline.embedder if engine else None
+        near_copy = near_copy_of(embedder.manifest if embedder else None)
         connections = shared_connections(settings)  # PostgreSQL: one pool and one LISTEN connection for every collection
 
         def open_collection(name: str) -> Collection:
             # the index and guard are built on the gallery's own thread: the port listens meanwhile (/readyz 503 "loading"),
             # unless a process that accepts a connection must be ready (FACEGATE_WARM_UP_BEFORE_LISTENING)
             background = not settings.warm_up_before_listening
-            gallery = open_gallery(settings, models.embedder_key, background=background, collection=name, connections=connections)
+            gallery = open_gallery(
+                settings, models.embedder_key, background=background, collection=name, connections=connections, near_copy=near_copy
+            )
             recall = RecallCheck.from_settings(settings, gallery, lambda: gallery.index, embedder)
             # the recall check measures the index once there is one
             started = threading.Thread(

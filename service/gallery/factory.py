@@ -11,7 +11,7 @@ from service.core.models.manifest import EmbedderKey
 from service.core.settings import Settings
 from service.gallery.collection_names import DEFAULT, folder
 from service.gallery.extras import POSTGRES_EXTRA_MISSING, missing_extra
-from service.gallery.index import IndexConfig
+from service.gallery.index import NEAR_COPY, IndexConfig
 
 if TYPE_CHECKING:  # imported where opened: PostgresGallery needs psycopg, an extra
     from service.gallery.pg_connections import Connections
@@ -26,18 +26,20 @@ def open_gallery(
     background: bool = False,
     collection: str = DEFAULT,
     connections: Connections | None = None,
+    near_copy: float = NEAR_COPY,
 ) -> SqliteGallery | PostgresGallery:
     """The gallery of one collection (collections.py). `searchable=False` for maintenance commands:
     no index is loaded and no changes followed. `background` (the server): the index and guard are
     built after it returns (searches 503 gallery_loading meanwhile). `connections`: PostgreSQL's pool
-    and listener every collection of the server shares (`shared_connections`)."""
+    and listener every collection of the server shares (`shared_connections`). `near_copy`: the
+    embedder's (`near_copy_of`), which a trained index holds the recall check's faces back with."""
     if missing := missing_extra(settings):
         raise ExtraNotInstalled(missing)
     if settings.database_url.get_secret_value():
-        return open_postgres(settings, embedder, searchable, background, collection, connections)
+        return open_postgres(settings, embedder, searchable, background, collection, connections, near_copy)
     from service.gallery.sqlite import SqliteGallery
 
-    config = index_config(settings, collection)
+    config = index_config(settings, collection, near_copy)
     return SqliteGallery.open(settings.data_dir, embedder, searchable, config, settings.open_set_guard, background, collection)
 
 
@@ -48,6 +50,7 @@ def open_postgres(
     background: bool = False,
     collection: str = DEFAULT,
     connections: Connections | None = None,
+    near_copy: float = NEAR_COPY,
 ) -> PostgresGallery:
     """The PostgreSQL gallery FACEGATE_DATABASE_URL names (the caller checked it is set)."""
     url = database_url(settings)
@@ -58,7 +61,7 @@ def open_postgres(
         embedder,
         searchable,
         settings.database_pool_size,
-        index_config(settings, collection),
+        index_config(settings, collection, near_copy),
         settings.database_pool_timeout,
         settings.open_set_guard,
         background,
@@ -90,7 +93,7 @@ def database_url(settings: Settings) -> str:
     return url
 
 
-def index_config(settings: Settings, collection: str = DEFAULT) -> IndexConfig:
+def index_config(settings: Settings, collection: str = DEFAULT, near_copy: float = NEAR_COPY) -> IndexConfig:
     """The index either store searches a collection with: FACEGATE_INDEX (FAISS, a persisted one kept
     under `collections/<name>/` of its folder for a collection other than `default`) or FACEGATE_MILVUS_URI."""
     directory = settings.index_dir or settings.data_dir / "index"
@@ -105,4 +108,5 @@ def index_config(settings: Settings, collection: str = DEFAULT) -> IndexConfig:
         settings.milvus_timeout,
         dict(settings.milvus_index_params),
         dict(settings.milvus_search_params),
+        near_copy,
     )

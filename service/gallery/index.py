@@ -29,6 +29,7 @@ import numpy as np
 from filelock import FileLock
 
 from service.core.fileio import replacing, write_atomically
+from service.core.models.manifest import Manifest
 from service.gallery.interface import Candidate
 
 log = logging.getLogger("facegate.gallery.index")
@@ -49,6 +50,19 @@ HELD_BACK = 8
 # photo is, which no face in a graph can be made to be (hidden or kept, it shaped its neighbours'
 # links: the check read 0.035 low or high of what new photos find, docs/benchmarks.md)
 ASIDE = 4096
+# The cosine at which an enrolled face counts as a copy of a held-out one where the embedder's manifest
+# names none (its `near_copy`, benchmarks/near_copy.py); this one is dlib-resnet-v1's (80 % of the
+# mirror images and 85-100 % crops of a training crop reach it; of two LFW photos of one person 4.4 %,
+# of the training identities' 1.9 %: such a pair is left out with the face, its best the next photo).
+# The 99.9th percentile of same-person pairs (0.989) would miss half the copies (their median: 0.985).
+NEAR_COPY = 0.975
+# Up to ASIDE held-back faces of a training sample (which takes them from all over the gallery:
+# `check_stride`) are held back with their near copies (a mirror image, a re-crop enrolled again),
+# the recall check's to draw (`check_faces`): trained on a face's
+# copies, a list's centroid sits on the face the check then searches, as no new photo's does (IVF1024
+# at nprobe 1 over-reported by 0.035 over six k-means seeds on 100k faces with four copies of each;
+# held back with them, by -0.002: docs/benchmarks.md). Copies take at most this share of the training.
+COPIES_LEFT_OUT = 0.25
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
@@ -177,6 +191,36 @@ def default_ef_search(size: int) -> int:
 def held_back(ids: np.ndarray) -> np.ndarray:
     """Which of these face ids never train an index (HELD_BACK): the recall check's queries."""
     return np.asarray(ids, np.int64) % HELD_BACK == HELD_BACK - 1
+
+
+def near_copy_of(manifest: Manifest | None) -> float:
+    """The embedder's cosine from which one enrolled face is a near copy of another (NEAR_COPY where its manifest names none)."""
+    return manifest.near_copy.cosine if manifest is not None and manifest.near_copy is not None else NEAR_COPY
+
+
+def check_stride(count: int) -> int:
+    """A training sample of `count` faces takes the held-back faces whose id is HELD_BACK - 1 modulo
+    this as well: up to ASIDE of them, spread over the gallery's ids whatever its own stride."""
+    return HELD_BACK * max(count // (HELD_BACK * ASIDE), 1)
+
+
+def held_back_with_copies(ids: np.ndarray, vectors: np.ndarray, trains: np.ndarray, near_copy: float) -> tuple[np.ndarray, np.ndarray]:
+    """Of a training sample (`trains`: the faces `held_back` does not name), up to ASIDE held-back
+    faces spread over its ids whose near copies (`near_copy` or more to one) are held back too, as
+    many as the copies' budget (COPIES_LEFT_OUT of the training) allows, drawn at random: their ids
+    and the rows of their copies."""
+    held, rows = np.flatnonzero(~trains), np.flatnonzero(trains)
+    held = held[np.argsort(ids[held], kind="stable")][:: max(math.ceil(len(held) / ASIDE), 1)]
+    held = held[np.random.default_rng(0).permutation(len(held))]  # those the budget leaves out: from anywhere, not the last ids
+    if len(held) == 0 or len(rows) == 0:
+        return ids[held], np.zeros(0, np.int64)
+    pool = faiss.IndexFlatIP(vectors.shape[1])
+    pool.add(vectors[held])
+    scores, nearest = pool.search(vectors[rows], 1)  # a copy of two held-back faces counts for its nearest
+    copy = scores[:, 0] >= near_copy
+    of = nearest[copy, 0]
+    taken = int(np.searchsorted(np.cumsum(np.bincount(of, minlength=len(held))), COPIES_LEFT_OUT * len(rows), side="right"))
+    return ids[held[:taken]], rows[copy][of < taken]
 
 
 def train_size(spec: str, dim: int) -> int:
@@ -426,6 +470,7 @@ class FaissIndex:
         base: MappedFaces | MappedIndex | None = None,
         held_back: bool = False,
         aside: faiss.Index | MappedIndex | None = None,
+        check_faces: np.ndarray | None = None,
     ):
         """A new index, or (`built`) one read from a file with its removed ids and whether its
         training held back the recall check's faces. `search_params` empty: facegate's default for
@@ -459,6 +504,7 @@ class FaissIndex:
             # faiss's stubs (1.15) list only the (name, value) overload, not this string one
             faiss.ParameterSpace().set_index_parameters(self._searched, search_params)  # type: ignore[arg-type]
         self.held_back = held_back  # trained without the faces `held_back` names (an index trained before HELD_BACK: on all)
+        self.check_faces = check_faces  # of those, the ones trained without their near copies too (None: a file saved before)
         if aside is None and built is None and base is None and self.kind == "faiss-hnsw":
             aside = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         self.aside = aside
@@ -534,12 +580,17 @@ class FaissIndex:
     def is_trained(self) -> bool:
         return bool(self._searched.is_trained)
 
-    def train(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        """Train on these faces, but those `held_back` names (the recall check's)."""
+    def train(self, ids: np.ndarray, vectors: np.ndarray, near_copy: float = NEAR_COPY) -> None:
+        """Train on these faces, but those `held_back` names and the near copies (`near_copy` or more)
+        of up to ASIDE of them (`held_back_with_copies`): the faces the recall check draws (`check_faces`)."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         kept = ~held_back(ids)
+        drawn, copies = held_back_with_copies(ids, vectors, kept, near_copy)
+        kept[copies] = False
         with self._lock.write():
-            self._index.train(np.ascontiguousarray(np.asarray(vectors)[kept], dtype=np.float32).reshape(-1, self.dim))
-            self.held_back = True
+            self._index.train(vectors[kept])
+            self.held_back, self.check_faces = True, drawn
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
@@ -615,6 +666,8 @@ class FaissIndex:
                 else:
                     kept = faiss.vector_to_array(self.aside.id_map)  # type: ignore[attr-defined]  # an IndexIDMap2
             return np.isin(ids, kept)
+        if self.check_faces is not None:
+            return np.isin(ids, self.check_faces)
         return held_back(ids) if self.held_back else np.ones(len(ids), bool)
 
     def _keep_exact(self, ids: np.ndarray, vectors: np.ndarray | None) -> None:
@@ -774,6 +827,7 @@ class FaissIndex:
                     "removed": sorted(removed),
                     "dead": dead,
                     "held_back": self.held_back,
+                    **({} if self.check_faces is None else {"check_faces": self.check_faces.tolist()}),
                     **({} if aside is None else {"aside": beside.name}),
                 }
                 self.dirty = False
@@ -827,10 +881,13 @@ class FaissIndex:
         """The saved index: an HNSW or IVF one mapped (`MappedIndex`), what every process of the host
         then shares; a flat one (an IVF index with too few faces to train yet) read."""
         file = path.with_name(meta["file"])
+        drawn = np.array(meta["check_faces"], np.int64) if "check_faces" in meta else None
         if index_kind(meta["spec"]) != "faiss-flat":
             base = MappedIndex(file, meta.get("removed", []), meta.get("dead", 0))
             aside = MappedIndex(path.with_name(meta["aside"])) if meta.get("aside") else None
-            index = cls(meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False), aside=aside)
+            index = cls(
+                meta["dim"], meta["spec"], search_params, base=base, held_back=meta.get("held_back", False), aside=aside, check_faces=drawn
+            )
             index.saved_as = (path, {"model_sha256": meta.get("model_sha256"), "requested": meta.get("requested")})
             return index
         built = faiss.read_index(str(file))
@@ -842,6 +899,7 @@ class FaissIndex:
             meta.get("removed", []),
             meta.get("dead", 0),
             held_back=meta.get("held_back", False),
+            check_faces=drawn,
         )
 
 
@@ -867,6 +925,7 @@ class IndexConfig:
     milvus_timeout: float = 5.0
     milvus_index_params: dict[str, Any] = field(default_factory=dict)
     milvus_search_params: dict[str, Any] = field(default_factory=dict)
+    near_copy: float = NEAR_COPY  # the embedder's (`near_copy_of`): a trained index holds the check's faces back with their copies
 
     @property
     def shared(self) -> bool:
@@ -957,7 +1016,7 @@ def open_index(
     started = time.monotonic()
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index._index)
-        index.train(*sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)))
+        index.train(*sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)), config.near_copy)
     for ids, vectors in rows():
         index.add(ids, vectors)
     if path:

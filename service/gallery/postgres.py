@@ -39,10 +39,13 @@ from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import Derived, FollowedStore, Follower, replay
 from service.gallery.index import (
+    ASIDE,
+    HELD_BACK,
     FaissIndex,
     IndexConfig,
     MappedFaces,
     best_subjects,
+    check_stride,
     index_kind,
     open_index,
     read_meta,
@@ -351,12 +354,12 @@ class PostgresGallery(FollowedStore, GalleryStore):
             saved = meta.get("sequence", -1)
             return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
 
-        def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
-            stride = max(count // max(n, 1), 1)
-            rows = conn.execute(
-                "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = 0 LIMIT %s",
-                (self.collection, sha, stride, n),
-            ).fetchall()
+        def sample(n: int) -> tuple[np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
+            stride, spread = max(count // max(n, 1), 1), check_stride(count)
+            query = "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = %s LIMIT %s"
+            rows = conn.execute(query, (self.collection, sha, stride, 0, n)).fetchall()
+            taken = {r[0] for r in rows}
+            rows += [r for r in conn.execute(query, (self.collection, sha, spread, HELD_BACK - 1, ASIDE)).fetchall() if r[0] not in taken]
             return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -13,8 +13,9 @@ searched without its near copies too (`without_copies`: every face at NEAR_COPY 
 mirror image or a re-crop enrolled again), which a new photo has none of: its best would be a copy
 the index all but always finds (on 100k faces with four copies of each training crop the check read
 0.722 at IVF256 nprobe 1 where LFW's held-out photos found 0.436; 0.514 without the copies). Where the
-index was trained (IVF lists, codes), only faces its training held back (index.py: HELD_BACK): a face
-that trained the k-means pulled a list's centroid to itself, which a new photo never did. Where
+index was trained (IVF lists, codes), only faces its training held back with their near copies
+(index.py: HELD_BACK, `check_faces`): a face, or a copy of it, that trained the k-means pulled a
+list's centroid to itself, which a new photo never did. Where
 the gallery has too few such faces, near copies make up the sample: a face's stored chip mirrored
 and embedded again where chips are kept, else its embedding moved slightly along the directions in
 which faces differ.
@@ -58,7 +59,7 @@ from service.core.errors import FacegateError
 from service.core.models.embedder import FaceEmbedder
 from service.core.open_set import K
 from service.core.settings import Settings
-from service.gallery.index import CANDIDATES, FaissIndex, VectorIndex, best_of, ranked
+from service.gallery.index import CANDIDATES, NEAR_COPY, FaissIndex, VectorIndex, best_of, near_copy_of, ranked
 from service.gallery.interface import GalleryStore
 
 log = logging.getLogger("facegate.gallery.recall")
@@ -70,12 +71,6 @@ POLL_SECONDS = 5.0  # how often the thread looks at the index's change count
 # copies 0.850, 0.925, 0.985; LFW queries 0.914, 0.962, 0.994: docs/benchmarks.md). A mirrored chip
 # is nearer (cosine 0.99 with dlib-resnet-v1; two LFW photos of one person: 0.95).
 PERTURBED_COSINE = 0.97
-# The cosine at which an enrolled face counts as a copy of a held-out one where the embedder's manifest
-# names none (its `near_copy`, benchmarks/near_copy.py); this one is dlib-resnet-v1's (80 % of the
-# mirror images and 85-100 % crops of a training crop reach it; of two LFW photos of one person 4.4 %,
-# of the training identities' 1.9 %: such a pair is left out with the face, its best the next photo).
-# The 99.9th percentile of same-person pairs (0.989) would miss half the copies (their median: 0.985).
-NEAR_COPY = 0.975
 COPIES = 15  # near copies left out with a held-out face at most (a face with more is not drawn)
 TIE = 1e-5  # float32 dot products of one pair differ in the last bits between FAISS and numpy
 LIVE_INTERVAL = 60.0  # seconds at least between two checks that live queries alone make due
@@ -206,7 +201,7 @@ class RecallCheck:
             embedder.embed if embedder else None,
             embedder.manifest.alignment if embedder else None,
             live=settings.index_recall_live,
-            near_copy=embedder.manifest.near_copy.cosine if embedder and embedder.manifest.near_copy else NEAR_COPY,
+            near_copy=near_copy_of(embedder.manifest if embedder else None),
         )
 
     def offer(self, embedding: np.ndarray, decision: Decision) -> None:

@@ -43,10 +43,13 @@ from service.core.open_set import GalleryShape, LeaveOneOut, follow
 from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import ON_REQUEST, Change, Derived, FollowedStore, Follower, add, remove, replay
 from service.gallery.index import (
+    ASIDE,
+    HELD_BACK,
     FaissIndex,
     IndexConfig,
     MappedFaces,
     best_subjects,
+    check_stride,
     index_kind,
     open_index,
     save_index,
@@ -426,14 +429,15 @@ def sampler(
     db: sqlite3.Connection, collection: str, embedder: EmbedderKey, faces: list[int]
 ) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
     """n of the collection's faces the embedder made, spread over the ids, with their ids: what an
-    index that needs training trains on (holding back the recall check's faces)."""
+    index that needs training trains on (holding back the recall check's faces, of which it takes up
+    to ASIDE more from all over the ids: `check_stride`)."""
 
     def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
-        stride = max(faces[0] // max(n, 1), 1)
-        rows = db.execute(
-            "SELECT id, embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = 0 LIMIT ?",
-            (collection, embedder.sha256, stride, n),
-        ).fetchall()
+        stride, spread = max(faces[0] // max(n, 1), 1), check_stride(faces[0])
+        query = "SELECT id, embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = ? LIMIT ?"
+        rows = db.execute(query, (collection, embedder.sha256, stride, 0, n)).fetchall()
+        taken = {r[0] for r in rows}
+        rows += [r for r in db.execute(query, (collection, embedder.sha256, spread, HELD_BACK - 1, ASIDE)) if r[0] not in taken]
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
     return sample

@@ -163,6 +163,53 @@ def test_an_hnsw_file_saved_without_an_aside_loads_as_before(tmp_path):
     assert FaissIndex(16, "IVF4,Flat").aside is None
 
 
+def test_an_ivf_index_trains_without_the_check_s_faces_and_their_near_copies(tmp_path, monkeypatch):
+    """The faces the recall check draws (one id in eight) trained no IVF list, nor did their near
+    copies (a mirror image, a re-crop enrolled again: cosine NEAR_COPY or more): trained on them, a
+    list's centroid sat on the face the check then searches, which a new photo's never does. The
+    faces so held back are kept in the index's file; one saved before has none (its check draws
+    every held-back face, as it did)."""
+    photos = unit(600, seed=1)
+    copies = photos + 0.05 * unit(600, seed=2)  # one near copy of each photo, enrolled right after it
+    copies /= np.linalg.norm(copies, axis=1, keepdims=True)
+    assert (np.einsum("fd,fd->f", photos, copies) > index_module.NEAR_COPY).all()
+    vectors = np.stack([photos, copies], 1).reshape(1200, 16)
+    trained: list[np.ndarray] = []
+    index = FaissIndex(16, "IVF8,Flat")
+    inner_train = index._index.train
+    monkeypatch.setattr(index._index, "train", lambda x: trained.append(np.array(x)) or inner_train(x))
+    ids = np.arange(1200)
+    index.train(ids, vectors)
+    index.add(ids, vectors)
+    (training,) = trained
+    drawn = index.check_faces
+    assert drawn is not None and len(drawn) == 150 and (drawn % 8 == 7).all()  # every held-back face: their copies are 150 of 1,050
+    assert (training @ vectors[drawn].T).max() < index_module.NEAR_COPY  # neither the faces nor their copies trained
+    assert len(training) == 1200 - 150 - 150
+    assert np.flatnonzero(index.held_out_of(ids)).tolist() == sorted(drawn.tolist())
+    path = tmp_path / "index.json"
+    index.save(path, {})
+    assert sorted(FaissIndex.load(path, read_meta(path), "").check_faces.tolist()) == sorted(drawn.tolist())
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in read_meta(path).items() if k != "check_faces"}))
+    assert FaissIndex.load(old, read_meta(old), "").held_out_of(ids).tolist() == (ids % 8 == 7).tolist()
+
+
+def test_the_copies_held_back_take_at_most_a_quarter_of_the_training():
+    """A gallery where every face has many near copies: the check's faces are held back with theirs
+    only while that leaves three quarters of the training (COPIES_LEFT_OUT), drawn from all over the
+    sample rather than its first ids."""
+    people = unit(100, seed=4)
+    vectors = np.repeat(people, 12, axis=0) + 0.02 * unit(1200, seed=5)  # 12 near copies of each of 100 faces
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(1200)
+    trains = ~index_module.held_back(ids)
+    drawn, left_out = index_module.held_back_with_copies(ids, vectors, trains, index_module.NEAR_COPY)
+    assert 0 < len(left_out) <= index_module.COPIES_LEFT_OUT * trains.sum() and trains[left_out].all()
+    assert len(drawn) < 150 and (drawn % 8 == 7).all() and drawn.max() > 600  # not the first ids alone
+    assert (vectors[left_out] @ vectors[drawn].T).max(1).min() >= index_module.NEAR_COPY
+
+
 def build_inputs(vectors: np.ndarray):
     ids = np.arange(1, len(vectors) + 1)
     return (lambda n: (ids[:n], vectors[:n])), (lambda: iter([(ids, vectors)]))
