@@ -59,11 +59,10 @@ from service.core.settings import Settings
 from service.gallery.index import (
     ASIDE,
     CANDIDATES,
-    HELD_BACK,
     MAX_TRAIN_PER_LIST,
     FaissIndex,
     IndexConfig,
-    check_stride,
+    held_back,
     read_meta,
     set_search_threads,
     train_size,
@@ -281,10 +280,13 @@ def latencies(index: FaissIndex, vectors: np.ndarray, queries: np.ndarray, concu
         return np.array(list(pool.map(one, queries)))
 
 
-def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None = None, seed: int | None = None) -> FaissIndex:
+def build(
+    spec: str, vectors: np.ndarray, dim: int, drawable: np.ndarray, leave_out: np.ndarray | None = None, seed: int | None = None
+) -> FaissIndex:
     """The index as the store builds it (face id = row), or as a gallery without the faces `leave_out`
-    would have it: trained on the same sample but them, none of them added. `seed`: its IVF k-means
-    seed (None: FAISS's own), which alone moves recall at a small nprobe by a few hundredths."""
+    would have it: trained on the same sample but them, none of them added. `drawable`: the faces
+    whose subject has another (the recall check's to draw). `seed`: its IVF k-means seed (None: FAISS's
+    own), which alone moves recall at a small nprobe by a few hundredths."""
     index = FaissIndex(dim, spec)
     if seed is not None and (ivf := faiss.try_extract_index_ivf(index._index)) is not None:
         ivf.cp.seed = seed
@@ -292,8 +294,10 @@ def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None
         needed = train_size(spec, dim)
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(len(vectors), MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else needed)
-        rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)][:n]  # the store's sample: every stride-th id,
-        rows = np.union1d(rows, np.arange(HELD_BACK - 1, len(vectors), check_stride(len(vectors)))[:ASIDE])  # held-back faces beside
+        rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)]
+        rows = rows[~held_back(rows)][:n]  # the store's sample (sqlite.py's TRAINING_FACES), and beside it its CHECK_FACES
+        check = drawable[held_back(drawable)]
+        rows = np.union1d(rows, check[np.argsort(check * 2654435761 % 2**32, kind="stable")][:ASIDE])
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
         index.train(rows, np.asarray(vectors[rows]))
     for start in range(0, len(vectors), 200_000):
@@ -303,7 +307,7 @@ def build(spec: str, vectors: np.ndarray, dim: int, leave_out: np.ndarray | None
     return index
 
 
-def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe, seed: int | None = None) -> Callable[[str], float]:
+def new_photos_found(spec: str, vectors: np.ndarray, drawable: np.ndarray, probe: Probe, seed: int | None = None) -> Callable[[str], float]:
     """What the recall check estimates, measured: its held-out faces searched as new photos through
     the index of the gallery without them (`build`'s `leave_out`), against their exact best there;
     recall@1 at the search parameters given (FaissIndex's, '' for the default)."""
@@ -311,7 +315,7 @@ def new_photos_found(spec: str, vectors: np.ndarray, probe: Probe, seed: int | N
     mated = np.unique(leaving[leaving >= 0])
     queries = probe.queries[probe.left_out >= 0]
     set_search_threads(2)  # built as the index it stands beside was
-    index = build(spec, vectors, vectors.shape[1], mated, seed)
+    index = build(spec, vectors, vectors.shape[1], drawable, mated, seed)
     set_search_threads(1)
     best = np.full(len(queries), -np.inf, np.float32)
     for start in range(0, len(vectors), 200_000):
@@ -509,6 +513,7 @@ def main() -> None:
         held = ArrayGallery(
             vectors, np.concatenate([np.unique(enrolled_who, return_inverse=True)[1], np.arange(len(enrolled), args.size) + len(enrolled)])
         )
+        drawable = held.mated_faces()[0]
         # /identify's default decision for this gallery (FACEGATE_DEFAULT_FPIR; no open-set guard's tail)
         shape = GalleryShape(len(np.unique(held.who)), args.size)
         decision = decide_search(pipeline.require_embedder().manifest, None, None, None, shape, settings.default_fpir)
@@ -538,7 +543,7 @@ def main() -> None:
             gc.collect()
             started = time.perf_counter()
             set_search_threads(2)  # building may use both cores; searches run on one, as the service's do
-            index = build(spec, vectors, dim, seed=args.kmeans_seed)
+            index = build(spec, vectors, dim, drawable, seed=args.kmeans_seed)
             set_search_threads(1)
             build_s = time.perf_counter() - started
             with tempfile.TemporaryDirectory(dir=work) as tmp:  # what a restart reads (flat is rebuilt from the store instead)
@@ -571,7 +576,7 @@ def main() -> None:
                 r10 = float(np.mean([len(set(f[:10].tolist()) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)]))
                 if probe is None:  # per index: one trained holding back HELD_BACK's faces draws from them
                     probe = held_out(held, index, RECALL_SAMPLE, seed=0)
-                    truth_of = new_photos_found(spec, vectors, probe, args.kmeans_seed) if args.check_truth else None
+                    truth_of = new_photos_found(spec, vectors, drawable, probe, args.kmeans_seed) if args.check_truth else None
                 check = measured(held, index, probe, time.monotonic())
                 shadow = f"{measured(held, index, shadowed).recall_at_1:>6.3f}" if len(shadowed.queries) else f"{'-':>6}"
                 new = f" {truth_of(index.search_params):>6.3f}" if truth_of else ""

@@ -56,9 +56,10 @@ ASIDE = 4096
 # of the training identities' 1.9 %: such a pair is left out with the face, its best the next photo).
 # The 99.9th percentile of same-person pairs (0.989) would miss half the copies (their median: 0.985).
 NEAR_COPY = 0.975
-# Up to ASIDE held-back faces of a training sample (which takes them from all over the gallery:
-# `check_stride`) are held back with their near copies (a mirror image, a re-crop enrolled again),
-# the recall check's to draw (`check_faces`): trained on a face's
+# Up to ASIDE held-back faces of a training sample (the store's brings that many of subjects with
+# another face, from all over the gallery: sqlite.py's CHECK_FACES) are held back with their near
+# copies (a mirror image, a re-crop enrolled again), the recall check's to draw (`check_faces`):
+# trained on a face's
 # copies, a list's centroid sits on the face the check then searches, as no new photo's does (IVF1024
 # at nprobe 1 over-reported by 0.035 over six k-means seeds on 100k faces with four copies of each;
 # held back with them, by -0.002: docs/benchmarks.md). Copies take at most this share of the training.
@@ -196,12 +197,6 @@ def held_back(ids: np.ndarray) -> np.ndarray:
 def near_copy_of(manifest: Manifest | None) -> float:
     """The embedder's cosine from which one enrolled face is a near copy of another (NEAR_COPY where its manifest names none)."""
     return manifest.near_copy.cosine if manifest is not None and manifest.near_copy is not None else NEAR_COPY
-
-
-def check_stride(count: int) -> int:
-    """A training sample of `count` faces takes the held-back faces whose id is HELD_BACK - 1 modulo
-    this as well: up to ASIDE of them, spread over the gallery's ids whatever its own stride."""
-    return HELD_BACK * max(count // (HELD_BACK * ASIDE), 1)
 
 
 def held_back_with_copies(ids: np.ndarray, vectors: np.ndarray, trains: np.ndarray, near_copy: float) -> tuple[np.ndarray, np.ndarray]:

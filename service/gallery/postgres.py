@@ -40,12 +40,10 @@ from service.gallery.collection_names import DEFAULT
 from service.gallery.follower import Derived, FollowedStore, Follower, replay
 from service.gallery.index import (
     ASIDE,
-    HELD_BACK,
     FaissIndex,
     IndexConfig,
     MappedFaces,
     best_subjects,
-    check_stride,
     index_kind,
     open_index,
     read_meta,
@@ -59,12 +57,14 @@ from service.gallery.names import holding, name_key
 from service.gallery.pg_connections import Connections
 from service.gallery.snapshot import Snapshot, SnapshotFiles
 from service.gallery.sqlite import (
+    CHECK_FACES,
     COLLECTION_COUNTS,
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
     LOOKUP_CHUNK,
     MATED_FACES,
     SUBJECT_SELECT,
+    TRAINING_FACES,
     embedding_blob,
     face_record,
     face_row,
@@ -355,11 +355,10 @@ class PostgresGallery(FollowedStore, GalleryStore):
             return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
 
         def sample(n: int) -> tuple[np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
-            stride, spread = max(count // max(n, 1), 1), check_stride(count)
-            query = "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% %s = %s LIMIT %s"
-            rows = conn.execute(query, (self.collection, sha, stride, 0, n)).fetchall()
-            taken = {r[0] for r in rows}
-            rows += [r for r in conn.execute(query, (self.collection, sha, spread, HELD_BACK - 1, ASIDE)).fetchall() if r[0] not in taken]
+            stride = max(count // max(n, 1), 1)
+            rows = conn.execute(TRAINING_FACES.replace("%", "%%").replace("%%s", "%s"), (self.collection, sha, stride, n)).fetchall()
+            check = CHECK_FACES.replace("%", "%%").replace("%%s", "%s")
+            rows += conn.execute(check, (self.collection, sha, self.collection, sha, ASIDE)).fetchall()
             return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:

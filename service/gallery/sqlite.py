@@ -49,7 +49,6 @@ from service.gallery.index import (
     IndexConfig,
     MappedFaces,
     best_subjects,
-    check_stride,
     index_kind,
     open_index,
     save_index,
@@ -158,6 +157,19 @@ LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
 MATED_FACES = (
     "SELECT id, subject_id FROM faces WHERE collection = %s AND model_sha256 = %s AND subject_id IN "
     "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
+)
+# An index's training sample (both stores, placeholders %s; SQLite's `?` replaced): faces that train it,
+# every stride-th id but those HELD_BACK names; and beside them up to ASIDE of the faces it holds back
+# that the recall check can draw (their subject has another face), in an order that spreads them over
+# the ids (a multiplicative hash), with the near copies of which it then trains neither (index.py).
+TRAINING_FACES = (
+    "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s "
+    f"AND id % %s = 0 AND id % {HELD_BACK} != {HELD_BACK - 1} LIMIT %s"
+)
+CHECK_FACES = (
+    f"SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id % {HELD_BACK} = {HELD_BACK - 1} AND subject_id IN "
+    "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1) "
+    "ORDER BY (id * 2654435761) % 4294967296 LIMIT %s"
 )
 
 
@@ -429,15 +441,13 @@ def sampler(
     db: sqlite3.Connection, collection: str, embedder: EmbedderKey, faces: list[int]
 ) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
     """n of the collection's faces the embedder made, spread over the ids, with their ids: what an
-    index that needs training trains on (holding back the recall check's faces, of which it takes up
-    to ASIDE more from all over the ids: `check_stride`)."""
+    index that needs training trains on, and beside them the recall check's faces it holds back
+    (TRAINING_FACES, CHECK_FACES)."""
 
     def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
-        stride, spread = max(faces[0] // max(n, 1), 1), check_stride(faces[0])
-        query = "SELECT id, embedding FROM faces WHERE collection = ? AND model_sha256 = ? AND id % ? = ? LIMIT ?"
-        rows = db.execute(query, (collection, embedder.sha256, stride, 0, n)).fetchall()
-        taken = {r[0] for r in rows}
-        rows += [r for r in db.execute(query, (collection, embedder.sha256, spread, HELD_BACK - 1, ASIDE)) if r[0] not in taken]
+        sha, stride = embedder.sha256, max(faces[0] // max(n, 1), 1)
+        rows = db.execute(TRAINING_FACES.replace("%s", "?"), (collection, sha, stride, n)).fetchall()
+        rows += db.execute(CHECK_FACES.replace("%s", "?"), (collection, sha, collection, sha, ASIDE)).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
     return sample

@@ -183,19 +183,42 @@ def test_at_faiss_s_own_nprobe_the_check_is_what_its_faces_find_as_new_photos(tm
         store.close()
 
 
-def test_a_training_sample_whose_stride_skips_the_held_back_ids_still_gives_the_check_its_faces(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_the_training_sample_brings_the_check_s_faces_whatever_its_stride(kind, tmp_path, monkeypatch, request):
     """2,048 faces, IVF4 trains on 256: the store's sample takes every 8th id, none of them one the
-    check draws (id % 8 == 7); it takes those from all over the gallery beside it (`check_stride`),
-    so the check still draws enrolled faces its index never trained on, not made-up copies."""
-    enroll(tmp_path, clustered(256, 8, seed=2).reshape(256, 8, -1))
+    check draws (id % 8 == 7), and beside them those of subjects with another face from all over
+    the gallery (CHECK_FACES), so the check draws enrolled faces its index never trained on, not
+    made-up copies; a subject with one face is never among them (the check cannot draw it)."""
+    faces = clustered(256, 8, seed=2).reshape(256, 8, -1)
+    faces[255, 1:] = clustered(7, 1, seed=9)  # the last 7 faces: one subject each
     sampled: list[np.ndarray] = []
     train = FaissIndex.train
     monkeypatch.setattr(FaissIndex, "train", lambda self, ids, vectors, *rest: sampled.append(ids) or train(self, ids, vectors, *rest))
-    store = open_with(tmp_path, "IVF4,Flat")
+    if kind == "sqlite":
+        enroll(tmp_path, faces[:255])
+        writer = SqliteGallery.open(tmp_path, KEY, searchable=False)
+    else:
+        from service.gallery.postgres import PostgresGallery
+
+        database_url = request.getfixturevalue("database_url")
+        writer = PostgresGallery(database_url, KEY, searchable=False, pool_size=2)
+        for p, photos in enumerate(faces[:255]):
+            writer.create_subject(f"p{p}", {}, f"p{p}")
+            writer.add_faces(f"p{p}", [NewFace(v) for v in photos])
+    for k, v in enumerate(faces[255]):
+        writer.create_subject(f"single{k}", {}, f"single{k}")
+        writer.add_faces(f"single{k}", [NewFace(v)])
+    writer.close()
+    if kind == "sqlite":
+        store = open_with(tmp_path, "IVF4,Flat")
+    else:
+        store = PostgresGallery(database_url, KEY, pool_size=2, index=IndexConfig("IVF4,Flat", "", tmp_path / "index"))
     try:
         (ids,) = sampled
-        every_8th, beside = ids[ids % 8 == 0], ids[ids % 8 == 7]
-        assert len(every_8th) == 256 and len(beside) == 256 and beside.min() < 100 and beside.max() > 1900
+        trains, beside = ids[ids % 8 != 7], ids[ids % 8 == 7]
+        assert len(trains) == 256 and (trains % 8 == 0).all()
+        assert len(beside) == 255 and beside.min() < 100 and beside.max() > 1900 and 2047 not in beside  # 2,047: a subject with one face
+        assert sorted(store.index.check_faces.tolist()) == sorted(beside.tolist())  # no copies: every one is held back with them
         result = measured(store, store.index, held_out(store, store.index, 200, seed=0))
         assert result.mated_queries == result.queries == 200
     finally:
