@@ -295,11 +295,11 @@ def build(
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(len(vectors), MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else needed)
         rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)]
-        rows = rows[~held_back(rows)][:n]  # the store's sample (sqlite.py's TRAINING_FACES), and beside it its CHECK_FACES
+        rows = rows[~held_back(rows)][:n]  # the store's sample (sqlite.py's TRAINING_FACES), and beside it its CHECK_CANDIDATES
         check = drawable[held_back(drawable)]
         rows = np.union1d(rows, check[np.argsort(check * 2654435761 % 2**32, kind="stable")][:ASIDE])
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
-        index.train(rows, np.asarray(vectors[rows]))
+        index.train(rows, np.asarray(vectors[rows]), check_sample=RECALL_SAMPLE)
     for start in range(0, len(vectors), 200_000):
         rows = np.arange(start, min(start + 200_000, len(vectors)))
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)

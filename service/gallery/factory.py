@@ -109,4 +109,5 @@ def index_config(settings: Settings, collection: str = DEFAULT, near_copy: float
         dict(settings.milvus_index_params),
         dict(settings.milvus_search_params),
         near_copy,
+        settings.index_recall_sample,
     )

@@ -56,14 +56,17 @@ ASIDE = 4096
 # of the training identities' 1.9 %: such a pair is left out with the face, its best the next photo).
 # The 99.9th percentile of same-person pairs (0.989) would miss half the copies (their median: 0.985).
 NEAR_COPY = 0.975
-# Up to ASIDE held-back faces of a training sample (the store's brings that many of subjects with
-# another face, from all over the gallery: sqlite.py's CHECK_FACES) are held back with their near
-# copies (a mirror image, a re-crop enrolled again), the recall check's to draw (`check_faces`):
-# trained on a face's
-# copies, a list's centroid sits on the face the check then searches, as no new photo's does (IVF1024
-# at nprobe 1 over-reported by 0.035 over six k-means seeds on 100k faces with four copies of each;
-# held back with them, by -0.002: docs/benchmarks.md). Copies take at most this share of the training.
+# As many held-back faces of a training sample as the recall check draws (FACEGATE_INDEX_RECALL_SAMPLE:
+# the store's sample brings up to ASIDE of subjects with another face, from all over the gallery,
+# sqlite.py's CHECK_CANDIDATES) are held back with their near copies (a mirror image, a re-crop enrolled
+# again), the check's faces (`check_faces`): trained on a face's copies, a list's centroid sits on the
+# face the check then searches, as no new photo's does (IVF1024 at nprobe 1 over-reported by 0.035
+# over six k-means seeds on 100k faces with four copies of each), and every further face held back
+# so takes its copies' weight from the lists around the faces the check draws (with 4,096 of them
+# there, it under-reported by 0.02): docs/benchmarks.md, round 9. Copies take at most this share of
+# the training.
 COPIES_LEFT_OUT = 0.25
+CHECK_SAMPLE = 1000  # FACEGATE_INDEX_RECALL_SAMPLE's default (IndexConfig.check_sample: the setting)
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)
@@ -199,14 +202,14 @@ def near_copy_of(manifest: Manifest | None) -> float:
     return manifest.near_copy.cosine if manifest is not None and manifest.near_copy is not None else NEAR_COPY
 
 
-def held_back_with_copies(ids: np.ndarray, vectors: np.ndarray, trains: np.ndarray, near_copy: float) -> tuple[np.ndarray, np.ndarray]:
-    """Of a training sample (`trains`: the faces `held_back` does not name), up to ASIDE held-back
-    faces spread over its ids whose near copies (`near_copy` or more to one) are held back too, as
-    many as the copies' budget (COPIES_LEFT_OUT of the training) allows, drawn at random: their ids
-    and the rows of their copies."""
+def held_back_with_copies(
+    ids: np.ndarray, vectors: np.ndarray, trains: np.ndarray, near_copy: float, faces: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Of a training sample (`trains`: the faces `held_back` does not name), `faces` of its held-back
+    ones at random whose near copies (`near_copy` or more to one) are held back too, as many as the
+    copies' budget (COPIES_LEFT_OUT of the training) allows: their ids and the rows of their copies."""
     held, rows = np.flatnonzero(~trains), np.flatnonzero(trains)
-    held = held[np.argsort(ids[held], kind="stable")][:: max(math.ceil(len(held) / ASIDE), 1)]
-    held = held[np.random.default_rng(0).permutation(len(held))]  # those the budget leaves out: from anywhere, not the last ids
+    held = held[np.random.default_rng(0).permutation(len(held))][:faces]
     if len(held) == 0 or len(rows) == 0:
         return ids[held], np.zeros(0, np.int64)
     pool = faiss.IndexFlatIP(vectors.shape[1])
@@ -575,13 +578,13 @@ class FaissIndex:
     def is_trained(self) -> bool:
         return bool(self._searched.is_trained)
 
-    def train(self, ids: np.ndarray, vectors: np.ndarray, near_copy: float = NEAR_COPY) -> None:
+    def train(self, ids: np.ndarray, vectors: np.ndarray, near_copy: float = NEAR_COPY, check_sample: int = CHECK_SAMPLE) -> None:
         """Train on these faces, but those `held_back` names and the near copies (`near_copy` or more)
-        of up to ASIDE of them (`held_back_with_copies`): the faces the recall check draws (`check_faces`)."""
+        of `check_sample` of them (`held_back_with_copies`): the faces the recall check draws (`check_faces`)."""
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         kept = ~held_back(ids)
-        drawn, copies = held_back_with_copies(ids, vectors, kept, near_copy)
+        drawn, copies = held_back_with_copies(ids, vectors, kept, near_copy, check_sample)
         kept[copies] = False
         with self._lock.write():
             self._index.train(vectors[kept])
@@ -921,6 +924,7 @@ class IndexConfig:
     milvus_index_params: dict[str, Any] = field(default_factory=dict)
     milvus_search_params: dict[str, Any] = field(default_factory=dict)
     near_copy: float = NEAR_COPY  # the embedder's (`near_copy_of`): a trained index holds the check's faces back with their copies
+    check_sample: int = CHECK_SAMPLE  # FACEGATE_INDEX_RECALL_SAMPLE: how many faces that is
 
     @property
     def shared(self) -> bool:
@@ -1011,7 +1015,8 @@ def open_index(
     started = time.monotonic()
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index._index)
-        index.train(*sample(min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)), config.near_copy)
+        n = min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)
+        index.train(*sample(n), config.near_copy, config.check_sample)
     for ids, vectors in rows():
         index.add(ids, vectors)
     if path:

@@ -57,7 +57,7 @@ from service.gallery.names import holding, name_key
 from service.gallery.pg_connections import Connections
 from service.gallery.snapshot import Snapshot, SnapshotFiles
 from service.gallery.sqlite import (
-    CHECK_FACES,
+    CHECK_CANDIDATES,
     COLLECTION_COUNTS,
     FACE_INSERT_COLUMNS,
     FACE_SELECT,
@@ -357,7 +357,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
         def sample(n: int) -> tuple[np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
             stride = max(count // max(n, 1), 1)
             rows = conn.execute(TRAINING_FACES.replace("%", "%%").replace("%%s", "%s"), (self.collection, sha, stride, n)).fetchall()
-            check = CHECK_FACES.replace("%", "%%").replace("%%s", "%s")
+            check = CHECK_CANDIDATES.replace("%", "%%").replace("%%s", "%s")
             rows += conn.execute(check, (self.collection, sha, self.collection, sha, ASIDE)).fetchall()
             return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 

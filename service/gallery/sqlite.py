@@ -166,7 +166,7 @@ TRAINING_FACES = (
     "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s "
     f"AND id % %s = 0 AND id % {HELD_BACK} != {HELD_BACK - 1} LIMIT %s"
 )
-CHECK_FACES = (
+CHECK_CANDIDATES = (
     f"SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id % {HELD_BACK} = {HELD_BACK - 1} AND subject_id IN "
     "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1) "
     "ORDER BY (id * 2654435761) % 4294967296 LIMIT %s"
@@ -442,12 +442,12 @@ def sampler(
 ) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
     """n of the collection's faces the embedder made, spread over the ids, with their ids: what an
     index that needs training trains on, and beside them the recall check's faces it holds back
-    (TRAINING_FACES, CHECK_FACES)."""
+    (TRAINING_FACES, CHECK_CANDIDATES)."""
 
     def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
         sha, stride = embedder.sha256, max(faces[0] // max(n, 1), 1)
         rows = db.execute(TRAINING_FACES.replace("%s", "?"), (collection, sha, stride, n)).fetchall()
-        rows += db.execute(CHECK_FACES.replace("%s", "?"), (collection, sha, collection, sha, ASIDE)).fetchall()
+        rows += db.execute(CHECK_CANDIDATES.replace("%s", "?"), (collection, sha, collection, sha, ASIDE)).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
     return sample

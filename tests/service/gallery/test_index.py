@@ -198,16 +198,19 @@ def test_an_ivf_index_trains_without_the_check_s_faces_and_their_near_copies(tmp
 def test_the_copies_held_back_take_at_most_a_quarter_of_the_training():
     """A gallery where every face has many near copies: the check's faces are held back with theirs
     only while that leaves three quarters of the training (COPIES_LEFT_OUT), drawn from all over the
-    sample rather than its first ids."""
+    sample rather than its first ids, and no more of them than the check draws (each takes its
+    copies' weight from the lists around the faces the check searches)."""
     people = unit(100, seed=4)
     vectors = np.repeat(people, 12, axis=0) + 0.02 * unit(1200, seed=5)  # 12 near copies of each of 100 faces
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(1200)
     trains = ~index_module.held_back(ids)
-    drawn, left_out = index_module.held_back_with_copies(ids, vectors, trains, index_module.NEAR_COPY)
+    drawn, left_out = index_module.held_back_with_copies(ids, vectors, trains, index_module.NEAR_COPY, 1000)
     assert 0 < len(left_out) <= index_module.COPIES_LEFT_OUT * trains.sum() and trains[left_out].all()
     assert len(drawn) < 150 and (drawn % 8 == 7).all() and drawn.max() > 600  # not the first ids alone
     assert (vectors[left_out] @ vectors[drawn].T).max(1).min() >= index_module.NEAR_COPY
+    few, theirs = index_module.held_back_with_copies(ids, vectors, trains, index_module.NEAR_COPY, 5)  # as many as the check draws
+    assert len(few) == 5 and len(theirs) < len(left_out) and (vectors[theirs] @ vectors[few].T).max(1).min() >= index_module.NEAR_COPY
 
 
 def build_inputs(vectors: np.ndarray):

@@ -187,7 +187,7 @@ def test_at_faiss_s_own_nprobe_the_check_is_what_its_faces_find_as_new_photos(tm
 def test_the_training_sample_brings_the_check_s_faces_whatever_its_stride(kind, tmp_path, monkeypatch, request):
     """2,048 faces, IVF4 trains on 256: the store's sample takes every 8th id, none of them one the
     check draws (id % 8 == 7), and beside them those of subjects with another face from all over
-    the gallery (CHECK_FACES), so the check draws enrolled faces its index never trained on, not
+    the gallery (CHECK_CANDIDATES), so the check draws enrolled faces its index never trained on, not
     made-up copies; a subject with one face is never among them (the check cannot draw it)."""
     faces = clustered(256, 8, seed=2).reshape(256, 8, -1)
     faces[255, 1:] = clustered(7, 1, seed=9)  # the last 7 faces: one subject each
