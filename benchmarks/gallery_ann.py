@@ -68,6 +68,7 @@ from service.gallery.index import (
     train_size,
 )
 from service.gallery.recall import LiveQueries, Probe, held_out, live_probe, measured, passing
+from service.gallery.sqlite import ID_HASH
 from training.near_copy import near_copies
 
 PHOTOS = {".jpg", ".jpeg", ".png"}
@@ -297,7 +298,7 @@ def build(
         rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)]
         rows = rows[~held_back(rows)][:n]  # the store's sample (sqlite.py's TRAINING_FACES), and beside it its CHECK_CANDIDATES
         check = drawable[held_back(drawable)]
-        rows = np.union1d(rows, check[np.argsort(check * 2654435761 % 2**32, kind="stable")][:ASIDE])
+        rows = np.union1d(rows, check[np.argsort(check * ID_HASH % 2**32, kind="stable")][:ASIDE])
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
         index.train(rows, np.asarray(vectors[rows]), check_sample=RECALL_SAMPLE)
     for start in range(0, len(vectors), 200_000):

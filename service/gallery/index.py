@@ -30,6 +30,7 @@ from filelock import FileLock
 
 from service.core.fileio import replacing, write_atomically
 from service.core.models.manifest import Manifest
+from service.core.settings import Settings
 from service.gallery.interface import Candidate
 
 log = logging.getLogger("facegate.gallery.index")
@@ -66,7 +67,7 @@ NEAR_COPY = 0.975
 # there, it under-reported by 0.02): docs/benchmarks.md, round 9. Copies take at most this share of
 # the training.
 COPIES_LEFT_OUT = 0.25
-CHECK_SAMPLE = 1000  # FACEGATE_INDEX_RECALL_SAMPLE's default (IndexConfig.check_sample: the setting)
+CHECK_SAMPLE: int = Settings.model_fields["index_recall_sample"].default  # IndexConfig.check_sample: the setting itself
 
 
 _search_threads = 0  # FACEGATE_SEARCH_THREADS; 0: OpenMP's own default (every core)

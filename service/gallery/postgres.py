@@ -356,9 +356,8 @@ class PostgresGallery(FollowedStore, GalleryStore):
 
         def sample(n: int) -> tuple[np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
             stride = max(count // max(n, 1), 1)
-            rows = conn.execute(TRAINING_FACES.replace("%", "%%").replace("%%s", "%s"), (self.collection, sha, stride, n)).fetchall()
-            check = CHECK_CANDIDATES.replace("%", "%%").replace("%%s", "%s")
-            rows += conn.execute(check, (self.collection, sha, self.collection, sha, ASIDE)).fetchall()
+            rows = conn.execute(TRAINING_FACES, (self.collection, sha, stride, n)).fetchall()
+            rows += conn.execute(CHECK_CANDIDATES, (self.collection, sha, self.collection, sha, ASIDE)).fetchall()
             return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -154,23 +154,27 @@ BUSY_SECONDS = 10.0  # how long a statement waits for another process's write (S
 LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
 # faces of the collection's (the first and third parameter) active model (the second and fourth)
 # whose subject has another: the recall check's queries
-MATED_FACES = (
-    "SELECT id, subject_id FROM faces WHERE collection = %s AND model_sha256 = %s AND subject_id IN "
-    "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
-)
-# An index's training sample (both stores, placeholders %s; SQLite's `?` replaced): faces that train it,
-# every stride-th id but those HELD_BACK names; and beside them up to ASIDE of the faces it holds back
-# that the recall check can draw (their subject has another face), in an order that spreads them over
-# the ids (a multiplicative hash), with the near copies of which it then trains neither (index.py).
+# Queries both stores run (PostgreSQL's placeholders, `%%` its modulo; SQLite's through `for_sqlite`).
+MATED_SUBJECTS = "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
+MATED_FACES = f"SELECT id, subject_id FROM faces WHERE collection = %s AND model_sha256 = %s AND subject_id IN {MATED_SUBJECTS}"
+# An index's training sample: faces that train it, every stride-th id but those HELD_BACK names; and
+# beside them up to ASIDE of the faces it holds back that the recall check can draw (their subject has
+# another face), in an order that spreads them over the ids (ID_HASH, multiplicative), with the near
+# copies of which it then trains neither (index.py `held_back_with_copies`).
+ID_HASH = 2654435761
 TRAINING_FACES = (
     "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s "
-    f"AND id % %s = 0 AND id % {HELD_BACK} != {HELD_BACK - 1} LIMIT %s"
+    f"AND id %% %s = 0 AND id %% {HELD_BACK} != {HELD_BACK - 1} LIMIT %s"
 )
 CHECK_CANDIDATES = (
-    f"SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id % {HELD_BACK} = {HELD_BACK - 1} AND subject_id IN "
-    "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1) "
-    "ORDER BY (id * 2654435761) % 4294967296 LIMIT %s"
+    f"SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% {HELD_BACK} = {HELD_BACK - 1} "
+    f"AND subject_id IN {MATED_SUBJECTS} ORDER BY (id * {ID_HASH}) %% 4294967296 LIMIT %s"
 )
+
+
+def for_sqlite(query: str) -> str:
+    """One of the queries both stores run, in SQLite's placeholders and modulo."""
+    return query.replace("%s", "?").replace("%%", "%")
 
 
 def encode_crop(crop_rgb: np.ndarray) -> bytes:
@@ -446,8 +450,8 @@ def sampler(
 
     def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
         sha, stride = embedder.sha256, max(faces[0] // max(n, 1), 1)
-        rows = db.execute(TRAINING_FACES.replace("%s", "?"), (collection, sha, stride, n)).fetchall()
-        rows += db.execute(CHECK_CANDIDATES.replace("%s", "?"), (collection, sha, collection, sha, ASIDE)).fetchall()
+        rows = db.execute(for_sqlite(TRAINING_FACES), (collection, sha, stride, n)).fetchall()
+        rows += db.execute(for_sqlite(CHECK_CANDIDATES), (collection, sha, collection, sha, ASIDE)).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
 
     return sample
@@ -1072,7 +1076,7 @@ class SqliteGallery(FollowedStore, GalleryStore):
         """Ids of the active embedder's faces whose subject has another, and their subjects (the recall check's queries)."""
         sha = required_embedder(self.embedder).sha256
         with self._lock:
-            rows = self._db.execute(MATED_FACES.replace("%s", "?"), (self.collection, sha, self.collection, sha)).fetchall()
+            rows = self._db.execute(for_sqlite(MATED_FACES), (self.collection, sha, self.collection, sha)).fetchall()
         return np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], object)
 
     def read(self, sql: str, params: tuple) -> list[tuple]:
