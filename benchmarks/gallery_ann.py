@@ -60,6 +60,7 @@ from service.gallery.index import (
     ASIDE,
     CANDIDATES,
     MAX_TRAIN_PER_LIST,
+    NEAR_COPY,
     FaissIndex,
     IndexConfig,
     held_back,
@@ -67,7 +68,7 @@ from service.gallery.index import (
     set_search_threads,
     train_size,
 )
-from service.gallery.recall import LiveQueries, Probe, held_out, live_probe, measured, passing
+from service.gallery.recall import TIE, LiveQueries, Probe, held_out, index_best, live_probe, measured, one_per_subject, passing
 from service.gallery.sqlite import ID_HASH
 from training.near_copy import near_copies
 
@@ -249,6 +250,33 @@ class ArrayGallery:
         return np.arange(start, min(start + limit, len(self.vectors)), dtype=np.int64), np.asarray(self.vectors[start : start + limit])
 
 
+def photos_to_come(vectors: np.ndarray, who: np.ndarray, count: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(their embeddings, the rows taken out, their subjects): a face of each of up to `count` of half
+    the gallery's people with another face (drawn at random), taken out of the gallery before any
+    index is built, with their near copies (NEAR_COPY or more to one, whatever the subject: a new photo
+    has none enrolled); their rows are zeroed in the gallery file: no index holds them and no exact
+    answer is one of them. New photos of enrolled people, searched through the very index the check
+    measures: the truth for that index, where `new` is another training's. Half the people, so that the
+    check's faces of the other half (`chk/2`) are drawn from a gallery these did not change: a person
+    left with one face by them is no longer the check's to draw, and the people it draws are then
+    those with more faces (found more easily)."""
+    rng = np.random.default_rng(seed)
+    _, first, counts = np.unique(who, return_inverse=True, return_counts=True)
+    mated = np.flatnonzero(counts[first] > 1)
+    people = np.unique(who[mated])
+    half = rng.permutation(people)[: min(len(people) // 2, count)]
+    among = mated[np.isin(who[mated], half)]
+    rows = one_per_subject(among, who[among], len(half), rng)  # one each: a second would leave its person none
+    photos = np.asarray(vectors[rows]).copy()
+    out = [rows]
+    for start in range(0, len(vectors), 200_000):
+        near = (photos @ np.asarray(vectors[start : start + 200_000]).T >= NEAR_COPY).any(0)
+        out.append(np.flatnonzero(near) + start)
+    taken = np.unique(np.concatenate(out))
+    vectors[taken] = 0
+    return photos, taken, half
+
+
 def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Ids of the exact top-k per query, by chunks of the gallery."""
     best_s = np.full((len(queries), k), -np.inf, np.float32)
@@ -282,12 +310,12 @@ def latencies(index: FaissIndex, vectors: np.ndarray, queries: np.ndarray, concu
 
 
 def build(
-    spec: str, vectors: np.ndarray, dim: int, drawable: np.ndarray, leave_out: np.ndarray | None = None, seed: int | None = None
+    spec: str, vectors: np.ndarray, dim: int, who: np.ndarray, leave_out: np.ndarray | None = None, seed: int | None = None
 ) -> FaissIndex:
     """The index as the store builds it (face id = row), or as a gallery without the faces `leave_out`
-    would have it: trained on the same sample but them, none of them added. `drawable`: the faces
-    whose subject has another (the recall check's to draw). `seed`: its IVF k-means seed (None: FAISS's
-    own), which alone moves recall at a small nprobe by a few hundredths."""
+    would have it: trained on the same sample but them, none of them added. `who`: each face's
+    subject (the recall check's candidates are a face of each of those with another). `seed`: its IVF
+    k-means seed (None: FAISS's own), which alone moves recall at a small nprobe by a few hundredths."""
     index = FaissIndex(dim, spec)
     if seed is not None and (ivf := faiss.try_extract_index_ivf(index._index)) is not None:
         ivf.cp.seed = seed
@@ -297,10 +325,10 @@ def build(
         n = min(len(vectors), MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else needed)
         rows = np.arange(len(vectors))[:: max(len(vectors) // n, 1)]
         rows = rows[~held_back(rows)][:n]  # the store's sample (sqlite.py's TRAINING_FACES), and beside it its CHECK_CANDIDATES
-        check = drawable[held_back(drawable)]
-        rows = np.union1d(rows, check[np.argsort(check * ID_HASH % 2**32, kind="stable")][:ASIDE])
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
-        index.train(rows, np.asarray(vectors[rows]), check_sample=RECALL_SAMPLE)
+        candidates = check_candidates(who, leave_out)
+        rows = np.union1d(rows, candidates)
+        index.train(rows, np.asarray(vectors[rows]), check_sample=RECALL_SAMPLE, candidates=candidates)
     for start in range(0, len(vectors), 200_000):
         rows = np.arange(start, min(start + 200_000, len(vectors)))
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
@@ -308,15 +336,32 @@ def build(
     return index
 
 
-def new_photos_found(spec: str, vectors: np.ndarray, drawable: np.ndarray, probe: Probe, seed: int | None = None) -> Callable[[str], float]:
+def check_candidates(who: np.ndarray, leave_out: np.ndarray | None = None) -> np.ndarray:
+    """sqlite.py's CHECK_CANDIDATES over the run's gallery (face id = row; `leave_out`: not in it): per
+    subject with another face, its face first in ID_HASH's order; the subjects in the hashed order
+    of their first face's id; the first ASIDE."""
+    ids = np.arange(len(who), dtype=np.int64)
+    ids = ids if leave_out is None else np.setdiff1d(ids, leave_out)
+    order = np.lexsort((ids * ID_HASH % 2**32, who[ids]))  # by subject, then hash
+    ranked, subjects = ids[order], who[ids][order]
+    starts = np.flatnonzero(np.r_[True, subjects[1:] != subjects[:-1]])
+    several = np.diff(np.r_[starts, len(ranked)]) > 1
+    first = np.minimum.reduceat(ranked, starts)[several]
+    return ranked[starts][several][np.argsort(first * ID_HASH % 2**32, kind="stable")][:ASIDE]
+
+
+def new_photos_found(
+    spec: str, vectors: np.ndarray, who: np.ndarray, probe: Probe, seed: int | None = None, gone: np.ndarray | None = None
+) -> Callable[[str], float]:
     """What the recall check estimates, measured: its held-out faces searched as new photos through
-    the index of the gallery without them (`build`'s `leave_out`), against their exact best there;
-    recall@1 at the search parameters given (FaissIndex's, '' for the default)."""
+    the index of the gallery without them (`build`'s `leave_out`, with `gone`: rows no index of the
+    run holds), against their exact best there; recall@1 at the search parameters given (FaissIndex's,
+    '' for the default)."""
     leaving = probe.leaving[probe.left_out >= 0]  # each face and its near copies
     mated = np.unique(leaving[leaving >= 0])
     queries = probe.queries[probe.left_out >= 0]
     set_search_threads(2)  # built as the index it stands beside was
-    index = build(spec, vectors, vectors.shape[1], drawable, mated, seed)
+    index = build(spec, vectors, vectors.shape[1], who, mated if gone is None else np.union1d(mated, gone), seed)
     set_search_threads(1)
     best = np.full(len(queries), -np.inf, np.float32)
     for start in range(0, len(vectors), 200_000):
@@ -457,6 +502,14 @@ def main() -> None:
         help="Also build each index without the recall check's held-out faces and search them as new photos (the 'new' column).",
     )
     parser.add_argument(
+        "--new-photos",
+        type=int,
+        default=0,
+        help="Take this many faces of the gallery's people (and their near copies) out of it before building, and search them as "
+        "new photos through each index the check measures (the 'photos' column).",
+    )
+    parser.add_argument("--new-photos-seed", type=int, default=1, help="Which faces --new-photos takes (a seed).")
+    parser.add_argument(
         "--kmeans-seed", type=int, help="The IVF indexes' k-means seed, for both builds of --check-truth (default: FAISS's own, 1234)."
     )
     parser.add_argument(
@@ -495,6 +548,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=cache, prefix="run-") as folder:  # this run's gallery file and index files
         work = Path(folder)
         vectors = gallery_file(enrolled, args.size, work / "gallery.npy", faces)
+        who = np.concatenate([np.unique(enrolled_who, return_inverse=True)[1], np.arange(len(enrolled), args.size) + len(enrolled)])
+        gone: np.ndarray | None = None  # the rows of --new-photos and their near copies: in no index of the run
+        if args.new_photos:
+            photos, gone, their_people = photos_to_come(vectors, who, args.new_photos, args.new_photos_seed)
+            who[gone] = np.arange(len(gone)) + 2 * args.size  # each its own subject: not the check's to draw
+            photo_best = np.einsum("qd,qd->q", np.asarray(vectors[exact_top(vectors, photos, 1)[:, 0]]), photos)
+            copies = len(gone) - len(photos)
+            print(f"new photos: {len(photos)} faces of the gallery's people, one per person, and {copies} near copies, out of the gallery")
         started = time.perf_counter()
         truth = exact_top(vectors, queries, 10)
         print(
@@ -505,16 +566,13 @@ def main() -> None:
         )
         # Queries whose exact top-1 is an image of the same person: there, recall decides whether the
         # match is found; elsewhere the top-1 is an impostor (often a distractor) below any threshold.
-        genuine = np.array([t < len(enrolled) and enrolled_who[t] == who for t, who in zip(truth[:, 0], query_who, strict=True)])
+        genuine = np.array([t < len(enrolled) and enrolled_who[t] == person for t, person in zip(truth[:, 0], query_who, strict=True)])
         best = np.einsum("qd,qd->q", np.asarray(vectors[truth[:, 0]]), queries)  # the exact top-1 similarity
         print(f"exact top-1 is the same person for {genuine.sum()} of {len(queries)} queries (mate@1: how often the index finds that face)")
         # The service's recall check (service/gallery/recall.py) on this gallery, beside R@1: its held-out
         # queries (enrolled faces of people with another, each left out) and their exact answer, drawn per index;
         # and its live ones: a seeded share of the queries, kept as /identify keeps them, those whose exact best passes the decision.
-        held = ArrayGallery(
-            vectors, np.concatenate([np.unique(enrolled_who, return_inverse=True)[1], np.arange(len(enrolled), args.size) + len(enrolled)])
-        )
-        drawable = held.mated_faces()[0]
+        held = ArrayGallery(vectors, who)
         # /identify's default decision for this gallery (FACEGATE_DEFAULT_FPIR; no open-set guard's tail)
         shape = GalleryShape(len(np.unique(held.who)), args.size)
         decision = decide_search(pipeline.require_embedder().manifest, None, None, None, shape, settings.default_fpir)
@@ -536,6 +594,7 @@ def main() -> None:
             f"{'index':<16} {'params':<14} {'build s':>8} {'idx MiB':>8} {'load s':>7} {'c1 p50':>7} {'c1 p99':>7} "
             f"{'c8 p50':>7} {'c8 p99':>7} {'R@1':>6} {'R@10':>6} {'mate@1':>6} {'R@1 ok':>6} {'live':>6} {'check':>6}"
             + (f" {'new':>6}" if args.check_truth else "")
+            + (f" {'chk/2':>6} {'photos':>6}" if args.new_photos else "")
         )
         params = args.params + [""] * (len(args.indexes) - len(args.params))
         for spec, param in zip(args.indexes, params, strict=True):
@@ -544,7 +603,7 @@ def main() -> None:
             gc.collect()
             started = time.perf_counter()
             set_search_threads(2)  # building may use both cores; searches run on one, as the service's do
-            index = build(spec, vectors, dim, drawable, seed=args.kmeans_seed)
+            index = build(spec, vectors, dim, who, gone, args.kmeans_seed)
             set_search_threads(1)
             build_s = time.perf_counter() - started
             with tempfile.TemporaryDirectory(dir=work) as tmp:  # what a restart reads (flat is rebuilt from the store instead)
@@ -577,10 +636,17 @@ def main() -> None:
                 r10 = float(np.mean([len(set(f[:10].tolist()) & set(t.tolist())) / 10 for f, t in zip(found, truth, strict=True)]))
                 if probe is None:  # per index: one trained holding back HELD_BACK's faces draws from them
                     probe = held_out(held, index, RECALL_SAMPLE, seed=0)
-                    truth_of = new_photos_found(spec, vectors, drawable, probe, args.kmeans_seed) if args.check_truth else None
+                    truth_of = new_photos_found(spec, vectors, who, probe, args.kmeans_seed, gone) if args.check_truth else None
                 check = measured(held, index, probe, time.monotonic())
                 shadow = f"{measured(held, index, shadowed).recall_at_1:>6.3f}" if len(shadowed.queries) else f"{'-':>6}"
                 new = f" {truth_of(index.search_params):>6.3f}" if truth_of else ""
+                if args.new_photos:  # the check over the people the new photos left alone; the same index's recall@1 of the photos
+                    alone = (probe.left_out >= 0) & ~np.isin(who[np.maximum(probe.left_out, 0)], their_people)
+                    found_check = index_best(held, index, probe.queries[alone], probe.leaving[alone])
+                    new += f" {np.mean(found_check >= probe.best[alone] - TIE):>6.3f}"
+                    tops = [(rescored(index, vectors, q), q) for q in photos]
+                    top_photo = np.array([float(np.asarray(vectors[f[0]]) @ q) if len(f) else -np.inf for f, q in tops])
+                    new += f" {np.mean(top_photo >= photo_best - 1e-6):>6.3f}"
                 c1 = latencies(index, vectors, queries, 1) if not args.recall_only else np.full(1, np.nan)
                 c8 = latencies(index, vectors, np.tile(queries, (2, 1)), 8) if not args.recall_only else np.full(1, np.nan)
                 print(

@@ -57,9 +57,9 @@ ASIDE = 4096
 # of the training identities' 1.9 %: such a pair is left out with the face, its best the next photo).
 # The 99.9th percentile of same-person pairs (0.989) would miss half the copies (their median: 0.985).
 NEAR_COPY = 0.975
-# As many held-back faces of a training sample as the recall check draws (FACEGATE_INDEX_RECALL_SAMPLE:
-# the store's sample brings up to ASIDE of subjects with another face, from all over the gallery,
-# sqlite.py's CHECK_CANDIDATES) are held back with their near copies (a mirror image, a re-crop enrolled
+# As many of a training sample's candidates as the recall check draws (FACEGATE_INDEX_RECALL_SAMPLE:
+# the store's sample brings a face of each of up to ASIDE subjects with another face, from all over the
+# gallery, sqlite.py's CHECK_CANDIDATES) are held back with their near copies (a mirror image, a re-crop enrolled
 # again), the check's faces (`check_faces`): trained on a face's copies, a list's centroid sits on the
 # face the check then searches, as no new photo's does (IVF1024 at nprobe 1 over-reported by 0.035
 # over six k-means seeds on 100k faces with four copies of each), and every further face held back
@@ -204,13 +204,14 @@ def near_copy_of(manifest: Manifest | None) -> float:
 
 
 def held_back_with_copies(
-    ids: np.ndarray, vectors: np.ndarray, trains: np.ndarray, near_copy: float, faces: int
+    ids: np.ndarray, vectors: np.ndarray, candidate: np.ndarray, near_copy: float, faces: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Of a training sample (`trains`: the faces `held_back` does not name), `faces` of its held-back
-    ones at random whose near copies (`near_copy` or more to one) are held back too, as many as the
-    copies' budget (COPIES_LEFT_OUT of the training) allows: their ids and the rows of their copies."""
-    held, rows = np.flatnonzero(~trains), np.flatnonzero(trains)
+    """Of a training sample, `faces` of its `candidate` rows at random, held back with their near
+    copies among the other rows (`near_copy` or more to one), as many as the copies' budget
+    (COPIES_LEFT_OUT of the training) allows: their ids and the rows of their copies."""
+    held = np.flatnonzero(candidate)
     held = held[np.random.default_rng(0).permutation(len(held))][:faces]
+    rows = np.setdiff1d(np.arange(len(ids)), held)
     if len(held) == 0 or len(rows) == 0:
         return ids[held], np.zeros(0, np.int64)
     pool = faiss.IndexFlatIP(vectors.shape[1])
@@ -579,13 +580,23 @@ class FaissIndex:
     def is_trained(self) -> bool:
         return bool(self._searched.is_trained)
 
-    def train(self, ids: np.ndarray, vectors: np.ndarray, near_copy: float = NEAR_COPY, check_sample: int = CHECK_SAMPLE) -> None:
-        """Train on these faces, but those `held_back` names and the near copies (`near_copy` or more)
-        of `check_sample` of them (`held_back_with_copies`): the faces the recall check draws (`check_faces`)."""
+    def train(
+        self,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        near_copy: float = NEAR_COPY,
+        check_sample: int = CHECK_SAMPLE,
+        candidates: np.ndarray | None = None,
+    ) -> None:
+        """Train on these faces but `check_sample` of the `candidates` (ids: the store's CHECK_CANDIDATES,
+        a face per person) and their near copies (`near_copy` or more; `held_back_with_copies`): the
+        faces the recall check draws (`check_faces`). Without candidates, those `held_back` names are
+        (none of them trains)."""
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
-        kept = ~held_back(ids)
-        drawn, copies = held_back_with_copies(ids, vectors, kept, near_copy, check_sample)
+        candidate = held_back(ids) if candidates is None else np.isin(ids, candidates)
+        drawn, copies = held_back_with_copies(ids, vectors, candidate, near_copy, check_sample)
+        kept = ~candidate if candidates is None else ~np.isin(ids, drawn)
         kept[copies] = False
         with self._lock.write():
             self._index.train(vectors[kept])
@@ -986,12 +997,12 @@ def open_index(
     model_sha256: str,
     count: int,
     is_current: Callable[[dict[str, Any]], bool],
-    sample: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    sample: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]],
     rows: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
 ) -> tuple[FaissIndex, dict[str, Any] | None]:
     """The persisted index when its file matches (`is_current` judges the store's side: face count,
     change sequence), else one built from `rows` (ids, vectors batches) — trained first on
-    `sample(n)` (ids, vectors) when it needs training and the store holds enough faces; with fewer it stays
+    `sample(n)` (ids, vectors, the recall check's candidates) when it needs training and the store holds enough faces; with fewer it stays
     exact (flat) until a restart finds enough. Returns the index and the metadata it was loaded
     with (None when built)."""
     path = config.path(model_sha256)
@@ -1017,7 +1028,8 @@ def open_index(
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)
-        index.train(*sample(n), config.near_copy, config.check_sample)
+        ids, vectors, candidates = sample(n)
+        index.train(ids, vectors, config.near_copy, config.check_sample, candidates)
     for ids, vectors in rows():
         index.add(ids, vectors)
     if path:

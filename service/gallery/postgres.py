@@ -75,6 +75,7 @@ from service.gallery.sqlite import (
     subject_record,
     subject_update,
     taken,
+    training_sample,
 )
 from service.gallery.sync import (
     PostgresLog,
@@ -354,11 +355,10 @@ class PostgresGallery(FollowedStore, GalleryStore):
             saved = meta.get("sequence", -1)
             return 0 <= saved <= seq and meta.get("change") == change_digest(conn, saved)
 
-        def sample(n: int) -> tuple[np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
+        def sample(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
             stride = max(count // max(n, 1), 1)
             rows = conn.execute(TRAINING_FACES, (self.collection, sha, stride, n)).fetchall()
-            rows += conn.execute(CHECK_CANDIDATES, (self.collection, sha, self.collection, sha, ASIDE)).fetchall()
-            return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+            return training_sample(rows, conn.execute(CHECK_CANDIDATES, (self.collection, sha, ASIDE)).fetchall())
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             with conn.cursor(name="facegate_load", binary=True) as cursor:

@@ -77,6 +77,7 @@ LIVE_INTERVAL = 60.0  # seconds at least between two checks that live queries al
 # ... and at least the last check's own seconds / LIVE_DUTY: such checks take a tenth of one core at most
 # (726 live queries' exact pass over 1M faces: 18.6 s on the shared 2-core VM, docs/benchmarks.md)
 LIVE_DUTY = 0.1
+Z95 = 1.959964  # the standard normal's 97.5th percentile: a two-sided 95 % interval
 LIVE_TOP = max(4 * (K + 1), CANDIDATES)  # exact faces per live query, to rank the subjects its decision reads (the margin's K next)
 
 
@@ -119,6 +120,7 @@ class RecallResult:
     seconds: float
     source: str = "held-out"  # the sample: "live" (/identify's mated queries, searched again) or "held-out" (the gallery's own faces)
     live_sampled: int = 0  # live queries kept when checked (the mated among them are the sample where source is live)
+    interval: tuple[float, float] = (0.0, 1.0)  # recall_at_1's 95 % interval from its sampling alone (`wilson`)
 
 
 class LiveQueries:
@@ -483,7 +485,21 @@ def measured(store: GalleryStore, index: VectorIndex, probe: Probe, started: flo
         seconds=round(time.monotonic() - started, 3),
         source="live" if probe.live else "held-out",
         live_sampled=probe.sampled,
+        interval=wilson(int(hit.sum()), len(hit)),
     )
+
+
+def wilson(hits: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of the share `hits` / `n` (95 % by default): where the recall of the
+    kind of query sampled lies, given the sampling alone. Not the normal one (± z standard errors),
+    which shrinks to nothing at a share of 1 and runs past 1 near the minimum's 0.97. Written here: the
+    serving image has no SciPy (`binomtest(...).proportion_ci(method="wilson")`, which the tests hold it to)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    share, spread = hits / n, z * z / n
+    centre = (share + spread / 2) / (1 + spread)
+    half = z * math.sqrt(share * (1 - share) / n + spread / (4 * n)) / (1 + spread)
+    return (round(max(centre - half, 0.0), 4), round(min(centre + half, 1.0), 4))
 
 
 def live_probe(store: GalleryStore, queries: np.ndarray, decisions: list[Decision]) -> Probe:

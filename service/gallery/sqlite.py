@@ -158,17 +158,25 @@ LOOKUP_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
 MATED_SUBJECTS = "(SELECT subject_id FROM faces WHERE collection = %s AND model_sha256 = %s GROUP BY subject_id HAVING COUNT(*) > 1)"
 MATED_FACES = f"SELECT id, subject_id FROM faces WHERE collection = %s AND model_sha256 = %s AND subject_id IN {MATED_SUBJECTS}"
 # An index's training sample: faces that train it, every stride-th id but those HELD_BACK names; and
-# beside them up to ASIDE of the faces it holds back that the recall check can draw (their subject has
-# another face), in an order that spreads them over the ids (ID_HASH, multiplicative), with the near
-# copies of which it then trains neither (index.py `held_back_with_copies`).
+# beside them the recall check's candidates, a face of each subject with another, for up to ASIDE
+# subjects: per subject the face first in ID_HASH's order (multiplicative: spread over the ids), the
+# subjects in the order of their first face's id so hashed, which no subject's number of faces moves.
+# One per person, as /identify's queries are photos of a person whatever how many each enrolled: drawn
+# per face, people with many photos (found more easily: a near mate lies in the same list) made up
+# the check, and it read 0.15 over new photos drawn per person at IVF1024 nprobe 1 on 100k faces
+# (docs/benchmarks.md, round 10). The index trains on neither those the check draws nor their near
+# copies (index.py `held_back_with_copies`).
 ID_HASH = 2654435761
 TRAINING_FACES = (
     "SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s "
     f"AND id %% %s = 0 AND id %% {HELD_BACK} != {HELD_BACK - 1} LIMIT %s"
 )
 CHECK_CANDIDATES = (
-    f"SELECT id, embedding FROM faces WHERE collection = %s AND model_sha256 = %s AND id %% {HELD_BACK} = {HELD_BACK - 1} "
-    f"AND subject_id IN {MATED_SUBJECTS} ORDER BY (id * {ID_HASH}) %% 4294967296 LIMIT %s"
+    "SELECT id, embedding FROM faces WHERE id IN (SELECT id FROM ("
+    f"SELECT id, ROW_NUMBER() OVER (PARTITION BY subject_id ORDER BY (id * {ID_HASH}) %% 4294967296) AS pick, "
+    "MIN(id) OVER (PARTITION BY subject_id) AS first, COUNT(*) OVER (PARTITION BY subject_id) AS n "
+    "FROM faces WHERE collection = %s AND model_sha256 = %s) AS ranked "
+    f"WHERE pick = 1 AND n > 1 ORDER BY (first * {ID_HASH}) %% 4294967296 LIMIT %s)"
 )
 
 
@@ -441,18 +449,27 @@ def change_at(db: sqlite3.Connection, seq: int) -> str | None:
     return f"{row[0]} {row[1]}" if row else None
 
 
+def training_sample(rows: list[tuple], candidates: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, vectors, the candidates' ids) of TRAINING_FACES's and CHECK_CANDIDATES's rows (id,
+    embedding), each face once: what `FaissIndex.train` takes."""
+    seen = {r[0] for r in rows}
+    rows = rows + [r for r in candidates if r[0] not in seen]
+    vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+    return np.array([r[0] for r in rows], np.int64), vectors, np.array([r[0] for r in candidates], np.int64)
+
+
 def sampler(
     db: sqlite3.Connection, collection: str, embedder: EmbedderKey, faces: list[int]
-) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
+) -> Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """n of the collection's faces the embedder made, spread over the ids, with their ids: what an
-    index that needs training trains on, and beside them the recall check's faces it holds back
-    (TRAINING_FACES, CHECK_CANDIDATES)."""
+    index that needs training trains on, and beside them the recall check's candidates
+    (TRAINING_FACES, CHECK_CANDIDATES; `training_sample`)."""
 
-    def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
+    def sample(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sha, stride = embedder.sha256, max(faces[0] // max(n, 1), 1)
         rows = db.execute(for_sqlite(TRAINING_FACES), (collection, sha, stride, n)).fetchall()
-        rows += db.execute(for_sqlite(CHECK_CANDIDATES), (collection, sha, collection, sha, ASIDE)).fetchall()
-        return np.array([r[0] for r in rows], np.int64), np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+        candidates = db.execute(for_sqlite(CHECK_CANDIDATES), (collection, sha, ASIDE)).fetchall()
+        return training_sample(rows, candidates)
 
     return sample
 

@@ -52,7 +52,7 @@ def test_it_runs_from_a_checkout_with_either_distractors(small_data, model_cache
     for distractors in ("gaussian", "faces"):
         done = run(
             "--size", "500", "--queries", "10", "--indexes", "Flat", "HNSW16", "IVF4,Flat", "--params", "", "", "nprobe=1|",
-            "--distractors", distractors, "--cache", cache, "--check-truth",
+            "--distractors", distractors, "--cache", cache, "--check-truth", "--new-photos", "10",
             env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -63,7 +63,9 @@ def test_it_runs_from_a_checkout_with_either_distractors(small_data, model_cache
         }
         defaults = {("HNSW16", f"efSearch={default_ef_search(500)}"), ("IVF4,Flat", f"nprobe={default_nprobe(4)}")}
         assert set(rows) == {("Flat", "-"), ("IVF4,Flat", "nprobe=1")} | defaults, done.stdout
-        assert rows[("Flat", "-")][-5] == rows[("Flat", "-")][-1] == "1.000"  # R@1 of the exact index; its check's faces as new photos
+        flat = rows[("Flat", "-")]  # the exact index finds every one: mate@1, its check's faces as new photos, the check of the
+        assert flat[-7] == flat[-3] == flat[-2] == flat[-1] == "1.000", flat  # people the new photos left alone, the new photos
+        assert "new photos: 10 faces of the gallery's people, one per person" in done.stdout
         assert ("near copies of the training faces" if distractors == "faces" else "Gaussian") in done.stdout
     assert sorted(p.name.split("-")[0] for p in (cache / "crops").iterdir()) == ["lfw", "train"]  # aligned once, reused
     assert len(list((cache / "embeddings").glob("*.npy"))) == 3  # train, lfw, and the training faces' near copies

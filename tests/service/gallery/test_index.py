@@ -195,6 +195,24 @@ def test_an_ivf_index_trains_without_the_check_s_faces_and_their_near_copies(tmp
     assert FaissIndex.load(old, read_meta(old), "").held_out_of(ids).tolist() == (ids % 8 == 7).tolist()
 
 
+def test_the_check_s_faces_are_drawn_from_the_candidates_the_store_gives(monkeypatch):
+    """The store's sample names the recall check's candidates (a face per person: sqlite.py's
+    CHECK_CANDIDATES): the check draws its faces from them, whatever their ids, and the index trains
+    on every other face of the sample, the candidates it did not draw too."""
+    vectors, ids = unit(1200, seed=6), np.arange(1200)
+    trained: list[np.ndarray] = []
+    index = FaissIndex(16, "IVF8,Flat")
+    inner_train = index._index.train
+    monkeypatch.setattr(index._index, "train", lambda x: trained.append(np.array(x)) or inner_train(x))
+    candidates = ids[::6]  # 200, a third of them ids held_back names
+    index.train(ids, vectors, check_sample=150, candidates=candidates)
+    (training,) = trained
+    drawn = index.check_faces
+    assert drawn is not None and len(drawn) == 150 and np.isin(drawn, candidates).all()
+    assert len(training) == 1200 - 150 and (training @ vectors[drawn].T).max() < 0.999  # the 50 not drawn train; no copies here
+    assert np.flatnonzero(index.held_out_of(ids)).tolist() == sorted(drawn.tolist())
+
+
 def test_the_copies_held_back_take_at_most_a_quarter_of_the_training():
     """A gallery where every face has many near copies: the check's faces are held back with theirs
     only while that leaves three quarters of the training (COPIES_LEFT_OUT), drawn from all over the
@@ -204,18 +222,19 @@ def test_the_copies_held_back_take_at_most_a_quarter_of_the_training():
     vectors = np.repeat(people, 12, axis=0) + 0.02 * unit(1200, seed=5)  # 12 near copies of each of 100 faces
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(1200)
-    trains = ~index_module.held_back(ids)
-    drawn, left_out = index_module.held_back_with_copies(ids, vectors, trains, index_module.NEAR_COPY, 1000)
-    assert 0 < len(left_out) <= index_module.COPIES_LEFT_OUT * trains.sum() and trains[left_out].all()
-    assert len(drawn) < 150 and (drawn % 8 == 7).all() and drawn.max() > 600  # not the first ids alone
+    candidate = ids % 12 == 5  # the store's candidates: a face of each person
+    drawn, left_out = index_module.held_back_with_copies(ids, vectors, candidate, index_module.NEAR_COPY, 1000)
+    assert 0 < len(left_out) <= index_module.COPIES_LEFT_OUT * (1200 - len(drawn)) and not np.isin(left_out, drawn).any()
+    assert len(drawn) < 100 and candidate[drawn].all() and drawn.max() > 600  # not the first ids alone
     assert (vectors[left_out] @ vectors[drawn].T).max(1).min() >= index_module.NEAR_COPY
-    few, theirs = index_module.held_back_with_copies(ids, vectors, trains, index_module.NEAR_COPY, 5)  # as many as the check draws
+    few, theirs = index_module.held_back_with_copies(ids, vectors, candidate, index_module.NEAR_COPY, 5)  # as many as the check draws
     assert len(few) == 5 and len(theirs) < len(left_out) and (vectors[theirs] @ vectors[few].T).max(1).min() >= index_module.NEAR_COPY
 
 
 def build_inputs(vectors: np.ndarray):
+    """A store's `sample` (ids, vectors, the recall check's candidates: none here) and `rows`."""
     ids = np.arange(1, len(vectors) + 1)
-    return (lambda n: (ids[:n], vectors[:n])), (lambda: iter([(ids, vectors)]))
+    return (lambda n: (ids[:n], vectors[:n], ids[:0])), (lambda: iter([(ids, vectors)]))
 
 
 def test_open_index_loads_a_current_file_and_rebuilds_a_stale_one(tmp_path):
