@@ -358,7 +358,7 @@ class PostgresGallery(FollowedStore, GalleryStore):
         def sample(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # as sqlite.py's `sampler`
             stride = max(count // max(n, 1), 1)
             rows = conn.execute(TRAINING_FACES, (self.collection, sha, stride, n)).fetchall()
-            return training_sample(rows, conn.execute(CHECK_CANDIDATES, (self.collection, sha, ASIDE)).fetchall())
+            return training_sample(rows, conn.execute(CHECK_CANDIDATES, (self.collection, sha, self.collection, sha, ASIDE)).fetchall())
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             with conn.cursor(name="facegate_load", binary=True) as cursor:

@@ -174,10 +174,10 @@ TRAINING_FACES = (
 CHECK_CANDIDATES = (
     "SELECT id, embedding FROM faces WHERE id IN (SELECT id FROM ("
     f"SELECT id, ROW_NUMBER() OVER (PARTITION BY subject_id ORDER BY (id * {ID_HASH}) %% 4294967296) AS pick, "
-    "MIN(id) OVER (PARTITION BY subject_id) AS first, COUNT(*) OVER (PARTITION BY subject_id) AS n "
-    "FROM faces WHERE collection = %s AND model_sha256 = %s) AS ranked "
-    f"WHERE pick = 1 AND n > 1 ORDER BY (first * {ID_HASH}) %% 4294967296 LIMIT %s)"
-)
+    "MIN(id) OVER (PARTITION BY subject_id) AS first "
+    f"FROM faces WHERE collection = %s AND model_sha256 = %s AND subject_id IN {MATED_SUBJECTS}) AS ranked "
+    f"WHERE pick = 1 ORDER BY (first * {ID_HASH}) %% 4294967296 LIMIT %s)"
+)  # the window over the faces of subjects with another only: 0.7-0.9 s at 1M faces in SQLite, where over all of them 2.4-4.4
 
 
 def for_sqlite(query: str) -> str:
@@ -468,7 +468,7 @@ def sampler(
     def sample(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sha, stride = embedder.sha256, max(faces[0] // max(n, 1), 1)
         rows = db.execute(for_sqlite(TRAINING_FACES), (collection, sha, stride, n)).fetchall()
-        candidates = db.execute(for_sqlite(CHECK_CANDIDATES), (collection, sha, ASIDE)).fetchall()
+        candidates = db.execute(for_sqlite(CHECK_CANDIDATES), (collection, sha, collection, sha, ASIDE)).fetchall()
         return training_sample(rows, candidates)
 
     return sample
