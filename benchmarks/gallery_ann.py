@@ -329,10 +329,13 @@ def build(
         candidates = check_candidates(who, leave_out)
         rows = np.union1d(rows, candidates)
         index.train(rows, np.asarray(vectors[rows]), check_sample=RECALL_SAMPLE, candidates=candidates)
+    if index.aside is not None:  # an HNSW graph keeps the candidates out of it (index.py `open_index`)
+        index.aside_for = check_candidates(who, leave_out)
     for start in range(0, len(vectors), 200_000):
         rows = np.arange(start, min(start + 200_000, len(vectors)))
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
         index.add(rows, np.asarray(vectors[rows]))
+    index.aside_for = None
     return index
 
 

@@ -508,6 +508,7 @@ class FaissIndex:
         if aside is None and built is None and base is None and self.kind == "faiss-hnsw":
             aside = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         self.aside = aside
+        self.aside_for: np.ndarray | None = None  # while built: the faces the aside keeps (the store's candidates, a face per person)
         self._aside_added: set[int] = set()  # mapped: the faces added since that the aside keeps (in the own part until saved)
         self._lock = ReadWriteLock()
         self.dirty = False  # changed since it was built or loaded (save_index writes it then)
@@ -649,9 +650,13 @@ class FaissIndex:
             return aside + len(present)
 
     def _goes_aside(self, ids: np.ndarray) -> np.ndarray:
-        """Which of these new faces the aside keeps: those `held_back` names, while it has room."""
+        """Which of these new faces the aside keeps, while it has room: the recall check's candidates
+        while the index is built from its store (`aside_for`: a face per person), else those
+        `held_back` names (faces enrolled since)."""
         room = ASIDE - self._aside_count()
-        keep = held_back(ids) if self.aside is not None and room > 0 else np.zeros(len(ids), bool)
+        if self.aside is None or room <= 0:
+            return np.zeros(len(ids), bool)
+        keep = held_back(ids) if self.aside_for is None else np.isin(ids, self.aside_for)
         keep[np.flatnonzero(keep)[room:]] = False
         return keep
 
@@ -1024,14 +1029,17 @@ def open_index(
             count,
         )
     index = FaissIndex(dim, spec, config.search_params if spec == config.spec else "")
-    started = time.monotonic()
+    started, candidates = time.monotonic(), None
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)
         ids, vectors, candidates = sample(n)
         index.train(ids, vectors, config.near_copy, config.check_sample, candidates)
+    if index.aside is not None:  # an HNSW graph keeps a face per person out of it for the recall check, as drawn for IVF
+        index.aside_for = sample(0)[2] if candidates is None else candidates
     for ids, vectors in rows():
         index.add(ids, vectors)
+    index.aside_for = None
     if path:
         log.info("gallery index %s: %d faces built in %.1f s", spec, index.size, time.monotonic() - started)
     return tuned(index), None

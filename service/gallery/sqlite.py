@@ -454,7 +454,7 @@ def training_sample(rows: list[tuple], candidates: list[tuple]) -> tuple[np.ndar
     embedding), each face once: what `FaissIndex.train` takes."""
     seen = {r[0] for r in rows}
     rows = rows + [r for r in candidates if r[0] not in seen]
-    vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1)
+    vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), -1) if rows else np.zeros((0, 0), np.float32)
     return np.array([r[0] for r in rows], np.int64), vectors, np.array([r[0] for r in candidates], np.int64)
 
 

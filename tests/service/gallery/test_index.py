@@ -232,9 +232,9 @@ def test_the_copies_held_back_take_at_most_a_quarter_of_the_training():
 
 
 def build_inputs(vectors: np.ndarray):
-    """A store's `sample` (ids, vectors, the recall check's candidates: none here) and `rows`."""
+    """A store's `sample` (ids, vectors, the recall check's candidates: here the ids `held_back` names) and `rows`."""
     ids = np.arange(1, len(vectors) + 1)
-    return (lambda n: (ids[:n], vectors[:n], ids[:0])), (lambda: iter([(ids, vectors)]))
+    return (lambda n: (ids[:n], vectors[:n], ids[index_module.held_back(ids)])), (lambda: iter([(ids, vectors)]))
 
 
 def test_open_index_loads_a_current_file_and_rebuilds_a_stale_one(tmp_path):

@@ -126,8 +126,9 @@ def found_share(store: SqliteGallery, queries: np.ndarray) -> float:
 def test_an_hnsw_graph_s_check_is_what_its_faces_find_as_new_photos(tmp_path):
     """Photos spread wider than near copies (same-person cosine about 0.8), HNSW8 at FAISS's own
     efSearch 16 (a deliberately bad one): the check's faces are those the index keeps out of its
-    graph (its aside), so its recall@1 is what they find as new photos through a graph built
-    without them (0.637 against 0.632 here). A graph that holds them, as every HNSW graph did before
+    graph (its aside: a face per person), so its recall@1 is what they find as new photos through a
+    graph built without them (0.650 against 0.640 here: 6 of 600 queries; 0.637 against 0.632 with
+    the aside's faces one held-back id in 8, the other face of each person). A graph that holds them, as every HNSW graph did before
     the aside, read 0.055 low with each face hidden (0.577) and 0.088 high with it kept (0.720)."""
     faces = clustered(600, 8, seed=3, spread=0.45).reshape(600, 8, -1)
     enroll(tmp_path, faces)
@@ -148,7 +149,7 @@ def test_an_hnsw_graph_s_check_is_what_its_faces_find_as_new_photos(tmp_path):
         truth = float(np.mean(index_best(store, searched_through(ids[new]), probe.queries) >= exact - TIE))
         holding = searched_through(ids)  # every face in the graph, as before the aside: the check hides each
         hidden = measured(store, holding, probe)
-        assert truth < 0.8 and abs(result.recall_at_1 - truth) <= 0.01, (result.recall_at_1, truth)
+        assert truth < 0.8 and abs(result.recall_at_1 - truth) <= 0.01 + 1e-9, (result.recall_at_1, truth)  # 1e-9: 0.65 - 0.64 in floats
         assert hidden.recall_at_1 < truth - 0.03, (hidden.recall_at_1, truth)
         before = store.index.search(faces[0, :1], 1)
         assert before[1][0][0] == store.list_faces("p0")[0].id and before[0][0][0] == pytest.approx(1, abs=1e-5)  # nothing left hidden
@@ -226,6 +227,36 @@ def test_the_training_sample_brings_a_face_of_each_person_for_the_check(kind, tm
         assert sorted(store.index.check_faces.tolist()) == sorted(candidates.tolist())  # no copies: every one is drawn
         result = measured(store, store.index, held_out(store, store.index, 60, seed=0))
         assert result.mated_queries == result.queries == 60  # none made up
+    finally:
+        store.close()
+
+
+def test_an_hnsw_graph_keeps_a_face_per_person_out_for_the_check(tmp_path, monkeypatch):
+    """The faces an HNSW graph keeps out of it for the recall check (its aside, at most ASIDE: 60
+    here) are the store's candidates, a face of each person with another, drawn per person: 150 people
+    enrolled with 2 photos, 90 with 20. The first held-back ids to come, as before, were mostly the
+    20-photo people's, whose new photos a graph finds more easily. Faces enrolled since go aside by
+    the held-back rule while there is room."""
+    rng = np.random.default_rng(3)
+    sizes = rng.permutation([2] * 150 + [20] * 90).tolist()
+    faces = clustered(len(sizes), 20, seed=3)
+    for module in ("service.gallery.sqlite", "service.gallery.index"):
+        monkeypatch.setattr(f"{module}.ASIDE", 60)
+    enroll_sizes = [faces[p * 20 : p * 20 + n] for p, n in enumerate(sizes)]
+    writer = SqliteGallery.open(tmp_path, KEY, searchable=False)
+    for p, photos in enumerate(enroll_sizes):
+        writer.create_subject(f"p{p}", {}, f"p{p}")
+        writer.add_faces(f"p{p}", [NewFace(v) for v in photos])
+    writer.close()
+    store = open_with(tmp_path, "HNSW16")
+    try:
+        ids = store.embeddings_after(0, 10**6)[0]
+        aside = ids[store.index.held_out_of(ids)]
+        people = [subject for subject, _, _ in store.lookup_faces(aside.tolist()).values()]
+        assert len(aside) == len(set(people)) == 60 and 25 <= sum(sizes[int(p[1:])] == 2 for p in people) <= 50
+        assert store.index.aside_for is None  # built: faces enrolled since follow the held-back rule
+        result = measured(store, store.index, held_out(store, store.index, 60, seed=0))
+        assert result.mated_queries == result.queries == 60
     finally:
         store.close()
 
