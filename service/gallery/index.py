@@ -591,8 +591,8 @@ class FaissIndex:
     ) -> None:
         """Train on these faces but `check_sample` of the `candidates` (ids: the store's CHECK_CANDIDATES,
         a face per person) and their near copies (`near_copy` or more; `held_back_with_copies`): the
-        faces the recall check draws (`check_faces`). Without candidates, those `held_back` names are
-        (none of them trains)."""
+        faces the recall check draws (`check_faces`). Without candidates (a caller that has no store),
+        the candidates are the faces `held_back` names, and none of them trains."""
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         candidate = held_back(ids) if candidates is None else np.isin(ids, candidates)

@@ -14,8 +14,11 @@ mirror image or a re-crop enrolled again), which a new photo has none of: its be
 the index all but always finds (on 100k faces with four copies of each training crop the check read
 0.722 at IVF256 nprobe 1 where LFW's held-out photos found 0.436; 0.514 without the copies). Where the
 index was trained (IVF lists, codes), only faces its training held back with their near copies
-(index.py: HELD_BACK, `check_faces`): a face, or a copy of it, that trained the k-means pulled a
-list's centroid to itself, which a new photo never did. Where
+(index.py `check_faces`; an HNSW graph's: those it keeps out, its aside): a face, or a copy of it,
+that trained the k-means pulled a list's centroid to itself, which a new photo never did. Both are
+the store's candidates, a face per person (sqlite.py CHECK_CANDIDATES): drawn per face, the people
+with many photos, whose new photos are found more easily, made up the check (0.14-0.15 high at IVF1024
+nprobe 1, 0.04 at HNSW32 efSearch 16, on 100k faces: docs/benchmarks.md round 10). Where
 the gallery has too few such faces, near copies make up the sample: a face's stored chip mirrored
 and embedded again where chips are kept, else its embedding moved slightly along the directions in
 which faces differ.

@@ -163,7 +163,7 @@ MATED_FACES = f"SELECT id, subject_id FROM faces WHERE collection = %s AND model
 # subjects in the order of their first face's id so hashed, which no subject's number of faces moves.
 # One per person, as /identify's queries are photos of a person whatever how many each enrolled: drawn
 # per face, people with many photos (found more easily: a near mate lies in the same list) made up
-# the check, and it read 0.15 over new photos drawn per person at IVF1024 nprobe 1 on 100k faces
+# the check, and it read 0.14-0.15 over new photos drawn per person at IVF1024 nprobe 1 on 100k faces
 # (docs/benchmarks.md, round 10). The index trains on neither those the check draws nor their near
 # copies (index.py `held_back_with_copies`).
 ID_HASH = 2654435761
