@@ -25,7 +25,9 @@ file's; in memory it is the same), restart (read the persisted file), search p50
 recall@10 against the exact search, mate@1, and the service's recall check on the run's gallery: its
 held-out sample (`check`) and its live one (`live`: a seeded share of the queries offered as /identify
 offers them, those whose exact best passes the default decision; beside it `R@1 ok`, R@1 of every
-query whose exact best passes it). Run from the checkout after `make test`, with
+query whose exact best passes it); with `--new-photos`, the truth of the index the check measures: a
+photo of each of half its people searched as a new photo (`photos`), beside the check over the other
+half's (`chk/2`). Run from the checkout after `make test`, with
 FACEGATE_TEST_DATA and FACEGATE_MODEL_CACHE set as for the tests (docs/benchmarks.md gives every
 command and how long it takes on 2 cores):
 
@@ -508,8 +510,9 @@ def main() -> None:
         "--new-photos",
         type=int,
         default=0,
-        help="Take this many faces of the gallery's people (and their near copies) out of it before building, and search them as "
-        "new photos through each index the check measures (the 'photos' column).",
+        help="Take a face of each of up to this many of half the gallery's people (with their near copies) out of it before "
+        "building, and search them as new photos through each index the check measures (the 'photos' column), beside the "
+        "check over the other half's people (the 'chk/2' column).",
     )
     parser.add_argument("--new-photos-seed", type=int, default=1, help="Which faces --new-photos takes (a seed).")
     parser.add_argument(
