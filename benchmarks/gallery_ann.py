@@ -330,7 +330,7 @@ def build(
         rows = rows if leave_out is None else np.setdiff1d(rows, leave_out)
         candidates = check_candidates(who, leave_out)
         rows = np.union1d(rows, candidates)
-        index.train(rows, np.asarray(vectors[rows]), check_sample=RECALL_SAMPLE, candidates=candidates)
+        index.train(rows, np.asarray(vectors[rows]), candidates, check_sample=RECALL_SAMPLE)
     if index.aside is not None:  # an HNSW graph keeps the candidates out of it (index.py `open_index`)
         index.aside_for = check_candidates(who, leave_out)
     for start in range(0, len(vectors), 200_000):

@@ -42,11 +42,13 @@ REBUILD_REMOVED_FRACTION = 0.2  # an HNSW graph with this share of removed faces
 CANDIDATES = 16  # faces a search asks the index for at least (/identify at top_k=1): max(4 × top_k, 16)
 TARGET_RECALL = 0.99  # recall@1 the default search parameters aim at (docs/scaling.md: the benchmark behind them)
 MAX_EF_SEARCH = 4096  # the widest efSearch the recall check widens to (8 × the default at 1M faces)
-# One face in HELD_BACK (id % HELD_BACK == HELD_BACK - 1) never trains an index's lists or codes: the
-# recall check's held-out faces, new to the index's k-means as a new photo is (trained on them, IVF1024
-# at nprobe 1 over-reported by 0.035 on 100k faces: docs/benchmarks.md)
+# One face in HELD_BACK (id % HELD_BACK == HELD_BACK - 1): the recall check's faces where an index
+# names none of its own (an IVF file saved before `check_faces`, none of them trained on: trained on
+# them, IVF1024 at nprobe 1 over-reported by 0.035 on 100k faces, docs/benchmarks.md), and those an
+# HNSW graph sets aside once built (faces enrolled since). A store's stride sample leaves them out.
 HELD_BACK = 8
-# An HNSW graph keeps up to ASIDE of those faces out of the graph, searched flat beside it on every
+# An HNSW graph keeps up to ASIDE faces out of the graph (the store's candidates while it is built, a
+# face of each of as many people: sqlite.py CHECK_CANDIDATES), searched flat beside it on every
 # search (4,096: 55 µs a query at 128-d): the recall check's faces are then new to the graph as a new
 # photo is, which no face in a graph can be made to be (hidden or kept, it shaped its neighbours'
 # links: the check read 0.035 low or high of what new photos find, docs/benchmarks.md)
@@ -194,7 +196,7 @@ def default_ef_search(size: int) -> int:
 
 
 def held_back(ids: np.ndarray) -> np.ndarray:
-    """Which of these face ids never train an index (HELD_BACK): the recall check's queries."""
+    """Which of these face ids HELD_BACK names (the recall check's where an index names no faces of its own)."""
     return np.asarray(ids, np.int64) % HELD_BACK == HELD_BACK - 1
 
 
@@ -582,22 +584,15 @@ class FaissIndex:
         return bool(self._searched.is_trained)
 
     def train(
-        self,
-        ids: np.ndarray,
-        vectors: np.ndarray,
-        near_copy: float = NEAR_COPY,
-        check_sample: int = CHECK_SAMPLE,
-        candidates: np.ndarray | None = None,
+        self, ids: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, near_copy: float = NEAR_COPY, check_sample: int = CHECK_SAMPLE
     ) -> None:
         """Train on these faces but `check_sample` of the `candidates` (ids: the store's CHECK_CANDIDATES,
         a face per person) and their near copies (`near_copy` or more; `held_back_with_copies`): the
-        faces the recall check draws (`check_faces`). Without candidates (a caller that has no store),
-        the candidates are the faces `held_back` names, and none of them trains."""
+        faces the recall check draws (`check_faces`)."""
         ids = np.asarray(ids, np.int64).reshape(-1)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
-        candidate = held_back(ids) if candidates is None else np.isin(ids, candidates)
-        drawn, copies = held_back_with_copies(ids, vectors, candidate, near_copy, check_sample)
-        kept = ~candidate if candidates is None else ~np.isin(ids, drawn)
+        drawn, copies = held_back_with_copies(ids, vectors, np.isin(ids, candidates), near_copy, check_sample)
+        kept = ~np.isin(ids, drawn)
         kept[copies] = False
         with self._lock.write():
             self._index.train(vectors[kept])
@@ -1034,7 +1029,7 @@ def open_index(
         ivf = faiss.try_extract_index_ivf(index._index)
         n = min(count, MAX_TRAIN_PER_LIST * ivf.nlist if ivf is not None else 10 * MIN_TRAIN_OTHER)
         ids, vectors, candidates = sample(n)
-        index.train(ids, vectors, config.near_copy, config.check_sample, candidates)
+        index.train(ids, vectors, candidates, config.near_copy, config.check_sample)
     if index.aside is not None:  # an HNSW graph keeps a face per person out of it for the recall check, as drawn for IVF
         index.aside_for = sample(0)[2] if candidates is None else candidates
     for ids, vectors in rows():

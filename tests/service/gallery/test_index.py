@@ -19,6 +19,8 @@ from service.runtime.heap import release_freed
 from tests.polling import wait_until
 from tests.requirements import need
 
+NO_CANDIDATES = np.zeros(0, np.int64)  # an index trained with no recall check's faces to hold back
+
 
 def unit(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
     x = np.random.default_rng(seed).standard_normal((rows, dim)).astype(np.float32)
@@ -60,7 +62,7 @@ def test_approximate_index_adds_removes_and_searches(spec, params):
     index = FaissIndex(16, spec, params)
     vectors = unit(400)
     if not index.is_trained:
-        index.train(np.arange(400), vectors)
+        index.train(np.arange(400), vectors, NO_CANDIDATES)
     index.add(np.arange(400), vectors)
     assert index.remove(np.array([7, 8, 7, 9999])) == 2  # a repeat and an unknown id count once / not at all
     assert index.size == 398
@@ -179,7 +181,7 @@ def test_an_ivf_index_trains_without_the_check_s_faces_and_their_near_copies(tmp
     inner_train = index._index.train
     monkeypatch.setattr(index._index, "train", lambda x: trained.append(np.array(x)) or inner_train(x))
     ids = np.arange(1200)
-    index.train(ids, vectors)
+    index.train(ids, vectors, ids[index_module.held_back(ids)])  # the candidates: the held-back ids
     index.add(ids, vectors)
     (training,) = trained
     drawn = index.check_faces
@@ -205,7 +207,7 @@ def test_the_check_s_faces_are_drawn_from_the_candidates_the_store_gives(monkeyp
     inner_train = index._index.train
     monkeypatch.setattr(index._index, "train", lambda x: trained.append(np.array(x)) or inner_train(x))
     candidates = ids[::6]  # 200, a third of them ids held_back names
-    index.train(ids, vectors, check_sample=150, candidates=candidates)
+    index.train(ids, vectors, candidates, check_sample=150)
     (training,) = trained
     drawn = index.check_faces
     assert drawn is not None and len(drawn) == 150 and np.isin(drawn, candidates).all()
@@ -272,7 +274,7 @@ def test_candidates_are_rescored_from_the_stored_embeddings():
     similarity is the stored embedding's dot product with the query."""
     vectors = unit(2000)
     index = FaissIndex(16, "IVF4,SQ4", "nprobe=4")
-    index.train(np.arange(2000), vectors)
+    index.train(np.arange(2000), vectors, NO_CANDIDATES)
     index.add(np.arange(2000), vectors)
     query = unit(1, seed=9)[0]
     approx, _ = index.search(query, 16)
@@ -401,7 +403,7 @@ def saved(tmp_path, spec: str, params: str, vectors: np.ndarray) -> tuple[IndexC
     config = IndexConfig(spec, params, tmp_path)
     index = FaissIndex(16, spec, params)
     if not index.is_trained:
-        index.train(np.arange(1000, 1000 + len(vectors)), vectors)
+        index.train(np.arange(1000, 1000 + len(vectors)), vectors, NO_CANDIDATES)
     index.add(np.arange(1000, 1000 + len(vectors)), vectors)
     save_index(config, index, "a" * 64, {"faces": [len(vectors)]})
     return config, read_meta(config.path("a" * 64))
