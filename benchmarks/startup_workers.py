@@ -90,6 +90,14 @@ def pss_kib(pid: int, under: Path | None = None, suffix: str = "") -> int:
     return 0
 
 
+def private_kib(pid: int) -> int:
+    """The process's pages no other process maps (KiB): what ending it would free."""
+    with suppress(OSError):
+        rollup = dict(line.split(":", 1) for line in open(f"/proc/{pid}/smaps_rollup") if ":" in line)
+        return sum(int(rollup[field].split()[0]) for field in ("Private_Clean", "Private_Dirty"))
+    return 0
+
+
 def first_ready(url: str, deadline: float) -> None:
     """Returns once /readyz answers 200: with N workers any worker's 200 means all N are ready
     (service/runtime/ready_workers.py), whichever worker the kernel gave the connection to."""
@@ -159,6 +167,7 @@ def start(
     checkout: Path,
     data: Path,
     embedder: Path,
+    crop: int,
     workers: int,
     by_process: bool,
     database: str = "",
@@ -167,7 +176,8 @@ def start(
 ) -> tuple[float, int, int, int, int]:
     """Seconds until every worker is ready, PSS of the tree, of the files mapped from the index
     folder in it (the snapshot's and a saved HNSW or IVF index's), of the index's own (KiB),
-    processes; `by_process`: each process's PSS printed too. `index`: FACEGATE_INDEX. `photos`:
+    processes; `crop`: the side of the aligned crops the embedder takes; `by_process`: each process's PSS printed
+    too. `index`: FACEGATE_INDEX. `photos`:
     two, sent in 30 /verify (3 at a time) before the memory is read."""
     port = free_port()
     env = {
@@ -188,8 +198,7 @@ def start(
         first_ready(f"http://127.0.0.1:{port}", started + 900)
         seconds = time.monotonic() - started
         clients = ready_workers(f"http://127.0.0.1:{port}", workers, time.monotonic() + 900)
-        image = base64.b64encode(aligned_crop_png(1)).decode()
-        other = base64.b64encode(aligned_crop_png(2)).decode()
+        image, other = (base64.b64encode(aligned_crop(seed, crop)).decode() for seed in (1, 2))
         for client in clients.values():  # one search each: the index's and the guard's pages in use, as when serving;
             # and a pair of images, decoded at once: a worker's decoders all started, as under load (FACEGATE_WORKER_THREADS)
             for path, body in (("/identify", {"image": image}), ("/verify", {"image1": image, "image2": other})):
@@ -205,7 +214,10 @@ def start(
             preloaded = any(role(pid, process.pid, False) == "workers' forkserver" for pid in pids)
             for pid in sorted(pids, key=lambda p: role(p, process.pid, preloaded)):
                 name, index_mib = role(pid, process.pid, preloaded), pss_kib(pid, data / "index", ".faiss") / 1024
-                print(f"  {name:>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB (of it the mapped index {index_mib:.1f})")
+                print(
+                    f"  {name:>22} {pid:>8} PSS {pss_kib(pid) / 1024:7.1f} MiB, its own {private_kib(pid) / 1024:6.1f} "
+                    f"(of it the mapped index {index_mib:.1f})"
+                )
         mapped, own = (sum(pss_kib(p, data / "index", suffix) for p in pids) for suffix in ("", ".faiss"))
         return seconds, sum(pss_kib(p) for p in pids), mapped, own, len(pids)
     finally:
@@ -215,6 +227,16 @@ def start(
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         log.close()
+
+
+def aligned_crop(seed: int, side: int) -> bytes:
+    """The tests' aligned crop at the embedder's input side (112 for the tests' embedder)."""
+    import cv2
+    import numpy as np
+
+    image = cv2.imdecode(np.frombuffer(aligned_crop_png(seed), np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None
+    return bytes(cv2.imencode(".png", cv2.resize(image, (side, side), interpolation=cv2.INTER_NEAREST))[1])
 
 
 def burst(url: str, photos: list[Path], rounds: int = 10, at_once: int = 3) -> None:
@@ -233,6 +255,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--checkout", type=Path, default=REPO, help="the source tree whose server is started")
     parser.add_argument("--by-process", action="store_true", help="print each process's PSS and what it is")
+    parser.add_argument(
+        "--embedder",
+        help="a shipped embedder's manifest (dlib-resnet-v1: the default model, from FACEGATE_MODEL_CACHE) instead of the tests' small one",
+    )
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--index", default="Flat", help="FACEGATE_INDEX: Flat, HNSW32, IVF1024,Flat…")
     parser.add_argument(
@@ -247,8 +273,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="facegate-startup-"))
     server = None
     try:
-        embedder = write_test_embedder(work / "embedder", dim=DIM)
-        key = EmbedderKey.of(Manifest.load(embedder))
+        embedder = REPO / "models" / f"{args.embedder}.json" if args.embedder else write_test_embedder(work / "embedder", dim=DIM)
+        manifest = Manifest.load(embedder)
+        key = EmbedderKey.of(manifest)
         gallery = work / "gallery"
         gallery.mkdir()
         database = ""
@@ -266,15 +293,15 @@ def main() -> None:
         print("\n".join(machine_lines()))
         load = os.getloadavg()[0]
         print(
-            f"server of {args.checkout}; {args.store}; {args.faces} synthetic {DIM}-d faces, one per subject, "
-            f"the open-set guard on; index {args.index}; load {load:.1f}"
+            f"server of {args.checkout}; {args.store}; embedder {manifest.name}; {args.faces} synthetic {key.dim}-d faces, "
+            f"one per subject, the open-set guard on; index {args.index}; load {load:.1f}"
         )
         print(f"{'workers':>7} {'ready s':>8} {'processes':>9} {'PSS MiB':>8} {'mapped PSS MiB':>14} {'of it the index':>15}")
         for workers in args.workers:
             for stale in (gallery / "index").glob("*"):  # each start from the store alone: nothing saved by the last
                 stale.unlink()
             seconds, pss, mapped, own, processes = start(
-                args.checkout, gallery, embedder, workers, args.by_process, database, args.index, args.photos
+                args.checkout, gallery, embedder, manifest.input.height, workers, args.by_process, database, args.index, args.photos
             )
             print(f"{workers:>7} {seconds:>8.1f} {processes:>9} {pss / 1024:>8.0f} {mapped / 1024:>14.0f} {own / 1024:>15.0f}", flush=True)
     finally:

@@ -253,10 +253,12 @@ class _Worker:
 
 
 class DecodeWorkers:
-    def __init__(self, processes: int, memory_mb: int, timeout: float, max_bytes: int, max_pixels: int):
+    def __init__(self, processes: int, memory_mb: int, timeout: float, max_bytes: int, max_pixels: int, keep_one: bool = True):
         """Up to `processes` workers, each able to take an image of `max_bytes` and decode one of
-        `max_pixels` (the limits its jobs are given must not exceed these)."""
+        `max_pixels` (the limits its jobs are given must not exceed these). `keep_one`: at rest
+        (`give_back`) the last used keeps running, else every worker stops."""
         self.timeout = timeout
+        self.keep_one = keep_one
         self.memory = memory_mb * MB
         self.size = -(-max(max_bytes, 3 * max_pixels) // mmap.PAGESIZE) * mmap.PAGESIZE
         self._context: ForkServerContext | SpawnContext
@@ -273,9 +275,14 @@ class DecodeWorkers:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> DecodeWorkers:
-        """As many workers as the engine has threads (FACEGATE_WORKER_THREADS, else the usable cores)."""
+        """As many workers as the engine has threads (FACEGATE_WORKER_THREADS, else the usable cores).
+        A worker of `facegate serve --workers N` keeps none at rest: N workers would keep N (8 MiB of
+        pages each, 17-18 MiB PSS), each of which saves a fork (5-15 ms) only to the requests the kernel
+        happens to hand its worker first after a quiet spell (docs/benchmarks.md, "Round 11")."""
         processes = settings.worker_threads or available_cores()
-        return cls(processes, settings.decode_memory_mb, settings.decode_timeout, settings.max_image_bytes, settings.max_image_pixels)
+        several = settings.ready_workers_dir is not None and settings.workers > 1
+        limits = (settings.max_image_bytes, settings.max_image_pixels)
+        return cls(processes, settings.decode_memory_mb, settings.decode_timeout, *limits, keep_one=not several)
 
     def start(self) -> None:
         """Start one worker now (the forkserver with it), so that the first request does not wait for it."""
@@ -296,16 +303,16 @@ class DecodeWorkers:
         return image
 
     def give_back(self) -> None:
-        """What the idle workers hold, given back once the process is idle (`heap.IdleTrim`): the last
-        used keeps running, its buffer emptied (a worker keeps the pages of its last images resident,
-        up to KEEP_RESIDENT: 32 MiB after a 12-megapixel photo) and its heap trimmed (`_Worker.rest`);
-        the others stop, each slot starting a worker again when a burst needs it (5-15 ms, from the
+        """What the idle workers hold, given back once the process is idle (`heap.IdleTrim`): with
+        `keep_one`, the last used keeps running, its buffer emptied (a worker keeps the pages of its
+        last images resident, up to KEEP_RESIDENT: 32 MiB after a 12-megapixel photo) and its heap
+        trimmed (`_Worker.rest`); the others stop, each slot starting a worker again when a burst needs it (5-15 ms, from the
         forkserver). A job meanwhile waits for its worker."""
         idle = []
         with suppress(queue.Empty):
             while True:
                 idle.append(self._idle.get_nowait())
-        kept = False
+        kept = not self.keep_one
         try:
             for at, worker in enumerate(idle):  # the last used first
                 if worker is None:

@@ -21,6 +21,7 @@ from PIL import Image
 
 from service.core.decode import decode_image, probe
 from service.core.errors import DecoderFailed, ImageTooComplex, ImageTooLarge, ImageTooSmall, InvalidImage
+from service.core.settings import Settings
 from service.runtime.decode_workers import DecodeCancelled, DecodeWorkers
 from tests.conftest import REPO
 from tests.jpeg_bombs import many_scans, separate_scans
@@ -231,6 +232,25 @@ def _buffers_resident_mib() -> float:
             elif fields[0] == "Rss:" and "facegate-decode" in mapping:
                 resident += int(fields[1])
     return resident / 1024
+
+
+def test_a_worker_of_several_keeps_no_decoder_at_rest_and_decodes_as_before(tmp_path):
+    """Under `facegate serve --workers N` each worker's pool stops every decoder at rest (N workers
+    would keep N); the next image starts one again and decodes the same. One process keeps one."""
+    several = Settings(ready_workers_dir=tmp_path, workers=3, worker_threads=2)
+    assert DecodeWorkers.for_settings(Settings(worker_threads=2)).keep_one
+    pool = DecodeWorkers.for_settings(several)
+    try:
+        assert not pool.keep_one
+        data = cv2.imencode(".png", _photo())[1].tobytes()
+        decoded = pool.decode(data, *LIMITS[:3], 0)
+        (worker,) = pool._workers
+        pool.give_back()
+        assert pool._workers == set() and not worker.process.is_alive()
+        assert np.array_equal(pool.decode(data, *LIMITS[:3], 0), decoded)
+        assert len(pool._workers) == 1 and pool._workers != {worker}
+    finally:
+        pool.close()
 
 
 def test_at_rest_one_worker_is_kept_its_buffer_emptied_and_decodes_as_before():
