@@ -6,13 +6,14 @@ flat index's faces are built once and mapped by every worker: the PSS of the map
 summed over the tree is what the host pays for them, once.
 
 The gallery: `--faces` synthetic unit vectors (128-d, one subject each, the open-set guard on) made
-by the tests' small ONNX embedder, inserted straight into SQLite; once every worker is ready, one
-`/identify` through each (its index and guard in use, as when serving), then the memory at rest (each
-process's idle trim run, `heap.IdleTrim`). `--checkout DIR` runs the server
-of another source tree (e.g. `git archive` of the commit before) on the same gallery, for a paired
-comparison on the same machine. The server starts through the `facegate` script, as the image's
-does. `--store postgres` fills a database of a PostgreSQL server started for the run from Debian's
-`postgresql` binaries (tests/postgres.py), which the workers share.
+by the tests' small ONNX embedder (`--embedder NAME`: a shipped one's, e.g. the default model),
+inserted straight into SQLite; once every worker is ready, one `/identify` through each (its index
+and guard in use, as when serving), then the memory at rest (each process's idle trim run,
+`heap.IdleTrim`, FACEGATE_IDLE_TRIM_SECONDS after the last request: 30 unless set). `--checkout DIR`
+runs the server of another source tree (e.g. `git archive` of the commit before) on the same
+gallery, for a paired comparison on the same machine. The server starts through the `facegate`
+script, as the image's does. `--store postgres` fills a database of a PostgreSQL server started for
+the run from Debian's `postgresql` binaries (tests/postgres.py), which the workers share.
 
     FACEGATE_MODEL_CACHE=../shared/models .venv/bin/python benchmarks/startup_workers.py --faces 100000 --workers 1 3
 
@@ -176,9 +177,9 @@ def start(
 ) -> tuple[float, int, int, int, int]:
     """Seconds until every worker is ready, PSS of the tree, of the files mapped from the index
     folder in it (the snapshot's and a saved HNSW or IVF index's), of the index's own (KiB),
-    processes; `crop`: the side of the aligned crops the embedder takes; `by_process`: each process's PSS printed
-    too. `index`: FACEGATE_INDEX. `photos`:
-    two, sent in 30 /verify (3 at a time) before the memory is read."""
+    processes; `crop`: the side of the aligned crops the embedder takes; `by_process`: each
+    process's PSS printed too. `index`: FACEGATE_INDEX. `photos`: two, sent in 30 /verify (3 at a
+    time) before the memory is read."""
     port = free_port()
     env = {
         **os.environ,
@@ -208,7 +209,8 @@ def start(
             client.close()
         if photos:
             burst(f"http://127.0.0.1:{port}", photos)
-        time.sleep(2 * QUIET + 1)  # the decoders' start after readiness settles; at rest: each process's idle trim has run
+        # the decoders' start after readiness settles; at rest: each process's idle trim has run
+        time.sleep(2 * float(os.environ.get("FACEGATE_IDLE_TRIM_SECONDS", QUIET)) + 1)
         pids = tree(process.pid)
         if by_process:
             preloaded = any(role(pid, process.pid, False) == "workers' forkserver" for pid in pids)

@@ -306,8 +306,8 @@ class DecodeWorkers:
         """What the idle workers hold, given back once the process is idle (`heap.IdleTrim`): with
         `keep_one`, the last used keeps running, its buffer emptied (a worker keeps the pages of its
         last images resident, up to KEEP_RESIDENT: 32 MiB after a 12-megapixel photo) and its heap
-        trimmed (`_Worker.rest`); the others stop, each slot starting a worker again when a burst needs it (5-15 ms, from the
-        forkserver). A job meanwhile waits for its worker."""
+        trimmed (`_Worker.rest`); the others stop, each slot starting a worker again when a burst
+        needs it (5-15 ms, from the forkserver). A job meanwhile waits for its worker."""
         idle = []
         with suppress(queue.Empty):
             while True:
