@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import sys
-from contextlib import nullcontext
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
@@ -71,17 +70,6 @@ def _check_can_start(settings, host: str, port: int) -> None:
         fail(f"cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} (another server there? pick another --port)")
 
 
-class _OneLineStartupFailure(logging.Filter):
-    """A start-up failure (models, gallery, database) is reported as its reason, the exception's
-    last line, not as the traceback Starlette hands uvicorn: the process then exits non-zero."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message.startswith("Traceback"):
-            record.msg, record.args = f"start-up failed: {message.strip().splitlines()[-1]}", ()
-        return True
-
-
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -99,14 +87,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the HTTP API. Without API keys it binds loopback only, unless FACEGATE_ALLOW_ANONYMOUS=true."""
-    import uvicorn
-
     from service.api.auth import ApiKeys, KeyConfigError, is_loopback
     from service.core.cpus import available_cores
-    from service.runtime import heap
-    from service.runtime.preload import fork_workers
-    from service.runtime.ready_workers import host_folder
-    from service.runtime.supervisor import model_host as hosting
+    from service.runtime import heap, serving
 
     settings = get_settings()
     try:
@@ -122,7 +105,6 @@ def serve(
         raise typer.Exit(2)
     _raise_open_file_limit()
     _check_can_start(settings, host, port)
-    logging.getLogger("uvicorn.error").addFilter(_OneLineStartupFailure())
     workers = settings.workers if workers is None else workers
     workers = workers or max(2, available_cores() - 2)
     hosted = workers > 1 if model_host is None else model_host
@@ -132,25 +114,17 @@ def serve(
     if workers > 1:  # processes sharing the cores: a few threads each, and no OpenCV call fanned out over all of them
         os.environ.setdefault("FACEGATE_WORKER_THREADS", str(max(2, 2 * available_cores() // workers)))
         os.environ.setdefault("OPENCV_FOR_THREADS_NUM", "1")
-    # Workers, their decoders and the model host are forked from one preloaded forkserver, which takes the environment
-    # as it is when the first of them starts: every variable they read is set before (FACEGATE_MODEL_HOST by hosting()).
-    forkserver = fork_workers() if workers > 1 else None
-    with host_folder(workers), hosting(context=forkserver) if hosted else nullcontext():
-        uvicorn.run(
-            "service.api.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level="info",
-            # h11 (the parser whose header limit h11_max_incomplete_event_size is) with a header deadline.
-            http="service.api.server:HeaderDeadlineProtocol",
-            timeout_keep_alive=settings.timeout_keep_alive,
-            # No limit_concurrency: uvicorn counts open connections against it, so idle sockets would
-            # make /healthz answer 503; FACEGATE_MAX_INFLIGHT_REQUESTS limits the work instead.
-            backlog=settings.backlog,
-            h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
-        )
+    options = {
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "hosted": hosted,
+        "timeout_keep_alive": settings.timeout_keep_alive,
+        "backlog": settings.backlog,
+        "h11_max_incomplete_event_size": settings.h11_max_incomplete_event_size,
+    }
+    # with several workers this process only supervises: it goes on without the command line's imports
+    (serving.replace_process if workers > 1 else serving.run)(options)
 
 
 @models_app.command("pull")

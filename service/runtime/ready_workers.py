@@ -19,8 +19,10 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from service.core.settings import Settings
+if TYPE_CHECKING:  # not imported at run time: `facegate serve`'s supervising process imports this without the settings
+    from service.core.settings import Settings
 
 PREFIX = "ready-"
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from service import cli
 from service.core.settings import get_settings
+from service.runtime import serving
 
 
 def _free_port() -> int:
@@ -28,6 +29,7 @@ def serve(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     calls = []
     monkeypatch.setattr("uvicorn.run", lambda *args, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(serving, "replace_process", serving.run)  # several workers: run here, not re-executed
     get_settings.cache_clear()
 
     def run(*args: str, **env: str):
@@ -133,7 +135,7 @@ def test_a_start_up_failure_is_logged_as_its_reason():
         import traceback
 
         record = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, traceback.format_exc(), None, None)
-    assert cli._OneLineStartupFailure().filter(record)
+    assert serving.OneLineStartupFailure().filter(record)
     assert record.getMessage() == "start-up failed: ConnectionError: database unreachable"
 
 
