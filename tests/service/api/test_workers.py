@@ -353,7 +353,7 @@ def test_serves_own_process_loads_no_model_or_gallery_library(workers_server):
     OpenCV, FAISS or onnxruntime (its check of the stores' extras once imported them all, and the
     arenas' sweep NumPy: 70 MiB of private memory it never used), nor pydantic's core: once its
     command line is checked it goes on re-executed without the command line's Typer, Rich and
-    settings (service/runtime/serving.py; 28.8 -> 16.5 MiB of its own pages). Its workers, whose models
+    settings (service/runtime/serving.py; 28.8 -> 16.3 MiB of its own pages). Its workers, whose models
     run in the host, map neither onnx nor onnxruntime, after a search either (their model loading
     imported both: 34 MiB a process)."""
     if not sys.platform.startswith("linux"):
