@@ -17,7 +17,10 @@ import sys
 from contextlib import nullcontext
 from typing import Any, NoReturn
 
-ENTRY = "from service.runtime.serving import main; main()"
+# `-c` puts the working directory first on the import path, where the `facegate` script does not: taken off
+# before the service is imported (Python 3.11's -P would do it, but this package runs on 3.10 too).
+SAFE_PATH = "import sys; sys.path[:1] == [''] and sys.path.pop(0)"
+ENTRY = f"{SAFE_PATH}; from service.runtime.serving import main; main()"
 
 
 class OneLineStartupFailure(logging.Filter):
@@ -32,11 +35,10 @@ class OneLineStartupFailure(logging.Filter):
 
 
 def replace_process(options: dict[str, Any]) -> NoReturn:
-    """`run(options)` in this process re-executed; -P keeps the working directory off the import path,
-    as the `facegate` script does."""
+    """`run(options)` in this process re-executed."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os.execv(sys.executable, [sys.executable, "-P", "-c", ENTRY, json.dumps(options)])
+    os.execv(sys.executable, [sys.executable, "-c", ENTRY, json.dumps(options)])
 
 
 def main() -> None:

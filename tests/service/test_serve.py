@@ -176,3 +176,19 @@ def test_where_the_models_run_in_the_http_processes_their_threads_share_two_mall
     monkeypatch.setattr(supervisor, "model_host", lambda **_: nullcontext(None))  # a model host runs the models: its own two
     monkeypatch.setattr("service.runtime.preload.fork_workers", lambda: None)
     assert serve("--workers", "2")[0].exit_code == 0 and called == [2, 1] and os.environ["MALLOC_ARENA_MAX"] == "1"  # no model in them
+
+
+def test_the_re_executed_supervisor_imports_the_service_not_a_package_of_the_working_directory(tmp_path):
+    """`facegate serve --workers N` goes on as `python -c` (service/runtime/serving.py), which would put the
+    working directory first on the import path: a `service` package there must not be what runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "__init__.py").write_text("raise SystemExit('the working directory of the command')\n")
+    code = f"{serving.SAFE_PATH}; import service; print(service.__file__)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == str(REPO / "service" / "__init__.py")
