@@ -46,6 +46,7 @@ from service.core.decode import Probe, decode_probed, probe
 from service.core.errors import DecoderFailed, FacegateError, ImageTooComplex, ImageTooLarge, InvalidImage
 from service.runtime.heap import release_freed
 from service.runtime.preload import children_context, name_process
+from service.runtime.ready_workers import one_of_several
 
 if TYPE_CHECKING:  # not imported at run time: pydantic's settings would add ~13 MB to every decoder (docs/benchmarks.md)
     from service.core.settings import Settings
@@ -280,9 +281,8 @@ class DecodeWorkers:
         pages each, 17-18 MiB PSS), each of which saves a fork (5-15 ms) only to the requests the kernel
         happens to hand its worker first after a quiet spell (docs/benchmarks.md, "Round 11")."""
         processes = settings.worker_threads or available_cores()
-        several = settings.ready_workers_dir is not None and settings.workers > 1
         limits = (settings.max_image_bytes, settings.max_image_pixels)
-        return cls(processes, settings.decode_memory_mb, settings.decode_timeout, *limits, keep_one=not several)
+        return cls(processes, settings.decode_memory_mb, settings.decode_timeout, *limits, keep_one=not one_of_several(settings))
 
     def start(self) -> None:
         """Start one worker now (the forkserver with it), so that the first request does not wait for it."""
@@ -312,7 +312,7 @@ class DecodeWorkers:
         with suppress(queue.Empty):
             while True:
                 idle.append(self._idle.get_nowait())
-        kept = not self.keep_one
+        kept = not self.keep_one  # whether one is kept already: with keep_one false, none is to be
         try:
             for at, worker in enumerate(idle):  # the last used first
                 if worker is None:

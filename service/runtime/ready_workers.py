@@ -40,6 +40,11 @@ def host_folder(workers: int) -> Iterator[None]:
         yield
 
 
+def one_of_several(settings: Settings) -> bool:
+    """Whether this process is a worker of `facegate serve --workers N`, N > 1 (`host_folder` set both)."""
+    return settings.ready_workers_dir is not None and settings.workers > 1
+
+
 class ReadyWorkers:
     def __init__(self, folder: Path, expected: int):
         self.folder, self.expected = Path(folder), expected
@@ -47,8 +52,8 @@ class ReadyWorkers:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> ReadyWorkers | None:
-        """A worker of `facegate serve --workers N` (N > 1) has the host's folder; one process, none."""
-        if settings.ready_workers_dir is None or settings.workers < 2:
+        """A worker of several has the host's folder; one process, none."""
+        if not one_of_several(settings) or settings.ready_workers_dir is None:
             return None
         return cls(settings.ready_workers_dir, settings.workers)
 

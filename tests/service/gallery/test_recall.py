@@ -191,10 +191,10 @@ def test_the_training_sample_brings_a_face_of_each_person_for_the_check(kind, tm
     and beside them the store brings the check's candidates (CHECK_CANDIDATES, at most ASIDE: 60
     here): a face of each of 60 people with another photo, drawn per person whatever how many each
     enrolled (per face, the 20-photo people would be about 86 % of them, their share of the faces; so
-    drawn, the check over-reported what
-    new photos of each person find: 0.15 at IVF1024 nprobe 1 on 100k faces, docs/benchmarks.md round
-    10), from all over the ids; a person with one photo never (the check cannot draw them). The index
-    trains on none of those the check draws, and the check draws them, not made-up copies."""
+    drawn, the check over-reported what new photos of each person find: 0.15 at IVF1024 nprobe 1 on
+    100k faces, docs/benchmarks.md round 10), from all over the ids; a person with one photo never
+    (the check cannot draw them). The index trains on none of those the check draws, and the check
+    draws them, not made-up copies."""
     rng = np.random.default_rng(2)
     sizes = rng.permutation([2] * 150 + [20] * 90).tolist() + [1] * 7
     faces = clustered(len(sizes), 20, seed=2)
